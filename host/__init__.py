@@ -1,0 +1,1 @@
+"""Host side: bit-exact software model of the NIC, transport, driver."""

@@ -1,0 +1,124 @@
+"""Deadlines of one phase, in microsecond ticks: t_B, t_C and the early timeout.
+
+A phase ends at the first of:
+  complete  every expected packet is in;
+  early     a LAST-flagged packet from every expected sender is in, and no packet
+            arrived for alpha * T (T below);
+  deadline  T after the phase's anchor, T = min(median of the peers' t_C, t_B).
+            Phase 1 is anchored at the op's start. Phase 2 is anchored at
+            max(own phase-1 end, op start + T1): until then a slower owner may
+            still be in its phase 1 and its reduced packets are not late.
+t_C is each node's running estimate of a phase's completion time, one per phase
+(scatter and gather take different times; a packet carries the t_C of its
+phase, and T is the median over the world for that phase): a mean and a
+mean deviation kept with shift-only EWMAs (as TCP's RTO estimator), t_C = mean +
+mult * deviation, clamped to [1, t_B]. Integer arithmetic, floor shifts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from optireduce.params import NicParams
+
+COMPLETE, EARLY, DEADLINE = "complete", "early", "deadline"
+
+
+class TcEstimator:
+    """The node's own t_C."""
+
+    def __init__(self, p: NicParams) -> None:
+        self.p = p
+        self.tc = p.t_c_init
+        self.mean: int | None = None
+        self.dev = 0
+
+    def sample(self, duration_us: int) -> int:
+        p = self.p
+        s = int(duration_us)
+        if self.mean is None:
+            self.mean, self.dev = s, s >> 1
+        else:
+            err = s - self.mean
+            self.mean += err >> p.tc_gain_shift
+            self.dev += (abs(err) - self.dev) >> p.tc_dev_shift
+        self.tc = min(max(self.mean + p.tc_dev_mult * self.dev, 1), p.t_b_us)
+        return self.tc
+
+
+def agreed_timeout(tc_table: np.ndarray, t_b: int) -> int:
+    """min(lower median of the world's t_C values, t_B)."""
+    srt = np.sort(np.asarray(tc_table, dtype=np.int64))
+    return int(min(int(srt[(len(srt) - 1) // 2]), t_b))
+
+
+def flagged_count(n_packets: int, last_percent: int) -> int:
+    """How many of a sender's last packets to one destination carry the LAST flag."""
+    return max(1, -(-n_packets * last_percent // 100)) if n_packets else 0
+
+
+class PhaseTracker:
+    """Arrivals and timers of one phase of one op at one receiver.
+
+    Arrivals may come before the phase begins (a peer ahead of us); they count.
+    T is not latched: every check uses the current agreed timeout, as the
+    gateware compares the phase's elapsed ticks with the live T register. A phase
+    whose deadline moved into the past ends at `floor`, the tick T last changed.
+    """
+
+    def __init__(self, expected: int, senders: np.ndarray, alpha_q8: int) -> None:
+        self.expected = expected  # packets expected in the phase
+        self.senders = senders  # bool per rank: senders we expect packets from
+        self.alpha_q8 = alpha_q8
+        self.received = 0
+        self.flagged = np.zeros_like(senders)
+        self.last_arrival: int | None = None
+        self.start: int | None = None
+        self.anchor = 0  # the deadline is anchor + T
+        self.timeout = 0  # T when the phase ended
+        self.end: int | None = None
+        self.reason: str | None = None
+
+    def arrive(self, now: int, sender: int, last: bool) -> None:
+        self.received += 1
+        self.last_arrival = now
+        if last:
+            self.flagged[sender] = True
+
+    def begin(self, now: int, anchor: int | None = None) -> None:
+        self.start = now
+        self.anchor = now if anchor is None else max(now, anchor)
+
+    def _times(self, timeout: int, floor: int) -> tuple[int | None, int]:
+        """(early-timeout tick or None, deadline tick) under the current T."""
+        deadline = max(self.anchor + timeout, floor)
+        if not np.array_equal(self.flagged & self.senders, self.senders):
+            return None, deadline
+        idle = max(1, (self.alpha_q8 * timeout) >> 8)
+        return max(max(self.start, self.last_arrival or self.start) + idle, floor), deadline
+
+    def due(self, now: int, timeout: int, floor: int) -> tuple[int, str] | None:
+        """(end tick, reason) if the phase is over at `now`, else None."""
+        if self.start is None or self.end is not None:
+            return None
+        if self.received >= self.expected:
+            return max(self.start, self.last_arrival or self.start), COMPLETE
+        early, deadline = self._times(timeout, floor)
+        if early is not None and early <= now and early < deadline:
+            return early, EARLY
+        if deadline <= now:
+            return deadline, DEADLINE
+        return None
+
+    def next_timer(self, timeout: int, floor: int) -> int | None:
+        if self.start is None or self.end is not None:
+            return None
+        early, deadline = self._times(timeout, floor)
+        return deadline if early is None else min(early, deadline)
+
+    def finish(self, t: int, reason: str, timeout: int) -> int:
+        """Record the end; returns the completion-time sample for t_C."""
+        self.end, self.reason, self.timeout = t, reason, timeout
+        if reason == DEADLINE or self.last_arrival is None:
+            return t - self.start
+        return max(0, self.last_arrival - self.start)

@@ -1,0 +1,350 @@
+"""The bit-exact, event-driven model of one OptiReduce NIC.
+
+Host port: start_op() (a chunk, its op id and the agreed exponent) in, OpResult out.
+Network port: receive() takes Ethernet frames (receive_datagram() bare UBT
+datagrams), and the NIC emits Tx frames. Time is the caller's: every call carries
+`now` in microsecond ticks, and next_timer() says when the NIC next needs a call
+even if nothing arrives. Trace replay, the live driver and the virtual-time
+cluster all drive this one object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from optireduce.host import ubt
+from optireduce.host.aggregator import Aggregator
+from optireduce.host.codec import decode, encode
+from optireduce.host.deadline import PhaseTracker, TcEstimator, agreed_timeout, flagged_count
+from optireduce.host.gather_buffer import GatherBuffer
+from optireduce.host.op_stats import OpStats
+from optireduce.host.quantize import EXP_MAX, EXP_MIN
+from optireduce.params import NicParams
+
+COUNTERS = (
+    *ubt.DROP_REASONS,
+    "rx_scatter", "rx_gather", "tx_scatter", "tx_gather", "ops_started", "ops_completed",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Tx:
+    """A frame the NIC puts on its network port."""
+
+    time_us: int
+    dst: int
+    frame: bytes
+    phase: int  # 1 scatter, 2 gather
+    op_id: int
+    pkt_index: int
+
+
+@dataclass
+class OpResult:
+    op_id: int
+    data: np.ndarray  # float32: the estimated mean
+    stats: OpStats
+
+
+class _Op:
+    """State of one op in the window."""
+
+    def __init__(self, nic: NicModel, op_id: int, n: int, exponent: int) -> None:
+        p, world, rank = nic.p, nic.world, nic.rank
+        self.op_id, self.n, self.exponent = op_id, n, exponent
+        self.n_packets = p.packets_for(n)
+        self.started = False
+        self.done = False
+        self.agg = Aggregator(p, rank, world, self.n_packets)
+        self.gather = GatherBuffer(p, self.n_packets)
+        owners = np.arange(world) < self.n_packets  # ranks that own at least one slot
+        peers = np.ones(world, dtype=bool)
+        peers[rank] = False
+        mine = len(self.agg.slots)
+        senders1 = peers if mine else np.zeros(world, dtype=bool)
+        self.p1 = PhaseTracker(mine * (world - 1), senders1, p.alpha_q8)
+        self.p2 = PhaseTracker(self.n_packets - mine, owners & peers, p.alpha_q8)
+        self.stats = OpStats(op_id=op_id, rank=rank, world=world, n=n, exponent=exponent)
+
+    @property
+    def phase(self) -> int:
+        if self.done:
+            return 3
+        if not self.started:
+            return 0
+        return 1 if self.p1.end is None else 2
+
+
+class NicModel:
+    def __init__(
+        self,
+        p: NicParams,
+        rank: int,
+        world: int,
+        *,
+        addressing: ubt.Addressing = ubt.DEFAULT_ADDRESSING,
+        first_op: int = 0,
+    ) -> None:
+        if not 2 <= world <= p.n_max:
+            raise ValueError(f"world={world}: must be in 2..n_max={p.n_max}")
+        if not 0 <= rank < world:
+            raise ValueError(f"rank={rank}: must be in 0..world-1={world - 1}")
+        self.p, self.rank, self.world, self.addressing = p, rank, world, addressing
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        # One t_C per phase (index 0: scatter, 1: gather): their durations differ.
+        self.tc = (TcEstimator(p), TcEstimator(p))
+        self.tc_table = np.full((2, world), p.t_c_init, dtype=np.int64)
+        self._t_change = [0, 0]  # tick each phase's agreed timeout T last changed
+        self.base = first_op  # oldest op not completed: the window is [base, base + K)
+        self.last_started = first_op - 1
+        self.ops: dict[int, _Op] = {}
+        self._tx: list[Tx] = []
+        self._results: list[OpResult] = []
+
+    # ---- host port ---------------------------------------------------------------
+    def start_op(self, now: int, op_id: int, data: np.ndarray, exponent: int) -> None:
+        """Begin op op_id with this worker's chunk (float32) and the agreed exponent."""
+        p = self.p
+        if not isinstance(data, np.ndarray) or data.dtype != np.float32 or data.ndim != 1:
+            raise TypeError("start_op: data must be a 1-D numpy float32 array")
+        if not 1 <= len(data) <= p.c:
+            raise ValueError(f"start_op: {len(data)} elements; an op holds 1..c={p.c}")
+        if not EXP_MIN <= exponent <= EXP_MAX:
+            raise ValueError(f"start_op: exponent {exponent} outside int8")
+        if op_id <= self.last_started:
+            raise ValueError(f"start_op: op {op_id} not after op {self.last_started}")
+        if not self.base <= op_id < self.base + p.ops_in_flight:
+            raise ValueError(
+                f"start_op: op {op_id} outside the window [{self.base}, "
+                f"{self.base + p.ops_in_flight}): wait for op {self.base} to complete"
+            )
+        self.advance(now)
+        op = self.ops.get(op_id)
+        if op is not None and (op.exponent != exponent or op.n != len(data)):
+            # Peers sent this op with another exponent or length: theirs cannot be used.
+            reason = "exponent_mismatch" if op.exponent != exponent else "bad_length"
+            self.counters[reason] += op.agg.clear() + int(op.gather.have.sum())
+            op = None
+        if op is None:
+            op = self.ops[op_id] = _Op(self, op_id, len(data), exponent)
+        self.last_started = op_id
+        self.counters["ops_started"] += 1
+        op.started = True
+        op.stats.start_us = now
+
+        enc = encode(data, exponent, op_id, p)
+        st = op.stats
+        st.sat_quantize, st.sat_transform, st.nonfinite = (
+            enc.sat_quantize, enc.sat_transform, enc.nonfinite,
+        )  # fmt: skip
+        packets = enc.y.reshape(op.n_packets, p.p)
+        for i in op.agg.slots:
+            op.agg.add(int(i), self.rank, packets[i])
+        per_dst = [len(range(d, op.n_packets, self.world)) for d in range(self.world)]
+        nflag = [flagged_count(c, p.last_percent) for c in per_dst]
+        for i in range(op.n_packets):
+            dst = i % self.world
+            if dst == self.rank:
+                continue
+            last = i // self.world >= per_dst[dst] - nflag[dst]
+            self._emit(now, op, ubt.MSG_SCATTER, dst, i, packets[i], 0, last)
+        op.p1.begin(now)
+        self._progress(op, now)
+
+    def poll_results(self) -> list[OpResult]:
+        out, self._results = self._results, []
+        return out
+
+    # ---- network port ------------------------------------------------------------
+    def receive(self, now: int, frame: bytes) -> None:
+        """One Ethernet frame from the network port."""
+        self.advance(now)
+        r = ubt.parse_frame(frame, port=self.p.udp_port, rank=self.rank, addressing=self.addressing)
+        self._accept(now, r)
+
+    def receive_datagram(self, now: int, datagram: bytes) -> None:
+        """One UBT datagram (the UDP payload), for transports that strip L2-L4."""
+        self.advance(now)
+        self._accept(now, ubt.parse_ubt(datagram))
+
+    def poll_tx(self) -> list[Tx]:
+        out, self._tx = self._tx, []
+        return out
+
+    # ---- time ----------------------------------------------------------------------
+    def next_timer(self) -> int | None:
+        """Earliest tick at which a phase may end without another arrival."""
+        times = [t for op in self.ops.values() if (t := self._op_timer(op)) is not None]
+        return min(times) if times else None
+
+    def advance(self, now: int) -> None:
+        """Fire every timer due at or before `now`, earliest first."""
+        while True:
+            due = [
+                (t, op.op_id) for op in self.ops.values() if (t := self._op_timer(op)) is not None
+            ]
+            if not due:
+                return
+            t, op_id = min(due)
+            if t > now:
+                return
+            self._progress(self.ops[op_id], t)
+
+    # ---- internals -----------------------------------------------------------------
+    def _drop(self, reason: str, op: _Op | None = None) -> None:
+        self.counters[reason] += 1
+        if op is not None and reason in ("late", "duplicate"):
+            setattr(op.stats, reason, getattr(op.stats, reason) + 1)
+
+    def _timeout(self, phase: int) -> int:
+        """The agreed timeout T = min(median t_C of the world, t_B), as it stands now."""
+        return agreed_timeout(self.tc_table[phase - 1], self.p.t_b_us)
+
+    def _set_tc(self, phase: int, rank: int, tc: int, now: int) -> None:
+        if self.tc_table[phase - 1, rank] != tc:
+            self.tc_table[phase - 1, rank] = tc
+            self._t_change[phase - 1] = now
+
+    def _op_timer(self, op: _Op) -> int | None:
+        ph = op.p1 if op.phase == 1 else op.p2 if op.phase == 2 else None
+        if ph is None:
+            return None
+        return ph.next_timer(self._timeout(op.phase), self._t_change[op.phase - 1])
+
+    def _accept(self, now: int, r: ubt.ParsedFrame | str) -> None:
+        if isinstance(r, str):
+            return self._drop(r)
+        h, p, world = r.header, self.p, self.world
+        if h.job_id != p.job_id:
+            return self._drop("wrong_job")
+        if h.sender >= world:
+            return self._drop("unknown_rank")
+        if h.sender == self.rank:
+            return self._drop("own_rank")
+        if h.world != world:
+            return self._drop("malformed_header")
+        phase = 1 if h.msg_type == ubt.MSG_SCATTER else 2
+        self._set_tc(phase, h.sender, h.t_c_us, now)  # piggybacked t_C of every known peer
+        if h.count != p.p or not 1 <= h.op_len <= p.c:
+            return self._drop("bad_length")
+        if h.op_id < self.base:
+            return self._drop("stale_op")
+        if h.op_id >= self.base + p.ops_in_flight:
+            return self._drop("future_op")
+        if h.pkt_index >= p.packets_for(h.op_len):
+            return self._drop("index_out_of_range")
+        owner = h.pkt_index % world
+        scatter = h.msg_type == ubt.MSG_SCATTER
+        if owner != (self.rank if scatter else h.sender):
+            return self._drop("wrong_owner")
+        op = self.ops.get(h.op_id)
+        if op is None:  # a peer is ahead of us: keep what it sends
+            op = self.ops[h.op_id] = _Op(self, h.op_id, h.op_len, h.exponent)
+        if op.exponent != h.exponent:
+            return self._drop("exponent_mismatch", op)
+        if op.n != h.op_len:
+            return self._drop("bad_length", op)
+        last = bool(h.flags & ubt.FLAG_LAST)
+        values = ubt.payload_values(r.payload)
+        if scatter:
+            if op.p1.end is not None or op.done:
+                return self._drop("late", op)
+            if not op.agg.add(h.pkt_index, h.sender, values):
+                return self._drop("duplicate", op)
+            op.p1.arrive(now, h.sender, last)
+            self.counters["rx_scatter"] += 1
+        else:
+            if op.done:
+                return self._drop("late", op)
+            if not op.gather.place(h.pkt_index, values, h.contributors):
+                return self._drop("duplicate", op)
+            op.p2.arrive(now, h.sender, last)
+            self.counters["rx_gather"] += 1
+        self._progress(op, now)
+        return None
+
+    def _progress(self, op: _Op, now: int) -> None:
+        """End whatever phases of op are over at `now`."""
+        if op.phase == 1 and (d := op.p1.due(now, self._timeout(1), self._t_change[0])):
+            self._end_phase1(op, *d)
+        if op.phase == 2 and (d := op.p2.due(now, self._timeout(2), self._t_change[1])):
+            self._end_phase2(op, *d)
+
+    def _end_phase(self, phase: int, ph: PhaseTracker, t: int, reason: str) -> None:
+        sample = ph.finish(t, reason, self._timeout(phase))
+        self._set_tc(phase, self.rank, self.tc[phase - 1].sample(sample), t)
+
+    def _end_phase1(self, op: _Op, t: int, reason: str) -> None:
+        self._end_phase(1, op.p1, t, reason)
+        st = op.stats
+        st.phase1_reason, st.phase1_end_us = reason, t
+        st.phase1_timeout_us = op.p1.timeout
+        st.p1_expected, st.p1_received = op.p1.expected, op.p1.received
+        means = op.agg.means()
+        slots = op.agg.slots
+        nflag = flagged_count(len(slots), self.p.last_percent)
+        for row, i in enumerate(slots):
+            count = int(op.agg.count[row])
+            op.gather.place(int(i), means[row], count)
+            last = row >= len(slots) - nflag
+            for dst in range(self.world):
+                if dst != self.rank:
+                    self._emit(t, op, ubt.MSG_GATHER, dst, int(i), means[row], count, last)
+        op.p2.begin(t, anchor=op.p1.start + op.p1.timeout)
+
+    def _end_phase2(self, op: _Op, t: int, reason: str) -> None:
+        p = self.p
+        self._end_phase(2, op.p2, t, reason)
+        st = op.stats
+        st.phase2_reason, st.end_us = reason, t
+        st.phase2_timeout_us = op.p2.timeout
+        st.p2_expected, st.p2_received = op.p2.expected, op.p2.received
+        st.contributor_hist = op.gather.histogram(self.world).tolist()
+        dec = decode(op.gather.z.ravel(), op.gather.have, op.n, op.exponent, op.op_id, p)
+        st.sat_output, st.empty_blocks = dec.sat_output, dec.empty_blocks
+        st.t_c_us = (self.tc[0].tc, self.tc[1].tc)
+        op.done = True
+        op.agg = op.gather = None  # free the buffers; the context stays for late frames
+        self.counters["ops_completed"] += 1
+        self._results.append(OpResult(op.op_id, dec.x, st))
+        while (o := self.ops.get(self.base)) is not None and o.done:
+            del self.ops[self.base]
+            self.base += 1
+
+    def _emit(
+        self,
+        now: int,
+        op: _Op,
+        msg_type: int,
+        dst: int,
+        pkt_index: int,
+        values: np.ndarray,
+        contributors: int,
+        last: bool,
+    ) -> None:
+        p = self.p
+        h = ubt.UbtHeader(
+            version=ubt.VERSION,
+            msg_type=msg_type,
+            flags=ubt.FLAG_LAST if last else 0,
+            exponent=op.exponent,
+            job_id=p.job_id,
+            sender=self.rank,
+            op_id=op.op_id,
+            pkt_index=pkt_index,
+            count=p.p,
+            contributors=contributors,
+            t_c_us=self.tc[0 if msg_type == ubt.MSG_SCATTER else 1].tc,
+            op_len=op.n,
+            world=self.world,
+            reserved=0,
+        )
+        frame = ubt.build_frame(
+            h, ubt.payload_bytes(values), src=self.rank, dst=dst, port=p.udp_port,
+            addressing=self.addressing,
+        )  # fmt: skip
+        phase = 1 if msg_type == ubt.MSG_SCATTER else 2
+        self.counters["tx_scatter" if phase == 1 else "tx_gather"] += 1
+        self._tx.append(Tx(now, dst, frame, phase, op.op_id, pkt_index))

@@ -1,0 +1,1 @@
+"""Gateware of the OptiReduce NIC (Amaranth); blocks arrive with the gateware issue."""

@@ -1,0 +1,144 @@
+"""The `optireduce` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+
+def _losses(text: str) -> tuple[float, ...]:
+    try:
+        vals = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated numbers") from None
+    if not all(0.0 <= v < 1.0 for v in vals):
+        raise argparse.ArgumentTypeError(f"{text!r}: loss rates must be in [0, 1)")
+    return vals
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from optireduce.host.demo import CONFIGS, plot, run_demo
+
+    console = Console()
+    console.print(
+        f"[bold]OptiReduce model[/]: {args.workers} workers, a {len(args.loss)}-level loss sweep, "
+        "software NICs on a virtual network (no board needed)"
+    )
+    with Progress(console=console, transient=True) as prog:
+        task = prog.add_task("simulating", total=len(CONFIGS) * len(args.loss))
+        rows, layer_err = run_demo(
+            args.workers, args.loss, args.seed, progress=lambda: prog.advance(task)
+        )
+    table = Table(title="AllReduce error vs the float64 mean (mean over workers)")
+    for col in ("datapath", "loss", "rel. L2 error", "bias", "worst layer error", "lost p1/p2"):
+        table.add_column(col, justify="right" if col != "datapath" else "left")
+    for r in rows:
+        table.add_row(
+            r.config, f"{r.loss:.0%}", f"{r.rel_l2:.2e}", f"{r.bias:+.2e}",
+            f"{r.worst_layer:.2e} ({r.worst_layer_name})", f"{r.lost_phase1}/{r.lost_phase2}",
+        )  # fmt: skip
+    console.print(table)
+    if args.plot:
+        plot(layer_err, args.loss, args.plot)
+        console.print(f"per-layer errors plotted to [bold]{args.plot}[/]")
+    if args.json:
+        print(json.dumps([r.__dict__ for r in rows], indent=2))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from optireduce.host.bench_model import bench_model
+
+    results = {}
+    if args.what in ("model", "all"):
+        results["model"] = bench_model(quick=args.quick)
+    out = results["model"] if args.what == "model" else results
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        from rich.console import Console
+        from rich.pretty import Pretty
+
+        Console().print(Pretty(out))
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from optireduce import simulate_allreduce
+
+    rng = np.random.default_rng(args.seed)
+    xs = [rng.standard_normal(args.elements).astype(np.float32) for _ in range(args.workers)]
+    outs, st = simulate_allreduce(xs, drop_rate=args.drop_rate, seed=args.seed)
+    ref = np.mean([x.astype(np.float64) for x in xs], axis=0)
+    summary = st.summary()
+    summary["rel_l2_error"] = [float(np.linalg.norm(o - ref) / np.linalg.norm(ref)) for o in outs]
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def cmd_protocol(args: argparse.Namespace) -> int:
+    from optireduce.host.ubt_lua import lua_dissector
+
+    if args.lua:
+        sys.stdout.write(lua_dissector())
+    else:
+        from optireduce.host import ubt
+
+        for f in ubt.FIELDS:
+            off, size = ubt.FIELD_OFFSETS[f.name]
+            print(f"{off:2d} {size} {f.name:<13} {f.doc}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="optireduce", description="OptiReduce SmartNIC offload: model, simulation, benches"
+    )
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    d = sub.add_parser("demo", help="AllReduce error with and without the Hadamard transform")
+    d.add_argument("--workers", type=int, default=8, choices=range(2, 65), metavar="N")
+    d.add_argument("--loss", type=_losses, default=(0.0, 0.01, 0.05), help="e.g. 0,0.01,0.05")
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--plot", default="optireduce-demo.png", help="PNG path ('' for none)")
+    d.add_argument("--json", action="store_true", help="also print the rows as JSON")
+    d.set_defaults(func=cmd_demo)
+
+    b = sub.add_parser("bench", help="benchmarks, as ratios against baselines in the same run")
+    b.add_argument("what", choices=("model", "all"), help="which figures")
+    b.add_argument("--json", action="store_true", help="print JSON")
+    b.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
+    b.set_defaults(func=cmd_bench)
+
+    s = sub.add_parser("simulate", help="one AllReduce of random data on the virtual cluster")
+    s.add_argument("--workers", type=int, default=8, choices=range(2, 65), metavar="N")
+    s.add_argument("--elements", type=int, default=100_000)
+    s.add_argument("--drop-rate", type=float, default=0.0)
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("protocol", help="the UBT v1 header, or its Wireshark dissector")
+    p.add_argument("--lua", action="store_true", help="print the Lua dissector")
+    p.set_defaults(func=cmd_protocol)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, TypeError) as e:
+        print(f"optireduce: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Co-simulation: Verilog generation, Verilator builds, cocotb benches, replay."""

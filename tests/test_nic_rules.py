@@ -1,0 +1,269 @@
+"""Each deadline rule, and each drop reason, shown firing at one model NIC.
+
+World of 3, rank 0 under test; ranks 1 and 2 are model NICs whose frames we
+deliver (or not) at chosen ticks. Op of 192 elements = 12 packets of 16: rank 0
+owns packets 0, 3, 6, 9; each peer flags its last packet to it (9) as LAST.
+"""
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from optireduce.host import ubt
+from optireduce.host.codec import encode
+from optireduce.host.nic_model import NicModel
+from optireduce.params import NicParams
+
+P = NicParams(p=16, b=64, c=256, t_b_us=1000, alpha_q8=64, n_max=8)
+N, LEN, EXP = 3, 192, -20
+
+
+def inputs(seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(LEN).astype(np.float32) for _ in range(N)]
+
+
+def scatter_to_rank0(xs, op_id=0, first_op=0):
+    """The frames ranks 1 and 2 send rank 0, by (sender, packet index)."""
+    frames = {}
+    for r in (1, 2):
+        peer = NicModel(P, r, N, first_op=first_op)
+        peer.start_op(0, op_id, xs[r], EXP)
+        for tx in peer.poll_tx():
+            if tx.dst == 0:
+                frames[(r, tx.pkt_index)] = tx.frame
+    return frames
+
+
+def start_rank0(xs, now=0, op_id=0):
+    nic = NicModel(P, 0, N)
+    nic.start_op(now, op_id, xs[0], EXP)
+    sent = nic.poll_tx()
+    assert {t.dst for t in sent} == {1, 2} and all(t.phase == 1 for t in sent)
+    return nic
+
+
+def deliver(nic, frames, keys, t0=10):
+    for k, key in enumerate(keys):
+        nic.receive(t0 + k, frames[key])
+
+
+ALL = [(r, i) for r in (1, 2) for i in (0, 3, 6, 9)]
+
+
+def gathers(nic):
+    return [t for t in nic.poll_tx() if t.phase == 2]
+
+
+def test_all_arrived_ends_the_phase_at_the_last_arrival():
+    xs = inputs()
+    nic = start_rank0(xs)
+    frames = scatter_to_rank0(xs)
+    deliver(nic, frames, ALL[:-1])
+    assert gathers(nic) == []
+    nic.receive(50, frames[ALL[-1]])
+    g = gathers(nic)
+    assert len(g) == 4 * 2 and all(t.time_us == 50 for t in g)
+    # the reduced values: mean of the three contributions, rounded half away from zero
+    ys = [encode(x, EXP, 0, P).y.reshape(-1, P.p) for x in xs]
+    for t in g:
+        h = ubt.UbtHeader.unpack(t.frame, ubt.L2_L4_LEN)
+        got = ubt.payload_values(t.frame[ubt.L2_L4_LEN + ubt.HEADER_LEN :])
+        want = []
+        for j in range(P.p):
+            s = sum(int(y[h.pkt_index, j]) for y in ys)
+            m = int(abs(Fraction(s, 3)) + Fraction(1, 2))
+            want.append(m if s >= 0 else -m)
+        assert got.tolist() == want and h.contributors == 3
+    assert nic.ops[0].stats.phase1_reason == "complete"
+
+
+def test_early_timeout_after_last_packets_and_an_idle_gap():
+    xs = inputs()
+    nic = start_rank0(xs)
+    frames = scatter_to_rank0(xs)
+    keys = [k for k in ALL if k != (1, 3)]  # a non-LAST packet is lost
+    deliver(nic, frames, keys)  # last arrival at t = 16
+    idle = (P.alpha_q8 * 1000) >> 8  # alpha * T, T = t_C = t_B before any history
+    assert nic.next_timer() == 16 + idle
+    nic.advance(16 + idle - 1)
+    assert gathers(nic) == []
+    nic.advance(16 + idle)
+    g = gathers(nic)
+    assert g and all(t.time_us == 16 + idle for t in g)
+    st = nic.ops[0].stats
+    assert (st.phase1_reason, st.p1_expected, st.p1_received) == ("early", 8, 7)
+
+
+def test_hard_deadline_when_a_last_packet_is_missing():
+    xs = inputs()
+    nic = start_rank0(xs, now=100)
+    frames = scatter_to_rank0(xs)
+    deliver(nic, frames, [k for k in ALL if k != (2, 9)], t0=110)
+    assert nic.next_timer() == 100 + 1000
+    nic.advance(1099)
+    assert gathers(nic) == []
+    nic.advance(5000)  # however late the call, the phase ends at its deadline
+    g = gathers(nic)
+    assert g and all(t.time_us == 1100 for t in g)
+    (res,) = nic.poll_results()  # phase 2 timed out too by t=5000: the op is done
+    assert res.stats.phase1_reason == "deadline" and res.stats.phase1_end_us == 1100
+    # the contribution count of packet 9 says one was missing
+    h = ubt.UbtHeader.unpack(next(t for t in g if t.pkt_index == 9).frame, ubt.L2_L4_LEN)
+    assert h.contributors == 2
+
+
+def test_timeout_is_min_of_median_peer_tc_and_tb():
+    xs = inputs()
+    nic = start_rank0(xs)
+    frames = scatter_to_rank0(xs)
+
+    def with_tc(frame, tc):
+        h = ubt.UbtHeader.unpack(frame, ubt.L2_L4_LEN)._replace(t_c_us=tc)
+        payload = frame[ubt.L2_L4_LEN + ubt.HEADER_LEN :]
+        return ubt.build_frame(h, payload, src=h.sender, dst=0, port=P.udp_port)
+
+    nic.receive(10, with_tc(frames[(1, 0)], 300))
+    nic.receive(11, with_tc(frames[(2, 0)], 500))
+    # table: own 1000, peers 300 and 500 -> median 500
+    assert nic.next_timer() == 0 + 500
+    nic.receive(12, with_tc(frames[(2, 3)], 5000))  # median now 1000 = min(.., t_B)
+    assert nic.next_timer() == 1000
+    nic.receive(13, with_tc(frames[(1, 3)], 40))  # 40, 1000, 5000 -> 1000
+    assert nic.next_timer() == 1000
+    nic.receive(14, with_tc(frames[(2, 6)], 200))  # 40, 200, 1000 -> 200
+    assert nic.next_timer() == 200
+
+
+def test_deadline_moved_into_the_past_ends_the_phase_now():
+    xs = inputs()
+    nic = start_rank0(xs)
+    frames = scatter_to_rank0(xs)
+    h = ubt.UbtHeader.unpack(frames[(1, 0)], ubt.L2_L4_LEN)
+    for r, tc in ((1, 30), (2, 30)):
+        f = ubt.build_frame(
+            h._replace(sender=r, t_c_us=tc), frames[(r, 0)][ubt.L2_L4_LEN + 32 :],
+            src=r, dst=0, port=P.udp_port,
+        )  # fmt: skip
+        nic.receive(400, f)
+    g = gathers(nic)
+    assert g and all(t.time_us == 400 for t in g)
+    assert nic.ops[0].stats.phase1_reason == "deadline"
+
+
+def test_late_duplicate_stale_and_future_frames_are_dropped_and_counted():
+    xs = inputs()
+    nic = start_rank0(xs)
+    frames = scatter_to_rank0(xs)
+    deliver(nic, frames, [k for k in ALL if k != (2, 9)])
+    nic.receive(30, frames[(1, 0)])
+    assert nic.counters["duplicate"] == 1 and nic.ops[0].stats.duplicate == 1
+    nic.advance(1000)  # deadline
+    nic.receive(1001, frames[(2, 9)])
+    assert nic.counters["late"] == 1 and nic.ops[0].stats.late == 1
+    assert nic.counters["rx_scatter"] == 7
+    # future: op 2 is outside the window [0, 2)
+    assert nic.counters["future_op"] == 0
+    nic.receive(1002, scatter_to_rank0(xs, op_id=2, first_op=1)[(1, 0)])
+    assert nic.counters["future_op"] == 1
+    # finish op 0 with the gathers of ranks 1 and 2, then op 0 is stale
+    peers = [NicModel(P, r, N) for r in (1, 2)]
+    for peer, r in zip(peers, (1, 2), strict=True):
+        peer.start_op(0, 0, xs[r], EXP)
+        peer.advance(5000)
+        for tx in peer.poll_tx():
+            if tx.dst == 0 and tx.phase == 2:
+                nic.receive(1100, tx.frame)
+    res = nic.poll_results()
+    assert len(res) == 1 and nic.base == 1
+    nic.receive(1200, frames[(1, 3)])
+    assert nic.counters["stale_op"] == 1
+
+
+def _corrupt(frame: bytes, offset: int, value: bytes, fix_ip: bool = True) -> bytes:
+    b = bytearray(frame)
+    b[offset : offset + len(value)] = value
+    if fix_ip:
+        b[24:26] = b"\0\0"
+        b[24:26] = ubt.ipv4_checksum(bytes(b[14:34])).to_bytes(2, "big")
+    return bytes(b)
+
+
+def _with(frame: bytes, **fields) -> bytes:
+    h = ubt.UbtHeader.unpack(frame, ubt.L2_L4_LEN)._replace(**fields)
+    return ubt.build_frame(
+        h, frame[ubt.L2_L4_LEN + ubt.HEADER_LEN :], src=1, dst=0, port=P.udp_port
+    )
+
+
+U = ubt.L2_L4_LEN  # UBT header offset
+
+
+def bad_frames(good: bytes) -> dict[str, bytes]:
+    return {
+        "truncated": good[:40],
+        "not_ipv4": _corrupt(good, 12, b"\x86\xdd", fix_ip=False),
+        "bad_ip_header": _corrupt(good, 14, b"\x46"),
+        "bad_ip_checksum": _corrupt(good, 24, b"\x12\x34", fix_ip=False),
+        "ip_fragment": _corrupt(good, 20, b"\x20\x00"),
+        "not_udp": _corrupt(good, 23, b"\x06"),
+        "wrong_address": _corrupt(good, 30, b"\x0a\x00\x00\x09"),
+        "wrong_port": _corrupt(good, 36, b"\x00\x35"),
+        "bad_udp_length": _corrupt(good, 38, b"\x00\x10"),
+        "bad_version": _with(good, version=2),
+        "bad_type": _with(good, msg_type=7),
+        "malformed_header": _with(good, flags=0x80),
+        "wrong_job": _with(good, job_id=P.job_id + 1),
+        "unknown_rank": _with(good, sender=5),
+        "own_rank": _with(good, sender=0),
+        "bad_length": _with(good, op_len=P.c + 1),
+        "future_op": _with(good, op_id=7),
+        "index_out_of_range": _with(good, pkt_index=12),
+        "wrong_owner": _with(good, pkt_index=4),
+        "exponent_mismatch": _with(good, exponent=EXP + 1),
+    }
+
+
+@pytest.mark.parametrize("reason", list(bad_frames(b"\0" * 200)))
+def test_every_malformed_class_is_rejected_counted_and_harmless(reason):
+    xs = inputs()
+    frames = scatter_to_rank0(xs)
+    clean = start_rank0(xs)
+    deliver(clean, frames, ALL)
+    want = gathers(clean)
+
+    nic = start_rank0(xs)
+    bad = bad_frames(frames[(1, 0)])[reason]
+    nic.receive(5, bad)
+    assert nic.counters[reason] == 1
+    assert sum(nic.counters[r] for r in ubt.DROP_REASONS) == 1
+    deliver(nic, frames, ALL)
+    assert [t.frame for t in gathers(nic)] == [t.frame for t in want]
+
+
+def test_malformed_gather_contributors_are_rejected():
+    xs = inputs()
+    frames = scatter_to_rank0(xs)
+    nic = start_rank0(xs)
+    nic.receive(5, _with(frames[(1, 0)], contributors=1))  # a scatter with a count
+    nic.receive(6, _with(frames[(1, 0)], msg_type=ubt.MSG_GATHER, contributors=9))
+    assert nic.counters["malformed_header"] == 2
+
+
+def test_host_port_rejects_bad_commands():
+    nic = NicModel(P, 0, N)
+    x = np.zeros(10, np.float32)
+    with pytest.raises(TypeError, match="float32"):
+        nic.start_op(0, 0, np.zeros(10), 0)
+    with pytest.raises(ValueError, match="elements"):
+        nic.start_op(0, 0, np.zeros(P.c + 1, np.float32), 0)
+    with pytest.raises(ValueError, match="exponent"):
+        nic.start_op(0, 0, x, 200)
+    with pytest.raises(ValueError, match="window"):
+        nic.start_op(0, 2, x, 0)
+    nic.start_op(0, 1, x, 0)
+    with pytest.raises(ValueError, match="not after"):
+        nic.start_op(0, 0, x, 0)
+    with pytest.raises(ValueError, match="rank"):
+        NicModel(P, 3, 3)

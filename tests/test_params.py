@@ -1,0 +1,56 @@
+import pytest
+
+from optireduce.params import NicParams, ParamError
+
+
+def test_defaults_and_derived_widths():
+    p = NicParams()
+    assert (p.p, p.b, p.c) == (256, 4096, 16384)
+    assert p.log2_b == 12
+    assert p.headroom_bits_eff == 9  # ceil(12/2) + 3
+    assert p.w_in == 23 and p.w_fwd == 35 and p.w_inv == 44
+    assert p.w_acc == 32 + 6  # 64 contributions of 32 bits
+    assert p.q_max == 2**22 - 1 and p.wire_max == 2**31 - 1
+    assert p.padded_len(1) == 4096 and p.padded_len(4097) == 8192
+    assert p.packets_for(5000) == 32
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("n_max", 1),
+        ("p", 0),
+        ("p", 20000),
+        ("b", 1000),  # not a power of two
+        ("b", 128),  # smaller than p
+        ("c", 5000),  # not a multiple of b
+        ("lanes", 3),
+        ("ops_in_flight", 1),
+        ("w_wire", 16),
+        ("headroom_bits", 0),
+        ("headroom_bits", 13),  # more than log2(b)
+        ("seed", -1),
+        ("seed", 1 << 32),
+        ("estimator", "magic"),
+        ("rht", 1),
+        ("t_b_us", 0),
+        ("t_c_init_us", 10**9),
+        ("alpha_q8", 0),
+        ("alpha_q8", 300),
+        ("last_percent", 0),
+        ("tc_gain_shift", 9),
+        ("udp_port", 70000),
+        ("job_id", 1 << 16),
+        ("n_max", 2.5),
+    ],
+)
+def test_rejects_bad_values_naming_the_parameter(field, value):
+    with pytest.raises(ParamError, match=rf"NicParams\.{field}="):
+        NicParams(**{field: value})
+
+
+def test_replace_validates_again():
+    p = NicParams(p=16, b=64, c=256)
+    assert p.replace(b=128).b == 128
+    with pytest.raises(ParamError, match=r"NicParams\.b="):
+        p.replace(b=8)
