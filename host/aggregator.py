@@ -48,3 +48,21 @@ class Aggregator:
     def means(self) -> np.ndarray:
         """Mean of the received contributions per slot (a slot with none gives zeros)."""
         return div_round(self.acc, np.maximum(self.count, 1)[:, None])
+
+
+def reciprocal_shift(p: NicParams) -> int:
+    """s for which the reciprocal-table quotient is exact for every sum and count."""
+    return p.w_acc + 2 + (2 * p.n_max - 1).bit_length()
+
+
+def reciprocal_table(p: NicParams) -> list[int]:
+    """ceil(2^s / 2n) for n = 0..n_max (entry 0 unused): the gateware's divider ROM."""
+    s = reciprocal_shift(p)
+    return [0] + [-(-(1 << s) // (2 * n)) for n in range(1, p.n_max + 1)]
+
+
+def mean_by_reciprocal(total: int, n: int, p: NicParams, table: list[int] | None = None) -> int:
+    """The owner's mean as the gateware computes it: multiply and shift, no divider."""
+    m = (table or reciprocal_table(p))[n]
+    mag = ((2 * abs(total) + n) * m) >> reciprocal_shift(p)
+    return -mag if total < 0 else mag

@@ -3,7 +3,10 @@
 A phase ends at the first of:
   complete  every expected packet is in;
   early     a LAST-flagged packet from every expected sender is in, and no packet
-            arrived for alpha * T (T below);
+            arrived for alpha * T (T below); or every sender still owing packets
+            is known to have finished the op (it sent a packet of op j >= this
+            op + K, which its NIC only does once this op is complete), so what
+            is missing will never come;
   deadline  T after the phase's anchor, T = min(median of the peers' t_C, t_B).
             Phase 1 is anchored at the op's start. Phase 2 is anchored at
             max(own phase-1 end, op start + T1): until then a slower owner may
@@ -66,24 +69,40 @@ class PhaseTracker:
     whose deadline moved into the past ends at `floor`, the tick T last changed.
     """
 
-    def __init__(self, expected: int, senders: np.ndarray, alpha_q8: int) -> None:
-        self.expected = expected  # packets expected in the phase
-        self.senders = senders  # bool per rank: senders we expect packets from
+    def __init__(self, expected: np.ndarray, alpha_q8: int) -> None:
+        self.exp = np.asarray(expected, dtype=np.int64)  # packets expected per sender
+        self.rcv = np.zeros_like(self.exp)
+        self.senders = self.exp > 0
         self.alpha_q8 = alpha_q8
-        self.received = 0
-        self.flagged = np.zeros_like(senders)
+        self.flagged = np.zeros(len(self.exp), dtype=bool)
+        self.gone = np.zeros(len(self.exp), dtype=bool)  # sender has moved past this op
         self.last_arrival: int | None = None
+        self.last_gone = 0
         self.start: int | None = None
         self.anchor = 0  # the deadline is anchor + T
         self.timeout = 0  # T when the phase ended
         self.end: int | None = None
         self.reason: str | None = None
 
+    @property
+    def expected(self) -> int:
+        return int(self.exp.sum())
+
+    @property
+    def received(self) -> int:
+        return int(self.rcv.sum())
+
     def arrive(self, now: int, sender: int, last: bool) -> None:
-        self.received += 1
+        self.rcv[sender] += 1
         self.last_arrival = now
         if last:
             self.flagged[sender] = True
+
+    def sender_gone(self, now: int, sender: int) -> None:
+        """The sender has finished this op: what it has not sent will never come."""
+        if self.senders[sender] and not self.gone[sender] and self.end is None:
+            self.gone[sender] = True
+            self.last_gone = now
 
     def begin(self, now: int, anchor: int | None = None) -> None:
         self.start = now
@@ -101,8 +120,11 @@ class PhaseTracker:
         """(end tick, reason) if the phase is over at `now`, else None."""
         if self.start is None or self.end is not None:
             return None
-        if self.received >= self.expected:
+        all_in = self.rcv >= self.exp
+        if all_in.all():
             return max(self.start, self.last_arrival or self.start), COMPLETE
+        if (all_in | self.gone).all():  # every missing packet is known lost
+            return max(self.start, self.last_arrival or self.start, self.last_gone), EARLY
         early, deadline = self._times(timeout, floor)
         if early is not None and early <= now and early < deadline:
             return early, EARLY

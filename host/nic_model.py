@@ -59,13 +59,15 @@ class _Op:
         self.done = False
         self.agg = Aggregator(p, rank, world, self.n_packets)
         self.gather = GatherBuffer(p, self.n_packets)
-        owners = np.arange(world) < self.n_packets  # ranks that own at least one slot
-        peers = np.ones(world, dtype=bool)
-        peers[rank] = False
+        # packets expected from each rank: in phase 1 one per slot we own, in phase 2
+        # the slots the sender owns
         mine = len(self.agg.slots)
-        senders1 = peers if mine else np.zeros(world, dtype=bool)
-        self.p1 = PhaseTracker(mine * (world - 1), senders1, p.alpha_q8)
-        self.p2 = PhaseTracker(self.n_packets - mine, owners & peers, p.alpha_q8)
+        owned = np.array([len(range(r, self.n_packets, world)) for r in range(world)])
+        exp1 = np.full(world, mine)
+        exp1[rank] = 0
+        owned[rank] = 0
+        self.p1 = PhaseTracker(exp1, p.alpha_q8)
+        self.p2 = PhaseTracker(owned, p.alpha_q8)
         self.stats = OpStats(op_id=op_id, rank=rank, world=world, n=n, exponent=exponent)
 
     @property
@@ -231,7 +233,7 @@ class NicModel:
             return self._drop("bad_length")
         if h.op_id < self.base:
             return self._drop("stale_op")
-        if h.op_id >= self.base + p.ops_in_flight:
+        if h.op_id >= self.base + p.rx_window:
             return self._drop("future_op")
         if h.pkt_index >= p.packets_for(h.op_len):
             return self._drop("index_out_of_range")
@@ -246,6 +248,7 @@ class NicModel:
             return self._drop("exponent_mismatch", op)
         if op.n != h.op_len:
             return self._drop("bad_length", op)
+        self._peer_progress(now, h.sender, h.op_id)
         last = bool(h.flags & ubt.FLAG_LAST)
         values = ubt.payload_values(r.payload)
         if scatter:
@@ -264,6 +267,14 @@ class NicModel:
             self.counters["rx_gather"] += 1
         self._progress(op, now)
         return None
+
+    def _peer_progress(self, now: int, sender: int, op_id: int) -> None:
+        """A NIC starts op j only after op j - K is complete: sender is done with those."""
+        for o in list(self.ops.values()):
+            if o.op_id <= op_id - self.p.ops_in_flight and not o.done:
+                o.p1.sender_gone(now, sender)
+                o.p2.sender_gone(now, sender)
+                self._progress(o, now)
 
     def _progress(self, op: _Op, now: int) -> None:
         """End whatever phases of op are over at `now`."""

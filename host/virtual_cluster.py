@@ -32,6 +32,7 @@ class ClusterStats:
     counters: list[dict[str, int]]  # each NIC's counters at the end
     injected: dict[int, int] = field(default_factory=lambda: {1: 0, 2: 0})  # drops by phase
     elapsed_us: int = 0  # virtual time when the last worker had its last result
+    t_b_us: int = 0  # the hard bound the NICs ran with
 
     def _sum(self, name: str) -> int:
         return sum(getattr(s, name) for ops in self.per_worker for s in ops)
@@ -82,6 +83,7 @@ class ClusterStats:
             "deadline_timeouts": self.timeouts("deadline"),
             "contributor_hist": self.contributor_hist,
             "elapsed_us": self.elapsed_us,
+            "t_b_us": self.t_b_us,
         }
 
 
@@ -123,11 +125,14 @@ def simulate_allreduce(
     lost: Iterable[tuple[int, int, int, int]] | None = None,
     latency_us: int = 5,
     link_gbps: float = 10.0,
+    calibrate: bool = True,
 ) -> tuple[list[np.ndarray], ClusterStats]:
     """AllReduce (mean) of `inputs` through N model NICs; returns (outputs, stats).
 
     lost: (phase, src, dst, packet_index) tuples dropped in every op (phase 1 =
     scatter, 2 = gather). Inputs longer than params.c run as several ops, K in flight.
+    calibrate: first set t_B as the driver does, from reliable warm-up ops
+    (calibrate_t_b); False keeps params.t_b_us.
     """
     p = params or NicParams()
     n = _check_inputs(inputs, p)
@@ -137,12 +142,48 @@ def simulate_allreduce(
     if latency_us < 0 or link_gbps <= 0:
         raise ValueError("latency_us must be >= 0 and link_gbps > 0")
     lost_set = _check_lost(lost or (), world)
+    if calibrate:
+        p = p.replace(t_b_us=calibrate_t_b(inputs, p, latency_us, link_gbps))
+    return _run(inputs, n, p, drop_rate, seed, lost_set, latency_us, link_gbps)
+
+
+def calibrate_t_b(
+    inputs: Sequence[np.ndarray], p: NicParams, latency_us: int = 5, link_gbps: float = 10.0
+) -> int:
+    """t_B from warm-up: 2 x the P95 of the phase durations of K lossless ops.
+
+    The warm-up runs the first K chunks over the reliable (lossless) network with
+    the configured t_B. The factor 2 keeps a merely busy phase from being cut.
+    """
+    m = min(len(inputs[0]), p.ops_in_flight * p.c)
+    warm = [np.ascontiguousarray(x[:m]) for x in inputs]
+    _, st = _run(warm, m, p, 0.0, 0, set(), latency_us, link_gbps)
+    d = [
+        v
+        for ops in st.per_worker
+        for s in ops
+        for v in (s.phase1_end_us - s.start_us, s.end_us - s.phase1_end_us)
+    ]
+    return int(min(p.t_b_us, max(1, math.ceil(2 * np.percentile(d, 95)))))
+
+
+def _run(
+    inputs: Sequence[np.ndarray],
+    n: int,
+    p: NicParams,
+    drop_rate: float,
+    seed: int,
+    lost_set: set,
+    latency_us: int,
+    link_gbps: float,
+) -> tuple[list[np.ndarray], ClusterStats]:
+    world = len(inputs)
     rng = np.random.default_rng(seed)
 
     bounds = [(s, min(s + p.c, n)) for s in range(0, n, p.c)]
     exps = [agree_exponent([propose_exponent(x[a:b], p) for x in inputs]) for a, b in bounds]
     nics = [NicModel(p, r, world) for r in range(world)]
-    stats = ClusterStats(world, n, [[] for _ in range(world)], [])
+    stats = ClusterStats(world, n, [[] for _ in range(world)], [], t_b_us=p.t_b_us)
     results: list[dict[int, np.ndarray]] = [{} for _ in range(world)]
     next_op = [0] * world
     link_free = [0] * world

@@ -32,7 +32,7 @@ class NicParams:
     b: int = 4096  # Hadamard block (power of two, multiple of p)
     c: int = 16384  # chunk capacity: elements of one op (multiple of b)
     lanes: int = 1  # elements per cycle in the gateware
-    ops_in_flight: int = 2  # K: op-id window of every NIC
+    ops_in_flight: int = 2  # K: ops the host keeps in flight (the NIC holds 2K)
     w_wire: int = 32  # bits of one payload element on the wire
     headroom_bits: int | None = None  # wire bits reserved for transform growth
     seed: int = 0x5EED_0001  # sign PRNG key (shared by the job)
@@ -143,6 +143,11 @@ class NicParams:
     @property
     def wire_max(self) -> int:
         return (1 << (self.w_wire - 1)) - 1
+
+    @property
+    def rx_window(self) -> int:
+        """Op contexts of a NIC: its own K in flight plus K for peers up to K ops ahead."""
+        return 2 * self.ops_in_flight
 
     @property
     def t_c_init(self) -> int:

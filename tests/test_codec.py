@@ -97,3 +97,18 @@ def test_missing_packet_estimators():
         np.testing.assert_array_equal(got[128:], q_true[128:])
     # unbiased = plain * 4/3 up to the final rounding of each
     np.testing.assert_allclose(trials["unbiased"][64:128], trials["plain"][64:128] * 4 / 3, atol=2)
+
+
+def test_reciprocal_table_divider_equals_exact_mean():
+    """The gateware's multiply-and-shift mean is the exact rounded quotient, for every n."""
+    from optireduce.host.aggregator import mean_by_reciprocal, reciprocal_table
+
+    p = NicParams()
+    table = reciprocal_table(p)
+    rng = np.random.default_rng(3)
+    top = (1 << (p.w_acc - 1)) - 1
+    for n in range(1, p.n_max + 1):
+        edge = [0, 1, -1, n, -n, n // 2, top, -top, top - 1, (n * p.wire_max), -(n * p.wire_max)]
+        sums = [*edge, *rng.integers(-top, top, 200).tolist()]
+        for s in sums:
+            assert mean_by_reciprocal(s, n, p, table) == frac_round(s, n), (s, n)

@@ -163,9 +163,10 @@ def test_late_duplicate_stale_and_future_frames_are_dropped_and_counted():
     nic.receive(1001, frames[(2, 9)])
     assert nic.counters["late"] == 1 and nic.ops[0].stats.late == 1
     assert nic.counters["rx_scatter"] == 7
-    # future: op 2 is outside the window [0, 2)
-    assert nic.counters["future_op"] == 0
-    nic.receive(1002, scatter_to_rank0(xs, op_id=2, first_op=1)[(1, 0)])
+    # a peer up to K ops ahead is kept; op 4 is outside the receive window [0, 2K)
+    nic.receive(1002, scatter_to_rank0(xs, op_id=3, first_op=2)[(1, 0)])
+    assert nic.counters["future_op"] == 0 and 3 in nic.ops
+    nic.receive(1003, scatter_to_rank0(xs, op_id=4, first_op=3)[(1, 0)])
     assert nic.counters["future_op"] == 1
     # finish op 0 with the gathers of ranks 1 and 2, then op 0 is stale
     peers = [NicModel(P, r, N) for r in (1, 2)]
