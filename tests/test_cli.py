@@ -1,0 +1,101 @@
+"""The `optireduce` command line: every subcommand's help, its outputs, its errors."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from optireduce.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "optireduce.cli", *args],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("sub", ["", "demo", "bench", "simulate", "protocol"])
+def test_help_of_every_subcommand(sub):
+    r = run(*([sub] if sub else []), "--help")
+    assert r.returncode == 0
+    assert "usage: optireduce" in r.stdout
+    if sub:
+        assert sub in r.stdout.splitlines()[0]
+
+
+def test_simulate_prints_lossless_stats(capsys):
+    assert main(["simulate", "--workers", "3", "--elements", "5000"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["world"] == 3 and out["n"] == 5000
+    assert out["lost_phase1"] == out["lost_phase2"] == 0
+    assert max(out["rel_l2_error"]) <= 1e-4
+    # every packet of every worker carried all 3 contributions
+    # 5000 elements pad to 2 blocks = 32 packets, each seen by 3 workers
+    assert out["contributor_hist"][3] == 3 * 32 and sum(out["contributor_hist"]) == 96
+
+
+def test_simulate_reports_injected_loss(capsys):
+    assert main(["simulate", "--workers", "4", "--elements", "40000", "--drop-rate", "0.05"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["lost_phase1"] == out["injected_phase1"] > 0
+    assert out["lost_phase2"] == out["injected_phase2"] > 0
+
+
+def test_protocol_lua_is_the_shipped_dissector(capsys):
+    assert main(["protocol", "--lua"]) == 0
+    assert capsys.readouterr().out == (ROOT / "host" / "ubt.lua").read_text()
+
+
+def test_bad_arguments_exit_2_with_a_message():
+    r = run("demo", "--loss", "0,2")
+    assert r.returncode == 2 and "loss rates must be in [0, 1)" in r.stderr
+    r = run("simulate", "--workers", "1")
+    assert r.returncode == 2 and "invalid choice" in r.stderr
+    r = run("simulate", "--elements", "0")
+    assert r.returncode == 2 and "empty" in r.stderr
+
+
+def test_demo_table_shows_the_transform_argument(tmp_path):
+    png = tmp_path / "demo.png"
+    r = run("demo", "--workers", "4", "--loss", "0,0.05", "--json", "--plot", str(png))
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout[r.stdout.index("[\n") :])
+    by = {(row["config"], row["loss"]): row for row in rows}
+    assert len(rows) == 6
+    for cfg in ("RHT, unbiased decode", "RHT, plain decode", "no transform"):
+        assert by[(cfg, 0.0)]["rel_l2"] <= 1e-4
+        assert by[(cfg, 0.0)]["lost_phase1"] == by[(cfg, 0.0)]["lost_phase2"] == 0
+        assert by[(cfg, 0.05)]["lost_phase2"] > 0
+    # zeroed packets bias toward zero; the unbiased decode removes most of it
+    unb, plain = by[("RHT, unbiased decode", 0.05)], by[("RHT, plain decode", 0.05)]
+    assert plain["bias"] < 0 and abs(unb["bias"]) < abs(plain["bias"]) / 3
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_package_installs_as_a_wheel(tmp_path):
+    """pip install . must carry optireduce.{hw,sim,host} and the dissector."""
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(tmp_path), str(ROOT)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    import zipfile
+
+    (whl,) = tmp_path.glob("optireduce-*.whl")
+    names = set(zipfile.ZipFile(whl).namelist())
+    for f in (
+        "optireduce/__init__.py", "optireduce/cli.py", "optireduce/params.py",
+        "optireduce/hw/__init__.py", "optireduce/sim/__init__.py",
+        "optireduce/host/nic_model.py", "optireduce/host/ubt.lua",
+    ):  # fmt: skip
+        assert f in names, f
+    assert not any(n.startswith(("tests/", "hw/", "host/")) for n in names)
+    entry = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "optireduce = optireduce.cli:main" in zipfile.ZipFile(whl).read(entry).decode()
