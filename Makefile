@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 comma  := ,
-EXTRAS ?= dev,sim,torch
+EXTRAS ?= dev,sim,fpga,torch
 STAMP  := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
 .PHONY: install demo test bench lint clean

@@ -17,9 +17,11 @@ import numpy as np
 from optireduce.host import ubt
 from optireduce.host.aggregator import Aggregator
 from optireduce.host.codec import decode, encode
-from optireduce.host.deadline import PhaseTracker, TcEstimator, agreed_timeout, flagged_count
+from optireduce.host.deadline import PhaseTracker, TcEstimator, agreed_timeout
+from optireduce.host.frame_checks import check_op, check_peer
 from optireduce.host.gather_buffer import GatherBuffer
 from optireduce.host.op_stats import OpStats
+from optireduce.host.packetizer import OpContext, gather_frames, scatter_frames
 from optireduce.host.quantize import EXP_MAX, EXP_MIN
 from optireduce.params import NicParams
 
@@ -69,6 +71,7 @@ class _Op:
         self.p1 = PhaseTracker(exp1, p.alpha_q8)
         self.p2 = PhaseTracker(owned, p.alpha_q8)
         self.stats = OpStats(op_id=op_id, rank=rank, world=world, n=n, exponent=exponent)
+        self.ctx = OpContext(p, rank, world, op_id, exponent, n, nic.addressing)
 
     @property
     def phase(self) -> int:
@@ -144,14 +147,8 @@ class NicModel:
         packets = enc.y.reshape(op.n_packets, p.p)
         for i in op.agg.slots:
             op.agg.add(int(i), self.rank, packets[i])
-        per_dst = [len(range(d, op.n_packets, self.world)) for d in range(self.world)]
-        nflag = [flagged_count(c, p.last_percent) for c in per_dst]
-        for i in range(op.n_packets):
-            dst = i % self.world
-            if dst == self.rank:
-                continue
-            last = i // self.world >= per_dst[dst] - nflag[dst]
-            self._emit(now, op, ubt.MSG_SCATTER, dst, i, packets[i], 0, last)
+        for i, dst, frame in scatter_frames(packets, op.ctx, self.tc[0].tc):
+            self._send(now, op, 1, dst, i, frame)
         op.p1.begin(now)
         self._progress(op, now)
 
@@ -219,28 +216,15 @@ class NicModel:
         if isinstance(r, str):
             return self._drop(r)
         h, p, world = r.header, self.p, self.world
-        if h.job_id != p.job_id:
-            return self._drop("wrong_job")
-        if h.sender >= world:
-            return self._drop("unknown_rank")
-        if h.sender == self.rank:
-            return self._drop("own_rank")
-        if h.world != world:
-            return self._drop("malformed_header")
+        reason = check_peer(h, p, self.rank, world)
+        if reason:
+            return self._drop(reason)
         phase = 1 if h.msg_type == ubt.MSG_SCATTER else 2
         self._set_tc(phase, h.sender, h.t_c_us, now)  # piggybacked t_C of every known peer
-        if h.count != p.p or not 1 <= h.op_len <= p.c:
-            return self._drop("bad_length")
-        if h.op_id < self.base:
-            return self._drop("stale_op")
-        if h.op_id >= self.base + p.rx_window:
-            return self._drop("future_op")
-        if h.pkt_index >= p.packets_for(h.op_len):
-            return self._drop("index_out_of_range")
-        owner = h.pkt_index % world
-        scatter = h.msg_type == ubt.MSG_SCATTER
-        if owner != (self.rank if scatter else h.sender):
-            return self._drop("wrong_owner")
+        reason = check_op(h, p, self.rank, world, self.base)
+        if reason:
+            return self._drop(reason)
+        scatter = phase == 1
         op = self.ops.get(h.op_id)
         if op is None:  # a peer is ahead of us: keep what it sends
             op = self.ops[h.op_id] = _Op(self, h.op_id, h.op_len, h.exponent)
@@ -294,15 +278,11 @@ class NicModel:
         st.phase1_timeout_us = op.p1.timeout
         st.p1_expected, st.p1_received = op.p1.expected, op.p1.received
         means = op.agg.means()
-        slots = op.agg.slots
-        nflag = flagged_count(len(slots), self.p.last_percent)
-        for row, i in enumerate(slots):
-            count = int(op.agg.count[row])
-            op.gather.place(int(i), means[row], count)
-            last = row >= len(slots) - nflag
-            for dst in range(self.world):
-                if dst != self.rank:
-                    self._emit(t, op, ubt.MSG_GATHER, dst, int(i), means[row], count, last)
+        for row, i in enumerate(op.agg.slots):
+            op.gather.place(int(i), means[row], int(op.agg.count[row]))
+        g = gather_frames(op.agg.slots, means, op.agg.count, op.ctx, self.tc[1].tc)
+        for i, dst, frame in g:
+            self._send(t, op, 2, dst, i, frame)
         op.p2.begin(t, anchor=op.p1.start + op.p1.timeout)
 
     def _end_phase2(self, op: _Op, t: int, reason: str) -> None:
@@ -324,38 +304,6 @@ class NicModel:
             del self.ops[self.base]
             self.base += 1
 
-    def _emit(
-        self,
-        now: int,
-        op: _Op,
-        msg_type: int,
-        dst: int,
-        pkt_index: int,
-        values: np.ndarray,
-        contributors: int,
-        last: bool,
-    ) -> None:
-        p = self.p
-        h = ubt.UbtHeader(
-            version=ubt.VERSION,
-            msg_type=msg_type,
-            flags=ubt.FLAG_LAST if last else 0,
-            exponent=op.exponent,
-            job_id=p.job_id,
-            sender=self.rank,
-            op_id=op.op_id,
-            pkt_index=pkt_index,
-            count=p.p,
-            contributors=contributors,
-            t_c_us=self.tc[0 if msg_type == ubt.MSG_SCATTER else 1].tc,
-            op_len=op.n,
-            world=self.world,
-            reserved=0,
-        )
-        frame = ubt.build_frame(
-            h, ubt.payload_bytes(values), src=self.rank, dst=dst, port=p.udp_port,
-            addressing=self.addressing,
-        )  # fmt: skip
-        phase = 1 if msg_type == ubt.MSG_SCATTER else 2
+    def _send(self, now: int, op: _Op, phase: int, dst: int, pkt_index: int, frame: bytes) -> None:
         self.counters["tx_scatter" if phase == 1 else "tx_gather"] += 1
         self._tx.append(Tx(now, dst, frame, phase, op.op_id, pkt_index))

@@ -1,0 +1,1 @@
+"""cocotb benches, one per gateware block: tb_<block>.py."""

@@ -1,0 +1,70 @@
+"""Run a cocotb bench on an Amaranth component under Verilator, from pytest.
+
+One build directory per configuration (keyed by the Verilog text), reused across
+tests and pytest-xdist workers (a file lock serializes the first build). A
+failing cocotb test makes this raise, so the pytest test fails.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from amaranth.lib import wiring
+from filelock import FileLock
+
+from optireduce.sim import verilog
+from optireduce.sim.toolchain import use_verilator
+
+ENV_CONFIG = "OPTIREDUCE_TB"
+
+
+def build(component: wiring.Component, name: str) -> Path:
+    """Verilate `component` (once per configuration); returns the build directory."""
+    use_verilator()
+    from cocotb_tools.runner import get_runner
+
+    vpath = verilog.write(component, name, kind="cocotb")
+    build_dir = vpath.parent / "verilator"
+    with FileLock(str(vpath.parent / ".lock"), timeout=1800):
+        if not (build_dir / ".built").exists():
+            get_runner("verilator").build(
+                sources=[vpath],
+                hdl_toplevel=name,
+                build_dir=build_dir,
+                build_args=["-Wno-fatal", "-O2"],
+                always=True,
+            )
+            (build_dir / ".built").write_text("ok")
+    return build_dir
+
+
+def run_bench(
+    component: wiring.Component,
+    name: str,
+    bench: str,
+    config: dict | None = None,
+    testcase: str | list[str] | None = None,
+) -> None:
+    """Run cocotb module `bench` (dotted name) against `component` with `config` as JSON."""
+    build_dir = build(component, name)
+    from cocotb_tools.runner import get_runner
+
+    test_dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=build_dir.parent))
+    get_runner("verilator").test(
+        hdl_toplevel=name,
+        hdl_toplevel_lang="verilog",
+        test_module=bench,
+        build_dir=build_dir,
+        test_dir=test_dir,
+        testcase=testcase,
+        extra_env={ENV_CONFIG: json.dumps(config or {})},
+    )
+
+
+def bench_config() -> dict:
+    """Inside a bench: the config the pytest side passed."""
+    import os
+
+    return json.loads(os.environ.get(ENV_CONFIG, "{}"))

@@ -1,0 +1,30 @@
+"""Verilog from Amaranth components: deterministic text, cached by content."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from amaranth.back import verilog
+from amaranth.lib import wiring
+
+REPO = Path(__file__).resolve().parents[1]
+BUILD = Path.cwd() / "build" if not (REPO / "pyproject.toml").exists() else REPO / "build"
+
+
+def convert(component: wiring.Component, name: str) -> str:
+    return verilog.convert(component, name=name, emit_src=False)
+
+
+def write(component: wiring.Component, name: str, kind: str = "rtl") -> Path:
+    """Write `name`.v under build/<kind>/<name>-<hash of the text>/ and return its path."""
+    text = convert(component, name)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    d = BUILD / kind / f"{name}-{digest}"
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"{name}.v"
+    if not path.exists() or path.read_text() != text:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    return path
