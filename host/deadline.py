@@ -138,9 +138,16 @@ class PhaseTracker:
         early, deadline = self._times(timeout, floor)
         return deadline if early is None else min(early, deadline)
 
-    def finish(self, t: int, reason: str, timeout: int) -> int:
-        """Record the end; returns the completion-time sample for t_C."""
+    def finish(self, t: int, reason: str, timeout: int) -> int | None:
+        """Record the end; returns the completion-time sample for t_C, or None.
+
+        No sample when the phase expected nothing or everything was in before it
+        began: its length says nothing about the network (and a 0 would drag t_C,
+        and with it everyone's T, to 1).
+        """
         self.end, self.reason, self.timeout = t, reason, timeout
-        if reason == DEADLINE or self.last_arrival is None:
+        if reason == DEADLINE:
             return t - self.start
-        return max(0, self.last_arrival - self.start)
+        if self.last_arrival is None or self.last_arrival <= self.start:
+            return None
+        return self.last_arrival - self.start

@@ -118,8 +118,8 @@ class NicModel:
             raise ValueError(f"start_op: {len(data)} elements; an op holds 1..c={p.c}")
         if not EXP_MIN <= exponent <= EXP_MAX:
             raise ValueError(f"start_op: exponent {exponent} outside int8")
-        if op_id <= self.last_started:
-            raise ValueError(f"start_op: op {op_id} not after op {self.last_started}")
+        if op_id != self.last_started + 1:
+            raise ValueError(f"start_op: op {op_id} is not the next op ({self.last_started + 1})")
         if not self.base <= op_id < self.base + p.ops_in_flight:
             raise ValueError(
                 f"start_op: op {op_id} outside the window [{self.base}, "
@@ -216,15 +216,9 @@ class NicModel:
         if isinstance(r, str):
             return self._drop(r)
         h, p, world = r.header, self.p, self.world
-        reason = check_peer(h, p, self.rank, world)
+        reason = check_peer(h, p, self.rank, world) or check_op(h, p, self.rank, world, self.base)
         if reason:
             return self._drop(reason)
-        phase = 1 if h.msg_type == ubt.MSG_SCATTER else 2
-        self._set_tc(phase, h.sender, h.t_c_us, now)  # piggybacked t_C of every known peer
-        reason = check_op(h, p, self.rank, world, self.base)
-        if reason:
-            return self._drop(reason)
-        scatter = phase == 1
         op = self.ops.get(h.op_id)
         if op is None:  # a peer is ahead of us: keep what it sends
             op = self.ops[h.op_id] = _Op(self, h.op_id, h.op_len, h.exponent)
@@ -232,6 +226,9 @@ class NicModel:
             return self._drop("exponent_mismatch", op)
         if op.n != h.op_len:
             return self._drop("bad_length", op)
+        phase = 1 if h.msg_type == ubt.MSG_SCATTER else 2
+        self._set_tc(phase, h.sender, h.t_c_us, now)  # piggybacked t_C of a valid peer frame
+        scatter = phase == 1
         self._peer_progress(now, h.sender, h.op_id)
         last = bool(h.flags & ubt.FLAG_LAST)
         values = ubt.payload_values(r.payload)
@@ -269,7 +266,8 @@ class NicModel:
 
     def _end_phase(self, phase: int, ph: PhaseTracker, t: int, reason: str) -> None:
         sample = ph.finish(t, reason, self._timeout(phase))
-        self._set_tc(phase, self.rank, self.tc[phase - 1].sample(sample), t)
+        if sample is not None:
+            self._set_tc(phase, self.rank, self.tc[phase - 1].sample(sample), t)
 
     def _end_phase1(self, op: _Op, t: int, reason: str) -> None:
         self._end_phase(1, op.p1, t, reason)

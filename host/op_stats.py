@@ -16,7 +16,7 @@ class OpStats:
     end_us: int = 0
     phase1_reason: str = ""  # complete | early | deadline
     phase2_reason: str = ""
-    phase1_timeout_us: int = 0  # T = min(median t_C, t_B) at the phase's start
+    phase1_timeout_us: int = 0  # T = min(median t_C, t_B) when the phase ended
     phase2_timeout_us: int = 0
     phase1_end_us: int = 0
     p1_expected: int = 0  # contributions from peers to our slots

@@ -252,7 +252,7 @@ def parse_ubt(datagram: bytes | memoryview) -> ParsedFrame | str:
         return "malformed_header"
     if (h.msg_type == MSG_SCATTER) != (h.contributors == 0):
         return "malformed_header"
-    if h.contributors > h.world:
+    if h.contributors > h.world or h.t_c_us == 0:  # a t_C is at least one tick
         return "malformed_header"
     if len(mv) != HEADER_LEN + 4 * h.count:
         return "bad_length"

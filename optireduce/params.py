@@ -76,8 +76,11 @@ class NicParams:
         need(_is_pow2(self.lanes) and self.lanes <= self.p, "lanes", "power of two, at most p")
         need(2 <= self.ops_in_flight <= 64, "ops_in_flight", "K must be in 2..64")
         need(self.w_wire == 32, "w_wire", "UBT v1 carries 32-bit elements")
-        need(self.headroom_bits is None or isinstance(self.headroom_bits, int), "headroom_bits",
-             "must be an int or None")  # fmt: skip
+        for name in ("headroom_bits", "t_c_init_us"):
+            v = getattr(self, name)
+            need(v is None or (isinstance(v, int) and not isinstance(v, bool)), name,
+                 "must be an int or None")  # fmt: skip
+        need(self.b >= 2, "b", "transform block must be at least 2")
         need(
             1 <= self.headroom_bits_eff <= min(self.log2_b, 16),
             "headroom_bits",

@@ -134,3 +134,29 @@ def test_bad_arguments():
         simulate_allreduce([x, x], lost=[(3, 0, 1, 0)])
     with pytest.raises(ValueError, match="empty"):
         simulate_allreduce([x[:0], x[:0]])
+
+
+def test_lossless_with_more_workers_than_packets_per_op():
+    """Ranks that own no slot must not drag t_C (and everyone's T) to zero."""
+    rng = np.random.default_rng(9)
+    p = NicParams(c=4096)
+    xs = [rng.standard_normal(10 * 4096).astype(np.float32) for _ in range(32)]
+    outs, st = simulate_allreduce(xs, params=p)
+    assert st.packets_lost == 0
+    assert rel_l2(outs[0], f64_mean(xs)) <= 1e-4
+
+
+def test_calibrated_tb_is_twice_the_p95_of_warmup_phases():
+    from optireduce.host.virtual_cluster import calibrate_t_b
+
+    rng = np.random.default_rng(10)
+    xs = [rng.standard_normal(40_000).astype(np.float32) for _ in range(4)]
+    p = NicParams()
+    t_b = calibrate_t_b(xs, p)
+    _, st = simulate_allreduce([x[: 2 * p.c] for x in xs], params=p, calibrate=False)
+    d = [v for ops in st.per_worker for s in ops
+         for v in (s.phase1_end_us - s.start_us, s.end_us - s.phase1_end_us)]  # fmt: skip
+    assert t_b == int(np.ceil(2 * np.percentile(d, 95)))
+    assert 0 < t_b < p.t_b_us
+    _, st2 = simulate_allreduce(xs)
+    assert st2.t_b_us == t_b and st2.packets_lost == 0

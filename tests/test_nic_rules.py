@@ -24,11 +24,11 @@ def inputs(seed=0):
     return [rng.standard_normal(LEN).astype(np.float32) for _ in range(N)]
 
 
-def scatter_to_rank0(xs, op_id=0, first_op=0):
-    """The frames ranks 1 and 2 send rank 0, by (sender, packet index)."""
+def scatter_to_rank0(xs, op_id=0):
+    """The frames ranks 1 and 2 send rank 0 for op op_id, by (sender, packet index)."""
     frames = {}
     for r in (1, 2):
-        peer = NicModel(P, r, N, first_op=first_op)
+        peer = NicModel(P, r, N, first_op=op_id)
         peer.start_op(0, op_id, xs[r], EXP)
         for tx in peer.poll_tx():
             if tx.dst == 0:
@@ -164,9 +164,9 @@ def test_late_duplicate_stale_and_future_frames_are_dropped_and_counted():
     assert nic.counters["late"] == 1 and nic.ops[0].stats.late == 1
     assert nic.counters["rx_scatter"] == 7
     # a peer up to K ops ahead is kept; op 4 is outside the receive window [0, 2K)
-    nic.receive(1002, scatter_to_rank0(xs, op_id=3, first_op=2)[(1, 0)])
+    nic.receive(1002, scatter_to_rank0(xs, op_id=3)[(1, 0)])
     assert nic.counters["future_op"] == 0 and 3 in nic.ops
-    nic.receive(1003, scatter_to_rank0(xs, op_id=4, first_op=3)[(1, 0)])
+    nic.receive(1003, scatter_to_rank0(xs, op_id=4)[(1, 0)])
     assert nic.counters["future_op"] == 1
     # finish op 0 with the gathers of ranks 1 and 2, then op 0 is stale
     peers = [NicModel(P, r, N) for r in (1, 2)]
@@ -261,10 +261,98 @@ def test_host_port_rejects_bad_commands():
         nic.start_op(0, 0, np.zeros(P.c + 1, np.float32), 0)
     with pytest.raises(ValueError, match="exponent"):
         nic.start_op(0, 0, x, 200)
+    with pytest.raises(ValueError, match="not the next op"):
+        nic.start_op(0, 1, x, 0)  # op ids are contiguous: skipping one would wedge the window
+    nic.start_op(0, 0, x, 0)
+    nic.start_op(0, 1, x, 0)
     with pytest.raises(ValueError, match="window"):
         nic.start_op(0, 2, x, 0)
-    nic.start_op(0, 1, x, 0)
-    with pytest.raises(ValueError, match="not after"):
+    with pytest.raises(ValueError, match="not the next op"):
         nic.start_op(0, 0, x, 0)
     with pytest.raises(ValueError, match="rank"):
         NicModel(P, 3, 3)
+
+
+def test_a_frame_exactly_at_the_deadline_is_late():
+    xs = inputs()
+    nic = start_rank0(xs)
+    frames = scatter_to_rank0(xs)
+    deliver(nic, frames, [k for k in ALL if k != (2, 9)])
+    nic.receive(1000, frames[(2, 9)])  # T = t_B = 1000: the timer fires first
+    assert nic.counters["late"] == 1
+    assert nic.ops[0].stats.phase1_reason == "deadline"
+
+
+def test_peers_gone_ends_the_phase_without_waiting():
+    """A packet of op 2 from rank 1 proves rank 1 finished op 0 (K = 2)."""
+    xs = inputs()
+    nic = start_rank0(xs)
+    frames = scatter_to_rank0(xs)
+    deliver(nic, frames, [k for k in ALL if k not in ((1, 9), (2, 9))])  # both LASTs lost
+    nic.receive(40, scatter_to_rank0(xs, op_id=2)[(1, 0)])
+    assert gathers(nic) == []  # rank 2 still owes packet 9
+    nic.receive(41, scatter_to_rank0(xs, op_id=2)[(2, 0)])
+    g = gathers(nic)
+    assert g and all(t.time_us == 41 for t in g)
+    # both peers are done with op 0, so their gathers (never delivered here) are lost too
+    (res,) = nic.poll_results()
+    st = res.stats
+    assert (st.phase1_reason, st.p1_received, st.phase2_reason, st.p2_received) == (
+        "early", 6, "early", 0)  # fmt: skip
+    assert st.end_us == 41
+
+
+def test_phase2_deadline_is_anchored_after_the_slowest_phase1():
+    """A receiver whose phase 1 ended at once still waits until start + T1 + T2."""
+    xs = inputs()
+    nic = start_rank0(xs, now=0)
+    frames = scatter_to_rank0(xs)
+    deliver(nic, frames, ALL)  # phase 1 complete at t = 17
+    nic.poll_tx()
+    assert nic.next_timer() == 1000 + 1000  # anchor = op start + T1 = 1000, then + T2
+
+
+def test_tc_is_kept_per_phase_and_carried_in_headers():
+    xs = inputs()
+    nic = start_rank0(xs)
+    frames = scatter_to_rank0(xs)
+    deliver(nic, frames, ALL, t0=10)  # phase 1 complete at 17: sample 17
+    g = gathers(nic)
+    h = ubt.UbtHeader.unpack(g[0].frame, ubt.L2_L4_LEN)
+    assert h.t_c_us == nic.tc[1].tc == 1000  # gather frames carry the phase-2 t_C, untouched
+    assert nic.tc[0].tc == 17 + 4 * (17 >> 1)  # first sample: mean 17, dev 8
+
+
+def test_dropped_frames_never_move_tc():
+    xs = inputs()
+    nic = start_rank0(xs)
+    frames = scatter_to_rank0(xs)
+    for bad in (_with(frames[(1, 0)], op_id=99, t_c_us=3), _with(frames[(1, 0)], t_c_us=0),
+                _with(frames[(1, 0)], pkt_index=4, t_c_us=3)):  # fmt: skip
+        nic.receive(5, bad)
+    assert nic.counters["future_op"] == nic.counters["malformed_header"] == 1
+    assert nic.counters["wrong_owner"] == 1
+    assert nic.tc_table[0].tolist() == [1000, 1000, 1000]
+    assert nic.next_timer() == 1000
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"count": 8}, "bad_length"),
+        ({"world": 4}, "malformed_header"),
+        ({"op_len": 0}, "bad_length"),
+    ],
+)
+def test_more_header_mismatches(fields, reason):
+    xs = inputs()
+    frames = scatter_to_rank0(xs)
+    nic = start_rank0(xs)
+    f = frames[(1, 0)]
+    if "count" in fields:  # a shorter payload that agrees with its count
+        h = ubt.UbtHeader.unpack(f, U)._replace(count=8)
+        f = ubt.build_frame(h, f[U + 32 : U + 32 + 32], src=1, dst=0, port=P.udp_port)
+    else:
+        f = _with(f, **fields)
+    nic.receive(5, f)
+    assert nic.counters[reason] == 1
