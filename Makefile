@@ -6,7 +6,7 @@ comma  := ,
 EXTRAS ?= dev,sim,fpga,torch
 STAMP  := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: install demo test bench lint clean
+.PHONY: install tools demo test bench lint clean
 
 install: $(STAMP)
 
@@ -17,10 +17,21 @@ $(STAMP): pyproject.toml
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
+# tshark (Debian's package) checks the Wireshark dissector; installed when we can.
+tools:
+	@command -v tshark >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing tshark (Debian package) for the dissector test"; \
+	    echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tshark >/dev/null; \
+	  else \
+	    echo "tshark is missing: install it (apt-get install tshark) or set OPTIREDUCE_NO_TSHARK=1"; \
+	  fi; }
+
 demo: install
 	$(VENV)/bin/optireduce demo
 
-test: install
+test: install tools
 	$(PY) -m pytest -n 2 -q
 
 bench: install

@@ -7,6 +7,7 @@ rates, with and without the randomized Hadamard transform.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,6 +56,7 @@ class Row:
     bias: float  # <est - mean, mean> / <mean, mean>, mean over workers
     worst_layer: float  # largest per-layer relative L2 error over workers
     worst_layer_name: str
+    zeroed: float  # share of elements decoded as exactly 0 whose mean is not small (holes)
     lost_phase1: int
     lost_phase2: int
     saturations: int
@@ -65,12 +67,13 @@ def run_demo(
     losses: tuple[float, ...] = (0.0, 0.01, 0.05),
     seed: int = 0,
     params: NicParams | None = None,
-    progress=None,
+    progress: Callable[[], object] | None = None,
 ) -> tuple[list[Row], dict]:
     """Every (config, loss) pair; returns the table rows and per-layer errors for plotting."""
     base = params or NicParams()
     xs, spans = realistic_gradients(workers, seed)
     ref = np.mean([x.astype(np.float64) for x in xs], axis=0)
+    significant = np.concatenate([np.full(s.stop - s.start, 0.01 * np.std(ref[s])) for s in spans])
     rows: list[Row] = []
     layer_err: dict = {}
     for name, cfg in CONFIGS:
@@ -79,6 +82,7 @@ def run_demo(
                 xs, params=base.replace(**cfg), drop_rate=loss, seed=seed + 1
             )
             errs, biases, layer = [], [], np.zeros(len(spans))
+            zeroed = np.mean([np.mean((o == 0) & (np.abs(ref) > significant)) for o in outs])
             for o in outs:
                 d = o.astype(np.float64) - ref
                 errs.append(np.linalg.norm(d) / np.linalg.norm(ref))
@@ -89,7 +93,8 @@ def run_demo(
             layer_err[(name, loss)] = layer
             rows.append(
                 Row(name, loss, float(np.mean(errs)), float(np.mean(biases)), float(layer[worst]),
-                    LAYERS[worst][0], st.lost_phase1, st.lost_phase2, st.saturations)
+                    LAYERS[worst][0], float(zeroed), st.lost_phase1, st.lost_phase2,
+                    st.saturations)
             )  # fmt: skip
             if progress is not None:
                 progress()

@@ -112,6 +112,8 @@ def _check_lost(lost: Iterable[tuple[int, int, int, int]], world: int) -> set:
             raise ValueError(f"lost: {t!r} is not (phase 1|2, src, dst, packet_index)")
         if not (0 <= t[1] < world and 0 <= t[2] < world and t[3] >= 0):
             raise ValueError(f"lost: {t!r} names a rank outside 0..{world - 1}")
+        if t[1] == t[2]:
+            raise ValueError(f"lost: {t!r}: a rank sends itself nothing over the network")
         out.add(tuple(int(v) for v in t))
     return out
 

@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 __all__ = ["NicParams", "ParamError", "__version__", "simulate_allreduce"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     # Lazy: importing the package must not JIT-compile the model.
     if name == "simulate_allreduce":
         from optireduce.host.virtual_cluster import simulate_allreduce

@@ -25,7 +25,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     from optireduce.host.demo import CONFIGS, plot, run_demo
 
-    console = Console()
+    console = Console(width=max(Console().width, 110))
     console.print(
         f"[bold]OptiReduce model[/]: {args.workers} workers, a {len(args.loss)}-level loss sweep, "
         "software NICs on a virtual network (no board needed)"
@@ -36,14 +36,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
             args.workers, args.loss, args.seed, progress=lambda: prog.advance(task)
         )
     table = Table(title="AllReduce error vs the float64 mean (mean over workers)")
-    for col in ("datapath", "loss", "rel. L2 error", "bias", "worst layer error", "lost p1/p2"):
-        table.add_column(col, justify="right" if col != "datapath" else "left")
+    cols = ("datapath", "loss", "rel. L2 err", "bias", "worst layer err", "holes", "lost p1/p2")
+    for col in cols:
+        table.add_column(col, justify="left" if col == "datapath" else "right")
     for r in rows:
         table.add_row(
-            r.config, f"{r.loss:.0%}", f"{r.rel_l2:.2e}", f"{r.bias:+.2e}",
-            f"{r.worst_layer:.2e} ({r.worst_layer_name})", f"{r.lost_phase1}/{r.lost_phase2}",
+            r.config, f"{r.loss:.0%}", f"{r.rel_l2:.1e}", f"{r.bias:+.1e}",
+            f"{r.worst_layer:.1e} {r.worst_layer_name}", f"{r.zeroed:.2%}",
+            f"{r.lost_phase1}/{r.lost_phase2}",
         )  # fmt: skip
     console.print(table)
+    console.print(
+        "holes: elements decoded as exactly 0 where the mean is above 1% of its layer's rms "
+        "(a lost packet's span). "
+        "With the transform a loss is spread, unbiased noise instead."
+    )
     if args.plot:
         plot(layer_err, args.loss, args.plot)
         console.print(f"per-layer errors plotted to [bold]{args.plot}[/]")
@@ -132,11 +139,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import os
+
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except (ValueError, TypeError) as e:
-        print(f"optireduce: error: {e}", file=sys.stderr)
+        if os.environ.get("OPTIREDUCE_DEBUG"):
+            raise
+        print(f"optireduce: error: {e} (OPTIREDUCE_DEBUG=1 shows where)", file=sys.stderr)
         return 2
 
 

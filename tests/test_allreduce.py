@@ -96,28 +96,33 @@ def test_a_lost_packet_is_spread_over_its_block_by_the_transform():
 
 
 def bias_statistics(estimator: str, seeds: int = 30):
+    """Mean and standard error of the error's projection on the true mean and on 3
+    fixed random directions, over seeds x workers (rows: directions)."""
     xs, _ = realistic_gradients(8, seed=1)
     xs = [x[:8192] for x in xs]
     ref = f64_mean(xs)
+    dirs = np.vstack([ref, np.random.default_rng(99).standard_normal((3, len(ref)))])
+    dirs *= np.linalg.norm(ref) / np.linalg.norm(dirs, axis=1, keepdims=True)
     b = []
     for s in range(seeds):
         p = NicParams(estimator=estimator, seed=1000 + s)
         outs, _ = simulate_allreduce(xs, params=p, drop_rate=0.05, seed=s)
-        b.extend(float((o.astype(np.float64) - ref) @ ref / (ref @ ref)) for o in outs)
+        b.extend(dirs @ (o.astype(np.float64) - ref) / (ref @ ref) for o in outs)
     b = np.array(b)
-    return b.mean(), b.std(ddof=1) / np.sqrt(len(b))
+    return b.mean(axis=0), b.std(axis=0, ddof=1) / np.sqrt(len(b))
 
 
 def test_unbiased_estimator_is_unbiased_over_seeds():
     """Bias along the true mean, averaged over 30 seeds (signs and drops) x 8 workers.
 
-    Bound: |mean| <= 4 standard errors (a false alarm about 1 in 15,000 runs).
+    Bound: |mean| <= 4 standard errors on each of 4 projections (a false alarm about 1 in
+    4,000 runs; the runs are seeded, so the outcome is fixed).
     The plain estimator shrinks by about the phase-2 loss and must fail the same bound.
     """
     m, se = bias_statistics("unbiased")
-    assert abs(m) <= 4 * se, (m, se)
+    assert np.all(np.abs(m) <= 4 * se), (m, se)  # along the mean and 3 random directions
     m_plain, se_plain = bias_statistics("plain")
-    assert m_plain < -4 * se_plain, (m_plain, se_plain)
+    assert m_plain[0] < -4 * se_plain[0], (m_plain, se_plain)
 
 
 def test_bad_arguments():

@@ -74,6 +74,9 @@ def test_demo_table_shows_the_transform_argument(tmp_path):
     # zeroed packets bias toward zero; the unbiased decode removes most of it
     unb, plain = by[("RHT, unbiased decode", 0.05)], by[("RHT, plain decode", 0.05)]
     assert plain["bias"] < 0 and abs(unb["bias"]) < abs(plain["bias"]) / 3
+    # without the transform a lost reduced packet is a hole of zeros; with it, none
+    holes = by[("no transform", 0.05)]["zeroed"]
+    assert holes > 0.01 and unb["zeroed"] < holes / 20
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
 
 

@@ -95,8 +95,19 @@ def test_missing_packet_estimators():
         # untouched blocks decode exactly
         np.testing.assert_array_equal(got[:64], q_true[:64])
         np.testing.assert_array_equal(got[128:], q_true[128:])
-    # unbiased = plain * 4/3 up to the final rounding of each
-    np.testing.assert_allclose(trials["unbiased"][64:128], trials["plain"][64:128] * 4 / 3, atol=2)
+    # block 1 against an independent reference: Sylvester matrix, Fraction division, signs
+    from optireduce.host.signs import sign_bits
+
+    h = np.array([[1]])
+    while len(h) < 64:
+        h = np.block([[h, h], [h, -h]])
+    t = h @ z[4:8].ravel()
+    d = 1 - 2 * sign_bits(P.seed, 9, 64, 64).astype(np.int64)
+    for est, den in (("plain", 64), ("unbiased", 48)):
+        want = [int(di) * frac_round(int(ti), den) for ti, di in zip(t, d, strict=True)]
+        # the output is float32: round the exact reference the same way (IEEE cast)
+        want32 = (np.array(want, dtype=np.float64) * 2.0**e).astype(np.float32)
+        np.testing.assert_array_equal(trials[est][64:128] * 2.0**e, want32.astype(np.float64))
 
 
 def test_reciprocal_table_divider_equals_exact_mean():

@@ -57,7 +57,7 @@ def valid_frame(draw: st.DrawFn) -> tuple[ubt.UbtHeader, np.ndarray]:
         pkt_index=draw(st.integers(0, 2**32 - 1)),
         count=count,
         contributors=contributors,
-        t_c_us=draw(st.integers(0, 2**32 - 1)),
+        t_c_us=draw(st.integers(1, 2**32 - 1)),
         op_len=draw(st.integers(0, 2**32 - 1)),
         world=world,
         reserved=0,
@@ -191,12 +191,18 @@ def test_full_packet_and_addressing() -> None:
 
 
 def test_scapy_count_filled_from_values() -> None:
-    layer = UBT(msg_type=ubt.MSG_GATHER, contributors=1, world=2, values=[5, -6, 7])
+    layer = UBT(msg_type=ubt.MSG_GATHER, contributors=1, world=2, t_c_us=1, values=[5, -6, 7])
     h = scapy_to_header(layer)
     assert h.count == 3 and h.version == ubt.VERSION
     parsed = ubt.parse_ubt(raw(layer))
     assert isinstance(parsed, ubt.ParsedFrame) and parsed.header == h
     assert ubt.payload_values(parsed.payload).tolist() == [5, -6, 7]
+
+
+def test_zero_tc_is_malformed() -> None:
+    """A t_C is at least one tick; 0 would drive every peer's timeout to nothing."""
+    assert parse(frame(header(t_c_us=0))) == "malformed_header"
+    assert isinstance(parse(frame(header(t_c_us=1))), ubt.ParsedFrame)
 
 
 def test_trailing_bytes_after_datagram_ignored() -> None:
