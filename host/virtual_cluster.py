@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from optireduce.host.impairment import Impairment, ImpairmentSpec
 from optireduce.host.nic_model import NicModel, Tx
 from optireduce.host.op_stats import OpStats
 from optireduce.host.quantize import agree_exponent, propose_exponent
@@ -128,13 +129,17 @@ def simulate_allreduce(
     latency_us: int = 5,
     link_gbps: float = 10.0,
     calibrate: bool = True,
+    impairment: ImpairmentSpec | None = None,
 ) -> tuple[list[np.ndarray], ClusterStats]:
     """AllReduce (mean) of `inputs` through N model NICs; returns (outputs, stats).
 
     lost: (phase, src, dst, packet_index) tuples dropped in every op (phase 1 =
     scatter, 2 = gather). Inputs longer than params.c run as several ops, K in flight.
     calibrate: first set t_B as the driver does, from reliable warm-up ops
-    (calibrate_t_b); False keeps params.t_b_us.
+    (calibrate_t_b): t_B = min(params.t_b_us, 2 x P95 of the warm-up phases);
+    False keeps params.t_b_us.
+    impairment: per-packet extra delay, loss, duplication and reordering on every
+    link (host/impairment.py), seeded from `seed`.
     """
     p = params or NicParams()
     n = _check_inputs(inputs, p)
@@ -145,12 +150,17 @@ def simulate_allreduce(
         raise ValueError("latency_us must be >= 0 and link_gbps > 0")
     lost_set = _check_lost(lost or (), world)
     if calibrate:
-        p = p.replace(t_b_us=calibrate_t_b(inputs, p, latency_us, link_gbps))
-    return _run(inputs, n, p, drop_rate, seed, lost_set, latency_us, link_gbps)
+        reliable = impairment.reliable() if impairment else None
+        p = p.replace(t_b_us=calibrate_t_b(inputs, p, latency_us, link_gbps, reliable))
+    return _run(inputs, n, p, drop_rate, seed, lost_set, latency_us, link_gbps, impairment)
 
 
 def calibrate_t_b(
-    inputs: Sequence[np.ndarray], p: NicParams, latency_us: int = 5, link_gbps: float = 10.0
+    inputs: Sequence[np.ndarray],
+    p: NicParams,
+    latency_us: int = 5,
+    link_gbps: float = 10.0,
+    impairment: ImpairmentSpec | None = None,
 ) -> int:
     """t_B from warm-up: 2 x the P95 of the phase durations of K lossless ops.
 
@@ -159,7 +169,7 @@ def calibrate_t_b(
     """
     m = min(len(inputs[0]), p.ops_in_flight * p.c)
     warm = [np.ascontiguousarray(x[:m]) for x in inputs]
-    _, st = _run(warm, m, p, 0.0, 0, set(), latency_us, link_gbps)
+    _, st = _run(warm, m, p, 0.0, 0, set(), latency_us, link_gbps, impairment)
     d = [
         v
         for ops in st.per_worker
@@ -178,9 +188,11 @@ def _run(
     lost_set: set,
     latency_us: int,
     link_gbps: float,
+    impairment: ImpairmentSpec | None = None,
 ) -> tuple[list[np.ndarray], ClusterStats]:
     world = len(inputs)
     rng = np.random.default_rng(seed)
+    imp = Impairment(impairment, seed + 0x5EED) if impairment else None
 
     bounds = [(s, min(s + p.c, n)) for s in range(0, n, p.c)]
     exps = [agree_exponent([propose_exponent(x[a:b], p) for x in inputs]) for a, b in bounds]
@@ -205,10 +217,12 @@ def _run(
         dropped = (tx.phase, src, tx.dst, tx.pkt_index) in lost_set
         if drop_rate > 0.0 and rng.random() < drop_rate:
             dropped = True
-        if dropped:
+        delays = imp.fates() if imp and not dropped else [0.0]
+        if dropped or not delays:
             stats.injected[tx.phase] += 1
-        else:
-            push(start + ser + latency_us, 0, tx.dst, tx.frame)
+            return
+        for d in delays:
+            push(start + ser + latency_us + round(d), 0, tx.dst, tx.frame)
 
     def start_ops(r: int, now: int) -> None:
         while next_op[r] < len(bounds) and next_op[r] < nics[r].base + p.ops_in_flight:
@@ -237,7 +251,10 @@ def _run(
     for r in range(world):
         start_ops(r, 0)
         settle(r, 0)
-    horizon = len(bounds) * 2 * (p.t_b_us + latency_us + 1) + 16 * world * p.packets_for(n) + 1000
+    slack = 20 * impairment.median_us * impairment.p99_ratio if impairment else 0
+    horizon = int(
+        len(bounds) * 2 * (p.t_b_us + latency_us + 1) + 16 * world * p.packets_for(n) + slack + 1000
+    )
     now = 0
     while events:
         now, _, kind, r, frame = heapq.heappop(events)

@@ -65,7 +65,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     results = {}
     if args.what in ("model", "all"):
         results["model"] = bench_model(quick=args.quick)
-    out = results["model"] if args.what == "model" else results
+    if args.what in ("rtl", "all"):
+        from rich.console import Console
+
+        from optireduce.sim.bench_rtl import bench_rtl
+
+        err = Console(stderr=True)
+        with err.status("measuring") as status:
+            results["rtl"] = bench_rtl(
+                area=not args.no_area, progress=lambda n: status.update(f"measuring {n}")
+            )
+    out = results[args.what] if args.what != "all" else results
     if args.json:
         print(json.dumps(out, indent=2))
     else:
@@ -120,9 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     b = sub.add_parser("bench", help="benchmarks, as ratios against baselines in the same run")
-    b.add_argument("what", choices=("model", "all"), help="which figures")
+    b.add_argument("what", choices=("model", "rtl", "all"), help="which figures")
     b.add_argument("--json", action="store_true", help="print JSON")
     b.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
+    b.add_argument("--no-area", action="store_true", help="rtl: skip yosys synthesis")
     b.set_defaults(func=cmd_bench)
 
     s = sub.add_parser("simulate", help="one AllReduce of random data on the virtual cluster")

@@ -165,3 +165,33 @@ def test_calibrated_tb_is_twice_the_p95_of_warmup_phases():
     assert 0 < t_b < p.t_b_us
     _, st2 = simulate_allreduce(xs)
     assert st2.t_b_us == t_b and st2.packets_lost == 0
+
+
+def test_duplicated_and_reordered_packets_change_nothing():
+    from optireduce.host.impairment import ImpairmentSpec
+
+    rng = np.random.default_rng(11)
+    xs = [rng.standard_normal(20_000).astype(np.float32) for _ in range(4)]
+    clean, _ = simulate_allreduce(xs)
+    spec = ImpairmentSpec(median_us=20, duplicate=0.1, reorder=0.2)
+    outs, st = simulate_allreduce(xs, impairment=spec, seed=4)
+    for a, b in zip(outs, clean, strict=True):
+        np.testing.assert_array_equal(a, b)
+    dups = sum(c["duplicate"] for c in st.counters)
+    sent = sum(c["tx_scatter"] + c["tx_gather"] for c in st.counters)
+    assert st.packets_lost == 0 and 0.05 * sent < dups < 0.15 * sent
+
+
+def test_tail_latency_is_bounded_by_the_deadlines():
+    from optireduce.host.impairment import ImpairmentSpec
+
+    rng = np.random.default_rng(12)
+    xs = [rng.standard_normal(100_000).astype(np.float32) for _ in range(8)]
+    _, st = simulate_allreduce(xs, impairment=ImpairmentSpec(median_us=50, p99_ratio=3.0))
+    for ops in st.per_worker:
+        for s in ops:
+            # phase 1 by start + T1, phase 2 by its anchor + T2: at most 2 t_B per op
+            assert s.end_us - s.start_us <= 2 * st.t_b_us
+    assert st.lost_phase1 + st.lost_phase2 < 0.02 * sum(
+        c["tx_scatter"] + c["tx_gather"] for c in st.counters
+    )
