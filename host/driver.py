@@ -1,0 +1,181 @@
+"""The driver: one `Nic` interface, a backend chosen at run time, AllReduce of any length.
+
+Backends, best first: `board` (an FPGA NIC), `sim` (the Verilated RTL, live) and
+`software` (the bit-exact model over UDP). select_nic() takes the best one that
+is available and logs one line saying which and why. All of them give the same
+results bit for bit.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from optireduce.host import ubt
+from optireduce.host.nic_model import NicModel
+from optireduce.host.op_stats import OpStats
+from optireduce.host.quantize import propose_exponent
+from optireduce.host.transport import UdpTransport
+from optireduce.params import NicParams
+
+log = logging.getLogger("optireduce")
+
+# Agree on the op exponents: every rank passes its proposals, gets the max of all.
+ExponentAgreement = Callable[[list[int]], list[int]]
+
+
+class Nic(Protocol):
+    backend: str
+
+    def allreduce(self, x: np.ndarray) -> tuple[np.ndarray, list[OpStats]]: ...
+
+    def close(self) -> None: ...
+
+
+class BackendUnavailable(RuntimeError):
+    """This backend cannot run here; the message says why."""
+
+
+def torch_exponent_agreement(group=None) -> ExponentAgreement:
+    """Max of every rank's proposals through torch.distributed (one small reliable op)."""
+    import torch
+    import torch.distributed as dist
+
+    def agree(proposals: list[int]) -> list[int]:
+        t = torch.tensor(proposals, dtype=torch.int32)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+        return [int(v) for v in t.tolist()]
+
+    return agree
+
+
+class SoftwareNic:
+    """The model NIC on a real UDP transport, its ticks from the wall clock."""
+
+    backend = "software"
+
+    def __init__(
+        self,
+        p: NicParams,
+        rank: int,
+        world: int,
+        transport: UdpTransport,
+        agree: ExponentAgreement,
+    ) -> None:
+        self.p, self.rank, self.world = p, rank, world
+        self.transport, self.agree = transport, agree
+        self.nic = NicModel(p, rank, world)
+        self.next_op = 0
+        self._t0 = time.monotonic()
+
+    def now_us(self) -> int:
+        return int((time.monotonic() - self._t0) * 1e6)
+
+    def set_t_b(self, t_b_us: int) -> None:
+        """A calibrated hard bound for every later phase."""
+        p = self.p.replace(t_b_us=int(t_b_us))
+        self.p = self.nic.p = p
+        for est in self.nic.tc:
+            est.p = p
+
+    def allreduce(self, x: np.ndarray) -> tuple[np.ndarray, list[OpStats]]:
+        """Mean over the world of x (float32, any length); K ops in flight."""
+        x = np.ascontiguousarray(x, dtype=np.float32).ravel()
+        if x.size == 0:
+            raise ValueError("allreduce: empty input")
+        p, nic = self.p, self.nic
+        bounds = [(a, min(a + p.c, x.size)) for a in range(0, x.size, p.c)]
+        exps = self.agree([propose_exponent(x[a:b], p) for a, b in bounds])
+        first = self.next_op
+        results: dict[int, np.ndarray] = {}
+        stats: list[OpStats] = []
+        started = 0
+        # Every phase ends by its deadline, so an op takes at most 2 t_B plus skew;
+        # past this bound something outside the protocol is wrong: fail, never hang.
+        limit = time.monotonic() + len(bounds) * (2 * p.t_b_us * 1e-6 + 1.0) + 5.0
+        while len(results) < len(bounds):
+            now = self.now_us()
+            while started < len(bounds) and first + started < nic.base + p.ops_in_flight:
+                a, b = bounds[started]
+                nic.start_op(now, first + started, np.ascontiguousarray(x[a:b]), exps[started])
+                started += 1
+            self._flush()
+            t = nic.next_timer()
+            wait = 0.002 if t is None else min(max(0, t - self.now_us()) * 1e-6, 0.002)
+            for d in self.transport.recv(wait):
+                nic.receive_datagram(self.now_us(), d)
+            nic.advance(self.now_us())
+            self._flush()
+            for res in nic.poll_results():
+                results[res.op_id - first] = res.data
+                stats.append(res.stats)
+            if time.monotonic() > limit:
+                raise TimeoutError(
+                    f"allreduce: rank {self.rank} got {len(results)}/{len(bounds)} ops by the "
+                    "bound of 2 t_B per op; is every rank calling allreduce with the same length?"
+                )
+        self.next_op = first + len(bounds)
+        stats.sort(key=lambda s: s.op_id)
+        return np.concatenate([results[k] for k in range(len(bounds))]), stats
+
+    def _flush(self) -> None:
+        for tx in self.nic.poll_tx():
+            self.transport.send(tx.dst, tx.frame[ubt.L2_L4_LEN :])
+
+    def calibrate(self, x: np.ndarray, ops: int = 5) -> int:
+        """t_B = 2 x P95 of the phase durations of warm-up ops over the reliable path
+        (the transport's delays without its loss), run with the configured t_B."""
+        d = []
+        for _ in range(ops):
+            with self.transport.reliable():
+                _, st = self.allreduce(x)
+            d += [v for s in st for v in (s.phase1_end_us - s.start_us, s.end_us - s.phase1_end_us)]
+        local = [int(np.ceil(2 * np.percentile(d, 95)))]
+        t_b = min(self.p.t_b_us, max(1, self.agree(local)[0]))  # the slowest rank's view
+        self.set_t_b(t_b)
+        return t_b
+
+    def close(self) -> None:
+        self.transport.close()
+
+
+def _board() -> Nic:
+    raise BackendUnavailable("no FPGA board found (board tops arrive with the boards issue)")
+
+
+def _sim() -> Nic:
+    raise BackendUnavailable("the live co-simulation backend is not built yet (issue 4)")
+
+
+def select_nic(
+    p: NicParams,
+    rank: int,
+    world: int,
+    *,
+    transport: UdpTransport,
+    agree: ExponentAgreement,
+    prefer: Sequence[str] = ("board", "sim", "software"),
+) -> Nic:
+    """The best available backend, with one log line saying which and why."""
+    reasons = []
+    for name in prefer:
+        try:
+            if name == "board":
+                nic = _board()
+            elif name == "sim":
+                nic = _sim()
+            elif name == "software":
+                nic = SoftwareNic(p, rank, world, transport, agree)
+            else:
+                raise ValueError(f"select_nic: unknown backend {name!r}")
+        except BackendUnavailable as e:
+            reasons.append(f"{name}: {e}")
+            continue
+        why = "; ".join(reasons) if reasons else "requested"
+        log.info("optireduce rank %d: using the %s NIC (%s)", rank, name, why)
+        return nic
+    raise BackendUnavailable("no backend available: " + "; ".join(reasons))

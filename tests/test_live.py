@@ -1,0 +1,63 @@
+"""Worker processes on loopback: the model NIC over real UDP sockets."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+from optireduce import NicParams, simulate_allreduce
+from tests.live_workers import allreduce_worker, live_inputs
+
+
+def run_world(tmp_path, world: int, n: int, seed: int, cfg: dict, timeout_s: float = 120):
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(
+        allreduce_worker, args=(world, str(tmp_path), n, seed, cfg), nprocs=world,
+        join=False, start_method="spawn",
+    )  # fmt: skip
+    deadline = time.monotonic() + timeout_s
+    while not ctx.join(timeout=1):
+        if time.monotonic() > deadline:
+            for proc in ctx.processes:
+                proc.kill()
+            pytest.fail(f"workers did not finish within {timeout_s} s")
+    outs = [np.load(tmp_path / f"out{r}.npy") for r in range(world)]
+    stats = [json.loads((tmp_path / f"stats{r}.json").read_text()) for r in range(world)]
+    return outs, stats
+
+
+def test_lossless_live_equals_the_virtual_cluster_bit_for_bit(tmp_path):
+    world, n, seed = 3, 40_000, 5
+    cfg = {"params": {"t_b_us": 5_000_000}}  # no phase may time out on a loaded machine
+    outs, stats = run_world(tmp_path, world, n, seed, cfg)
+    want, _ = simulate_allreduce(live_inputs(world, n, seed), params=NicParams(t_b_us=5_000_000))
+    for o, w in zip(outs, want, strict=True):
+        np.testing.assert_array_equal(o, w)
+    for s in stats:
+        assert all(op["phase1_reason"] == op["phase2_reason"] == "complete" for op in s["ops"])
+        assert len(s["ops"]) == 3  # 40 000 elements = 3 ops of at most 16 384
+
+
+def test_impaired_live_ops_end_within_their_bound(tmp_path):
+    world, n, seed = 3, 50_000, 6
+    cfg = {
+        "params": {"t_b_us": 2_000_000},
+        "calibrate": True,
+        "impairment": {"median_us": 300, "p99_ratio": 3.0, "loss": 0.02},
+    }
+    outs, stats = run_world(tmp_path, world, n, seed, cfg)
+    ref = np.mean([x.astype(np.float64) for x in live_inputs(world, n, seed)], axis=0)
+    for s in stats:
+        t_b = s["t_b_us"]
+        assert 0 < t_b < 2_000_000  # calibrated from the warm-up
+        for op in s["ops"]:
+            assert op["elapsed_us"] <= 2 * t_b + 20_000  # two phases, plus scheduling slack
+    lost = sum(op["lost_phase1"] + op["lost_phase2"] for s in stats for op in s["ops"])
+    injected = sum(s["lost"] for s in stats)
+    assert injected > 0 and lost >= 1
+    for o in outs:
+        assert np.linalg.norm(o - ref) / np.linalg.norm(ref) < 0.5
