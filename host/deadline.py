@@ -15,7 +15,7 @@ t_C is each node's running estimate of a phase's completion time, one per phase
 (scatter and gather take different times; a packet carries the t_C of its
 phase, and T is the median over the world for that phase): a mean and a
 mean deviation kept with shift-only EWMAs (as TCP's RTO estimator), t_C = mean +
-mult * deviation, clamped to [1, t_B]. Integer arithmetic, floor shifts.
+mult * deviation, clamped to [t_c_min, t_B]. Integer arithmetic, floor shifts.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class TcEstimator:
             err = s - self.mean
             self.mean += err >> p.tc_gain_shift
             self.dev += (abs(err) - self.dev) >> p.tc_dev_shift
-        self.tc = min(max(self.mean + p.tc_dev_mult * self.dev, 1), p.t_b_us)
+        self.tc = min(max(self.mean + p.tc_dev_mult * self.dev, p.t_c_min_us), p.t_b_us)
         return self.tc
 
 

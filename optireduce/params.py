@@ -40,6 +40,7 @@ class NicParams:
     estimator: str = "unbiased"  # decode of missing reduced packets
     t_b_us: int = 20_000  # hard bound of one phase
     t_c_init_us: int | None = None  # t_C before any phase has completed (= t_b_us)
+    t_c_min_us: int = 1  # floor of t_C (a host that may be descheduled wants more)
     alpha_q8: int = 64  # early-timeout idle gap = alpha * t_C, alpha in 1/256
     last_percent: int = 1  # share of each sender's packets flagged LAST
     tc_gain_shift: int = 3  # t_C mean EWMA gain 2^-shift
@@ -56,6 +57,7 @@ class NicParams:
 
         for name in (
             "n_max", "p", "b", "c", "lanes", "ops_in_flight", "w_wire", "seed", "t_b_us",
+            "t_c_min_us",
             "alpha_q8", "last_percent", "tc_gain_shift", "tc_dev_shift", "tc_dev_mult",
             "udp_port", "job_id",
         ):  # fmt: skip
@@ -95,6 +97,7 @@ class NicParams:
             "t_c_init_us",
             "must be in 1..t_b_us",
         )
+        need(1 <= self.t_c_min_us <= self.t_b_us, "t_c_min_us", "must be in 1..t_b_us")
         need(1 <= self.alpha_q8 <= 256, "alpha_q8", "alpha must be in (0, 1]: 1..256")
         need(1 <= self.last_percent <= 100, "last_percent", "must be in 1..100")
         need(0 <= self.tc_gain_shift <= 8, "tc_gain_shift", "must be in 0..8")

@@ -46,3 +46,65 @@ def allreduce_worker(rank: int, world: int, tmp: str, n: int, seed: int, cfg: di
     dist.barrier()
     nic.close()
     dist.destroy_process_group()
+
+
+def ddp_worker(rank: int, world: int, tmp: str, cfg: dict) -> None:
+    """Train a small MLP with DDP, plain or with the OptiReduce hook; save accuracy and
+    a parameter checksum."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from optireduce.host.ddp_hook import OptiReduceState, optireduce_hook
+    from optireduce.host.impairment import ImpairmentSpec
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=world)
+    # A teacher-labelled task: 3 classes from a fixed random linear map of 20 features.
+    g = torch.Generator().manual_seed(1)
+    teacher = torch.randn(20, 3, generator=g)
+    xs = torch.randn(4096, 20, generator=g)
+    ys = (xs @ teacher).argmax(1)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+        torch.nn.Linear(64, 3),
+    )  # fmt: skip
+    ddp = DDP(model, bucket_cap_mb=0.01)  # several buckets
+    state = None
+    if cfg["hook"]:
+        from optireduce.params import NicParams
+
+        imp = ImpairmentSpec(**cfg["impairment"]) if cfg.get("impairment") else None
+        state = OptiReduceState(
+            NicParams(**cfg.get("params", {})),
+            warmup_iters=3, policy=cfg.get("policy", "accept"),
+            checksum_every=cfg.get("checksum_every", 10), impairment=imp, seed=rank,
+            t_b_us=cfg.get("t_b_us"),
+        )  # fmt: skip
+        ddp.register_comm_hook(state, optireduce_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for it in range(cfg["iters"]):
+        lo = (it * world + rank) * 64 % 3968
+        xb, yb = xs[lo : lo + 64], ys[lo : lo + 64]
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(xb), yb).backward()
+        opt.step()
+    with torch.no_grad():
+        acc = (model(xs).argmax(1) == ys).float().mean().item()
+    ck = sum(p.detach().double().sum().item() for p in model.parameters())
+    out = {"acc": acc, "checksum": ck}
+    if state is not None:
+        out["steps"] = [
+            {"lost": s.lost_fraction, "modes": [b.mode for b in s.buckets], "resynced": s.resynced}
+            for s in state.history
+        ]
+        out["t_b_us"] = state.t_b_us
+        state.close()
+    with open(f"{tmp}/ddp{rank}.json", "w") as f:
+        json.dump(out, f)
+    dist.barrier()
+    del ddp
+    dist.destroy_process_group()

@@ -1,0 +1,286 @@
+"""PyTorch DDP communication hook: OptiReduce for every gradient bucket.
+
+    state = OptiReduceState(warmup_iters=5)
+    ddp.register_comm_hook(state, optireduce_hook)
+
+In the style of PowerSGD's hook: a picklable state object keyed by
+bucket.index(); reliable warm-up iterations (the same NIC path with the
+transport's loss switched off and a generous bound, whose phase times calibrate
+t_B = 2 x P95, max over ranks); then bounded OptiReduce ops. Every op runs on one
+ordered driver thread per process so that the ranks issue them in the same order. The hook
+never raises on loss: above `loss_threshold` it follows `policy`:
+  accept  use the estimate as it is;
+  skip    zero this bucket's gradient on every rank (the step leaves it alone);
+  redo    redo the bucket over the reliable path;
+  stop    fail the step with a clear error.
+Every rank takes the same decision (the loss is max-reduced first). Every
+`checksum_every` iterations the replicas compare a parameter checksum over the
+reliable path; on drift they resync from rank 0 (or fail, with resync=False).
+"""
+
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from optireduce.host.driver import SoftwareNic, select_nic
+from optireduce.host.impairment import ImpairmentSpec
+from optireduce.host.transport import UdpTransport, addresses_from_store
+from optireduce.params import NicParams
+
+log = logging.getLogger("optireduce")
+POLICIES = ("accept", "skip", "redo", "stop")
+WARMUP_T_B_US = 30_000_000  # the bound of warm-up phases: only a dead peer reaches it
+
+
+@dataclass
+class BucketStats:
+    index: int
+    elements: int
+    mode: str  # warmup | optireduce | redo | skipped
+    lost_fraction: float = 0.0  # max over ranks of packets lost / expected
+    early_timeouts: int = 0
+    deadline_timeouts: int = 0
+    saturations: int = 0
+
+
+@dataclass
+class StepStats:
+    iteration: int
+    buckets: list[BucketStats] = field(default_factory=list)
+    resynced: bool = False
+
+    @property
+    def lost_fraction(self) -> float:
+        return max((b.lost_fraction for b in self.buckets), default=0.0)
+
+
+class OptiReduceState:
+    __slots__ = (
+        "_agree",
+        "_ck_params",
+        "_driver",
+        "_group",
+        "_nic",
+        "_warm_phases",
+        "checksum_every",
+        "history",
+        "impairment",
+        "iteration",
+        "loss_threshold",
+        "params",
+        "policy",
+        "resync",
+        "seed",
+        "step",
+        "t_b_us",
+        "warmup_iters",
+    )
+
+    def __init__(
+        self,
+        params: NicParams | None = None,
+        *,
+        warmup_iters: int = 5,
+        loss_threshold: float = 0.05,
+        policy: str = "accept",
+        checksum_every: int = 50,
+        resync: bool = True,
+        impairment: ImpairmentSpec | None = None,
+        seed: int = 0,
+        t_b_us: int | None = None,
+    ) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"OptiReduceState.policy={policy!r}: must be one of {POLICIES}")
+        if warmup_iters < 1:
+            raise ValueError("OptiReduceState.warmup_iters must be >= 1 (it calibrates t_B)")
+        if not 0 <= loss_threshold <= 1:
+            raise ValueError(f"OptiReduceState.loss_threshold={loss_threshold}: not in [0, 1]")
+        self.params = params or NicParams()
+        self.warmup_iters, self.loss_threshold, self.policy = warmup_iters, loss_threshold, policy
+        self.checksum_every, self.resync = checksum_every, resync
+        self.impairment, self.seed = impairment, seed
+        self.t_b_us = t_b_us  # None: calibrate from the warm-up
+        self.iteration = 0
+        self.step = StepStats(0)
+        self.history: list[StepStats] = []
+        self._nic: SoftwareNic | None = None
+        self._driver: _Driver | None = None
+        self._group = None
+        self._warm_phases: list[int] = []
+        self._ck_params: list[torch.Tensor] = []
+
+    # Picklable for checkpoints: the live parts are rebuilt on first use.
+    def __getstate__(self) -> dict:
+        return {s: getattr(self, s) for s in self.__slots__ if not s.startswith("_")}
+
+    def __setstate__(self, d: dict) -> None:
+        for s in self.__slots__:
+            setattr(self, s, d.get(s))
+        self._warm_phases, self._ck_params = [], []
+
+    def _start(self) -> None:
+        """First optireduce op: a private gloo group, the UDP transport, the driver thread."""
+        rank, world = dist.get_rank(), dist.get_world_size()
+        self._group = dist.new_group(backend="gloo")
+        transport = UdpTransport(rank, impairment=self.impairment, seed=self.seed * 1000 + rank)
+        store = dist.distributed_c10d._get_default_store()
+        transport.connect(addresses_from_store(store, rank, world, transport.address))
+
+        def agree(proposals: list[int]) -> list[int]:
+            t = torch.tensor(proposals, dtype=torch.int32)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._group)
+            return [int(v) for v in t.tolist()]
+
+        self._agree = agree
+        p = self.params.replace(t_b_us=WARMUP_T_B_US)
+        self._nic = select_nic(p, rank, world, transport=transport, agree=agree)
+        self._driver = _Driver()
+
+    def _calibrate(self) -> None:
+        """End of warm-up: t_B = configured, or 2 x P95 of the warm-up phases (max of ranks)."""
+        if self.t_b_us is None:
+            local = int(np.ceil(2 * np.percentile(self._warm_phases, 95)))
+            self.t_b_us = max(1, self._agree([local])[0])
+        self._nic.set_t_b(self.t_b_us)
+
+    def close(self) -> None:
+        if self._driver is not None:
+            self._driver.close()
+        if self._nic is not None:
+            self._nic.close()
+        self._driver = self._nic = None
+
+
+class _Driver:
+    """One thread per process runs every op, in submission order."""
+
+    def __init__(self) -> None:
+        self.q: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._run, daemon=True, name="optireduce-driver")
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self.q.get()
+            if item is None:
+                return
+            fn, fut = item
+            try:
+                fut.set_result(fn())
+            except Exception as e:  # surfaces in the training loop, never hangs it
+                fut.set_exception(e)
+
+    def submit(self, fn) -> torch.futures.Future:
+        fut: torch.futures.Future = torch.futures.Future()
+        self.q.put((fn, fut))
+        return fut
+
+    def close(self) -> None:
+        self.q.put(None)
+        self.thread.join(timeout=10)
+
+
+def _reliable_mean(tensor: torch.Tensor, group) -> torch.Tensor:
+    dist.all_reduce(tensor, group=group)
+    return tensor.div_(dist.get_world_size())
+
+
+def _checksum(bucket_params: list[torch.Tensor]) -> float:
+    return float(sum(p.detach().double().sum().item() for p in bucket_params))
+
+
+def optireduce_hook(
+    state: "OptiReduceState", bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    tensor = bucket.buffer()
+    idx = bucket.index()
+    if state._driver is None:
+        state._start()
+    warm = state.iteration < state.warmup_iters
+    checking = state.checksum_every and state.iteration % state.checksum_every == 0
+    params = list(bucket.parameters()) if checking else []
+    last = bucket.is_last()
+
+    def run() -> torch.Tensor:
+        nic = state._nic
+        x = tensor.detach().cpu().numpy()
+        if warm:
+            with nic.transport.reliable():
+                out, stats = nic.allreduce(x)
+            if state.iteration > 0 or state.warmup_iters == 1:  # iteration 0 pays the JIT
+                state._warm_phases += [
+                    v
+                    for s in stats
+                    for v in (s.phase1_end_us - s.start_us, s.end_us - s.phase1_end_us)
+                ]
+            state.step.buckets.append(BucketStats(idx, tensor.numel(), "warmup"))
+            if last and state.iteration == state.warmup_iters - 1:
+                state._calibrate()
+            _end_bucket(state, bucket)
+            return torch.from_numpy(out).to(tensor.dtype).view_as(tensor)
+        out, stats = nic.allreduce(x)
+        expected = sum(s.p1_expected + s.p2_expected for s in stats)
+        lost = sum(s.lost_phase1 + s.lost_phase2 for s in stats)
+        frac = torch.tensor([lost / max(1, expected)], dtype=torch.float64)
+        dist.all_reduce(frac, op=dist.ReduceOp.MAX, group=state._group)  # one decision
+        b = BucketStats(
+            idx, tensor.numel(), "optireduce", float(frac.item()),
+            sum((s.phase1_reason == "early") + (s.phase2_reason == "early") for s in stats),
+            sum((s.phase1_reason == "deadline") + (s.phase2_reason == "deadline") for s in stats),
+            sum(s.saturations for s in stats),
+        )  # fmt: skip
+        result = torch.from_numpy(out).to(tensor.dtype).view_as(tensor)
+        if b.lost_fraction > state.loss_threshold:
+            if state.policy == "skip":
+                result.zero_()
+                b.mode = "skipped"
+            elif state.policy == "redo":
+                result = _reliable_mean(tensor.clone(), state._group)
+                b.mode = "redo"
+            elif state.policy == "stop":
+                raise RuntimeError(
+                    f"optireduce: bucket {idx} lost {b.lost_fraction:.1%} of its packets "
+                    f"(threshold {state.loss_threshold:.1%}, policy 'stop')"
+                )
+        state.step.buckets.append(b)
+        state._ck_params += params
+        if last and state._ck_params:
+            # The last bucket's gradients are the last ones autograd computes: no
+            # parameter is read by backward any more, so a resync here is safe.
+            _check_replicas(state, state._ck_params)
+            state._ck_params = []
+        _end_bucket(state, bucket)
+        return result
+
+    return state._driver.submit(run)
+
+
+def _check_replicas(state: OptiReduceState, params: list[torch.Tensor]) -> None:
+    """Compare a checksum of every parameter; resync them from rank 0 on drift."""
+    world = dist.get_world_size()
+    local = torch.tensor([_checksum(params)], dtype=torch.float64)
+    every = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
+    dist.all_gather(every, local, group=state._group)
+    if all(torch.equal(every[0], e) for e in every):
+        return
+    log.debug("optireduce checksums %s", [float(e) for e in every])
+    if not state.resync:
+        raise RuntimeError(
+            f"optireduce: replicas drifted apart (parameter checksums {[float(e) for e in every]})"
+        )
+    for p in params:
+        dist.broadcast(p.data, src=0, group=state._group)
+    state.step.resynced = True
+    log.warning("optireduce: replicas drifted; resynced every parameter from rank 0")
+
+
+def _end_bucket(state: OptiReduceState, bucket: dist.GradBucket) -> None:
+    if bucket.is_last():
+        state.history.append(state.step)
+        state.iteration += 1
+        state.step = StepStats(state.iteration)

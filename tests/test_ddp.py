@@ -1,0 +1,60 @@
+"""DDP training with the OptiReduce hook, two worker processes on loopback."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.live_workers import ddp_worker
+
+
+def train(tmp_path, cfg: dict, world: int = 2, timeout_s: float = 180) -> list[dict]:
+    import torch.multiprocessing as mp
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    ctx = mp.start_processes(
+        ddp_worker, args=(world, str(tmp_path), cfg), nprocs=world, join=False,
+        start_method="spawn",
+    )  # fmt: skip
+    deadline = time.monotonic() + timeout_s
+    while not ctx.join(timeout=1):
+        if time.monotonic() > deadline:
+            for proc in ctx.processes:
+                proc.kill()
+            pytest.fail(f"DDP workers did not finish within {timeout_s} s")
+    return [json.loads((tmp_path / f"ddp{r}.json").read_text()) for r in range(world)]
+
+
+def test_hook_trains_like_plain_ddp_and_replicas_agree(tmp_path):
+    """Lossless: same accuracy as plain DDP within 2 points; replicas bit-identical.
+
+    t_B is generous here: on a loaded 2-core machine a worker can be descheduled for
+    milliseconds, and this test is about the arithmetic path, not the deadlines.
+    """
+    plain = train(tmp_path / "plain", {"hook": False, "iters": 60})
+    cfg = {"hook": True, "iters": 60, "t_b_us": 3_000_000,
+           "params": {"t_b_us": 3_000_000, "t_c_min_us": 2_000_000}}  # fmt: skip
+    hooked = train(tmp_path / "hook", cfg)
+    assert plain[0]["acc"] > 0.6  # learnable in 60 steps (chance: 1/3)
+    assert abs(hooked[0]["acc"] - plain[0]["acc"]) <= 0.02
+    assert hooked[0]["checksum"] == hooked[1]["checksum"]
+    steps = hooked[0]["steps"]
+    assert len(steps) == 60 and set(steps[0]["modes"]) == {"warmup"}
+    assert set(steps[-1]["modes"]) == {"optireduce"}
+    assert all(s["lost"] == 0 and not s["resynced"] for s in steps)
+
+
+def test_lossy_training_resyncs_replicas_and_reports_loss(tmp_path):
+    cfg = {
+        "hook": True, "iters": 40, "checksum_every": 5,
+        "impairment": {"median_us": 100, "p99_ratio": 2.0, "loss": 0.03},
+    }  # fmt: skip
+    ranks = train(tmp_path, cfg)
+    steps = ranks[0]["steps"]
+    assert 0 < ranks[0]["t_b_us"] == ranks[1]["t_b_us"] < 30_000_000  # calibrated, agreed
+    assert any(s["lost"] > 0 for s in steps)  # the loss is seen and reported
+    assert ranks[0]["acc"] > 0.6  # and training still works (chance: 1/3)
+    # every 5 iterations the replicas are compared; a drift is repaired from rank 0
+    assert [s["resynced"] for s in steps] == [s["resynced"] for s in ranks[1]["steps"]]
