@@ -1,0 +1,436 @@
+"""Packetizer: an op's element stream in, UBT frames (Ethernet/IPv4/UDP/UBT) out.
+
+Model: host/packetizer.py (`scatter_frames` in scatter mode, `gather_frames` in gather
+mode; `scatter_order` / `gather_order` give the destinations and LAST flags), frames as
+host/ubt.py `build_frame`.
+
+Scatter (msg_type 1): `i` carries the whole encoded op, packet after packet (P/lanes beats
+each). Packet i goes to rank i mod N; this rank's own packets leave on `own` (first/last per
+packet, `own_index`) for the aggregator, the others as frames on `o`.
+Gather (msg_type 2): `i` carries the owner's reduced slots in index order (rank, rank + N,
+...), one packet each; every slot goes out N-1 times, to every other rank in rank order,
+with the `contributors` value sampled with the slot's first beat.
+
+Packets are stored whole before their frame starts (store and forward), in a two-packet
+ping-pong buffer: a frame never has a bubble (a MAC must not underrun), and gather can
+replay a slot per destination. The buffer is 2*lanes elements wide, so a frame (74 header
+bytes + 4P) leaves at 8*lanes bytes per cycle, twice the input rate: with P = 256 the
+frame of one packet takes about 140 cycles while the next packet takes 256 to arrive.
+
+Op context (msg_type, rank, world, job_id, op_id, exponent, op_len, t_c_us) is latched
+when the op's first beat is offered; the op takes one idle cycle there, then runs at one
+beat per cycle. An op has packets_for(op_len) packets (scatter) or the slots of this rank
+(gather); `first`/`last` of `i` are not needed. Preconditions: 2 <= world <= n_max,
+rank < world, 1 <= op_len <= C.
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from optireduce.host import ubt
+from optireduce.hw.streams import element_stream, frame_stream
+from optireduce.params import NicParams
+
+FRAME_HEADER_BYTES = ubt.L2_L4_LEN + ubt.HEADER_LEN  # 74: bytes before the payload
+
+
+def _bits(x: int) -> int:
+    return max(1, int(x).bit_length())
+
+
+def _ip_checksum_const(p: NicParams, addressing: ubt.Addressing) -> int:
+    """Sum of the IPv4 header words that do not depend on the ranks, plus ip_base twice.
+
+    The one's-complement sum is a sum mod 0xFFFF, so ip(r) = ip_base + r + 1 contributes
+    (ip_base words) + r + 1 whatever the carries between its two words.
+    """
+    ip_len = ubt.IP_LEN + ubt.UDP_LEN + ubt.HEADER_LEN + 4 * p.p
+    base = addressing.ip_base
+    return (
+        0x4500 + ip_len + 0x4000 + ((64 << 8) | ubt.IPPROTO_UDP)
+        + 2 * ((base >> 16) + (base & 0xFFFF)) + 2
+    )  # fmt: skip
+
+
+class Packetizer(wiring.Component):
+    """UBT frame builder for both phases of an op (see the module docstring).
+
+    Ports: `i` element_stream(32, lanes) in; `o` frame_stream(8 * lanes) out, with `dst`
+    (destination rank of the frame on `o`, valid with o.valid, stable through the frame);
+    `own` element_stream(32, lanes) out with `own_index` (scatter: this rank's own packets).
+    """
+
+    def __init__(self, p: NicParams, addressing: ubt.Addressing = ubt.DEFAULT_ADDRESSING
+                 ) -> None:  # fmt: skip
+        self.p, self.addressing = p, addressing
+        self.lanes = p.lanes
+        self.beats = p.p // p.lanes  # input beats per packet
+        self.nbytes = 8 * p.lanes  # output bytes per beat
+        self.frame_len = FRAME_HEADER_BYTES + 4 * p.p
+        self.frame_beats = -(-self.frame_len // self.nbytes)
+        self.max_packets = p.c // p.p
+        if addressing.ip_base + p.n_max >= 1 << 32:
+            raise ValueError("Packetizer: ip_base + n_max overflows 32 bits")
+        self.w_rank = _bits(p.n_max - 1)
+        self.w_world = _bits(p.n_max)
+        self.w_idx = _bits(self.max_packets)
+        # first input beat of a frame's packet -> first beat of the frame on `o`:
+        # beats of the packet, then buffer hand-over, header set-up and the output register.
+        self.LATENCY = self.beats + 3
+        self.OWN_LATENCY = 1  # first beat of an own packet -> first beat on `own`
+        super().__init__(
+            {
+                "i": In(element_stream(p.w_wire, p.lanes)),
+                "o": Out(frame_stream(self.nbytes)),
+                "dst": Out(self.w_rank),
+                "own": Out(element_stream(p.w_wire, p.lanes)),
+                "own_index": Out(self.w_idx),
+                "msg_type": In(2),  # ubt.MSG_SCATTER or ubt.MSG_GATHER
+                "rank": In(self.w_rank),
+                "world": In(self.w_world),
+                "job_id": In(16),
+                "op_id": In(32),
+                "exponent": In(signed(8)),
+                "op_len": In(32),
+                "t_c_us": In(32),
+                "contributors": In(16),  # gather: sampled with each slot's first beat
+            }
+        )
+
+    def _desc_layout(self) -> data.StructLayout:
+        """What a buffered packet's frames need: its header fields and the op's context."""
+        return data.StructLayout(
+            {
+                "index": self.w_idx,
+                "dst": self.w_rank,  # scatter: the owner; gather: the first destination
+                "last": 1,
+                "gather": 1,
+                "contrib": 16,
+                "rank": self.w_rank,
+                "world": self.w_world,
+                "job_id": 16,
+                "op_id": 32,
+                "exponent": signed(8),
+                "op_len": 32,
+                "t_c_us": 32,
+            }
+        )
+
+    def _header_bytes(self, d, dst) -> list:
+        """The 74 bytes before the payload, as 8-bit values (build_frame's layout)."""
+        p, ad = self.p, self.addressing
+
+        def be(value, nbytes: int) -> list:
+            v = Cat(value, Const(0, 8 * nbytes))[: 8 * nbytes]  # zero-extend (or truncate)
+            return [v[8 * (nbytes - 1 - k) : 8 * (nbytes - k)] for k in range(nbytes)]
+
+        def const(value: int, nbytes: int) -> list:
+            return be(Const(value, 8 * nbytes), nbytes)
+
+        # One's-complement sum folded twice (RFC 1071), from the rank-independent constant.
+        s = Const(_ip_checksum_const(p, ad), 20) + d.rank + dst
+        s1 = s[:16] + s[16:]
+        s2 = (s1[:16] + s1[16:])[:16]
+        udp_len = ubt.UDP_LEN + ubt.HEADER_LEN + 4 * p.p
+        ubt_fields = {
+            "version": Const(ubt.VERSION, 8),
+            "msg_type": Mux(d.gather, ubt.MSG_GATHER, ubt.MSG_SCATTER),
+            "flags": Mux(d.last, ubt.FLAG_LAST, 0),
+            "exponent": d.exponent.as_unsigned(),
+            "job_id": d.job_id,
+            "sender": d.rank,
+            "op_id": d.op_id,
+            "pkt_index": d.index,
+            "count": Const(p.p, 16),
+            "contributors": Mux(d.gather, d.contrib, 0),
+            "t_c_us": d.t_c_us,
+            "op_len": d.op_len,
+            "world": d.world,
+            "reserved": Const(0, 16),
+        }
+        out = [
+            *be(Const(ad.mac_base, 48) + dst, 6),
+            *be(Const(ad.mac_base, 48) + d.rank, 6),
+            *const(ubt.ETHERTYPE_IPV4, 2),
+            *const(0x4500, 2),
+            *const(ubt.IP_LEN + udp_len, 2),
+            *const(0, 2),  # id
+            *const(0x4000, 2),  # DF
+            *const((64 << 8) | ubt.IPPROTO_UDP, 2),  # TTL, protocol
+            *be(~s2, 2),
+            *be(Const(ad.ip_base + 1, 32) + d.rank, 4),
+            *be(Const(ad.ip_base + 1, 32) + dst, 4),
+            *const(p.udp_port, 2),
+            *const(p.udp_port, 2),
+            *const(udp_len, 2),
+            *const(0, 2),  # UDP checksum: not computed
+        ]
+        for f in ubt.FIELDS:
+            out += be(ubt_fields[f.name], ubt.field_bits(f) // 8)
+        assert len(out) == FRAME_HEADER_BYTES
+        return out
+
+    def elaborate(self, platform):
+        m = Module()
+        p, L = self.p, self.lanes
+        beats, nbytes = self.beats, self.nbytes
+        w_idx, w_rank = self.w_idx, self.w_rank
+        desc_layout = self._desc_layout()
+
+        # ---- op context, latched when an op's first beat is offered -------------------
+        active = Signal()  # inside an op
+        ctx = Signal(desc_layout)  # op fields of the current op (index/dst/last unused)
+        gather = ctx.gather
+        start = ~active & self.i.valid
+        with m.If(start):
+            m.d.sync += [
+                active.eq(1),
+                ctx.gather.eq(self.msg_type == ubt.MSG_GATHER),
+                ctx.rank.eq(self.rank),
+                ctx.world.eq(self.world),
+                ctx.job_id.eq(self.job_id),
+                ctx.op_id.eq(self.op_id),
+                ctx.exponent.eq(self.exponent),
+                ctx.op_len.eq(self.op_len),
+                ctx.t_c_us.eq(self.t_c_us),
+            ]
+
+        # packets of the op: packets_for(op_len) = max(1, ceil(op_len / B)) * B / P
+        blocks = Mux(ctx.op_len == 0, 1, (ctx.op_len + p.b - 1) >> p.log2_b)
+        n_pk = Signal(w_idx + 1)
+        m.d.comb += n_pk.eq(blocks << (p.log2_b - (p.p.bit_length() - 1)))
+
+        # ---- per-op set-up: q, r = divmod(n, N) and the LAST counts ------------------
+        # flagged_count(x) = max(1, ceil(x * last_percent / 100)) for the two per-owner
+        # packet counts q and q + 1; a restoring divider (one bit per cycle) does all three
+        # divisions, once per op, while the first packet fills the buffer.
+        lp = p.last_percent
+        w_num = max(w_idx + 1, _bits((self.max_packets + 1) * lp + 99))
+        w_den = max(self.w_world, _bits(100))
+        dv_num = Signal(w_num)  # dividend, shifted out; quotient shifted in
+        dv_rem = Signal(w_den + 1)
+        dv_den = Signal(w_den)
+        dv_cnt = Signal(range(w_num + 1))
+        dv_t = Signal(w_den + 2)
+        m.d.comb += dv_t.eq(Cat(dv_num[-1], dv_rem))
+        with m.If(dv_cnt != 0):
+            m.d.sync += dv_cnt.eq(dv_cnt - 1)
+            with m.If(dv_t >= dv_den):
+                m.d.sync += [dv_rem.eq(dv_t - dv_den), dv_num.eq(Cat(1, dv_num[:-1]))]
+            with m.Else():
+                m.d.sync += [dv_rem.eq(dv_t), dv_num.eq(Cat(0, dv_num[:-1]))]
+
+        def divide(num, den) -> list:
+            return [dv_num.eq(num), dv_den.eq(den), dv_rem.eq(0), dv_cnt.eq(w_num)]
+
+        q = Signal(w_idx + 1)
+        r = Signal(self.w_world)
+        nf_lo = Signal(w_num)  # flagged_count(q)
+        nf_hi = Signal(w_num)  # flagged_count(q + 1)
+        n_slots = Signal(w_idx + 1)  # gather: packets this rank owns
+        nf_g = Signal(w_num)  # gather: LAST iff row + this >= n_slots
+        setup_done = Signal()
+        with m.FSM(name="setup"):
+            with m.State("IDLE"), m.If(start):
+                m.d.sync += setup_done.eq(0)
+                m.next = "START"
+            with m.State("START"):
+                m.d.sync += divide(n_pk, ctx.world)
+                m.next = "DIV_N"
+            with m.State("DIV_N"), m.If(dv_cnt == 0):
+                m.d.sync += [q.eq(dv_num), r.eq(dv_rem)]
+                m.d.sync += divide(dv_num * lp + 99, 100)
+                m.next = "DIV_LO"
+            with m.State("DIV_LO"), m.If(dv_cnt == 0):
+                m.d.sync += nf_lo.eq(Mux(dv_num == 0, 1, dv_num))
+                m.d.sync += divide((q + 1) * lp + 99, 100)
+                m.next = "DIV_HI"
+            with m.State("DIV_HI"), m.If(dv_cnt == 0):
+                m.d.sync += nf_hi.eq(Mux(dv_num == 0, 1, dv_num))
+                m.next = "FINISH"
+            with m.State("FINISH"):
+                below = ctx.rank < r  # this rank owns q + 1 packets
+                m.d.sync += [
+                    n_slots.eq(q + below),
+                    nf_g.eq(Mux(below, nf_hi, nf_lo)),
+                    setup_done.eq(1),
+                ]
+                m.next = "IDLE"
+
+        # ---- input side: own packets pass, the others fill the ping-pong buffer -------
+        words = max(1, beats // 2)  # buffer words (2 * lanes elements) per packet
+        w_word = (words - 1).bit_length()
+        mem = Memory(shape=unsigned(2 * L * p.w_wire), depth=2 * words, init=[])
+        m.submodules.mem = mem
+        wp = mem.write_port(granularity=L * p.w_wire)
+        rp = mem.read_port(transparent_for=())
+
+        full = Signal(2)  # buffer halves holding a packet not yet sent
+        set_full = Signal(2)
+        clr_full = Signal(2)
+        m.d.sync += full.eq((full | set_full) & ~clr_full)
+        desc = [Signal(desc_layout, name=f"desc{h}") for h in range(2)]
+
+        beat = Signal(range(beats))  # beat inside the packet
+        pk = Signal(w_idx + 1)  # scatter: packet index; gather: slot row
+        row = Signal(w_idx + 1)  # scatter: pk // N, the packet's rank among those to dst
+        dst = Signal(w_rank)  # scatter: pk mod N
+        gidx = Signal(w_idx + 1)  # gather: packet index of the row, rank + row * N
+        contrib = Signal(16)
+        wr_half = Signal()
+        pk_last_beat = beat == beats - 1
+        is_own = ~gather & (dst == ctx.rank)
+        own_free = ~self.own.valid | self.own.ready
+        buf_free = ~Mux(wr_half, full[1], full[0])
+        # a packet's last beat commits its descriptor, which needs the set-up
+        m.d.comb += self.i.ready.eq(
+            active & (~pk_last_beat | setup_done) & Mux(is_own, own_free, buf_free)
+        )
+        take = self.i.valid & self.i.ready
+        take_own = take & is_own
+        take_buf = take & ~is_own
+
+        with m.If(self.own.ready):
+            m.d.sync += self.own.valid.eq(0)
+        with m.If(take_own):
+            m.d.sync += [
+                self.own.valid.eq(1),
+                self.own.payload.data.eq(self.i.payload.data),
+                self.own.payload.first.eq(beat == 0),
+                self.own.payload.last.eq(pk_last_beat),
+            ]
+            with m.If(beat == 0):
+                m.d.sync += self.own_index.eq(pk)
+
+        data_in = self.i.payload.data.as_value()
+        m.d.comb += [
+            wp.addr.eq(Cat((beat >> 1)[:w_word], wr_half)),
+            wp.data.eq(Cat(data_in, data_in)),
+            wp.en.eq(Mux(take_buf, Mux(beat[0] if beats > 1 else 0, 0b10, 0b01), 0)),
+        ]
+        with m.If(take & (beat == 0)):
+            m.d.sync += contrib.eq(self.contributors)
+
+        new = Signal(desc_layout)
+        # scatter: dst gets q + (dst < r) packets, the last flagged_count of them flagged
+        more = dst < r
+        last_sc = row + Mux(more, nf_hi, nf_lo) >= q + more
+        first_dst = Mux(ctx.rank == 0, 1, 0)
+        m.d.comb += [
+            new.eq(ctx),
+            new.index.eq(Mux(gather, gidx, pk)),
+            new.dst.eq(Mux(gather, first_dst, dst)),
+            new.last.eq(Mux(gather, pk + nf_g >= n_slots, last_sc)),
+            new.contrib.eq(Mux(beat == 0, self.contributors, contrib)),
+        ]
+        op_end = Mux(gather, pk + 1 == n_slots, pk + 1 == n_pk)
+        with m.If(take):
+            m.d.sync += beat.eq(Mux(pk_last_beat, 0, beat + 1))
+        with m.If(take & pk_last_beat):
+            m.d.sync += [
+                pk.eq(pk + 1),
+                dst.eq(Mux(dst + 1 == ctx.world, 0, dst + 1)),
+                row.eq(row + (dst + 1 == ctx.world)),
+                gidx.eq(gidx + ctx.world),
+            ]
+            with m.If(~is_own):
+                m.d.sync += wr_half.eq(~wr_half)
+                m.d.comb += set_full.eq(Mux(wr_half, 0b10, 0b01))
+                for h in range(2):
+                    with m.If(wr_half == h):
+                        m.d.sync += desc[h].eq(new)
+            with m.If(op_end):
+                m.d.sync += [active.eq(0), pk.eq(0), dst.eq(0), row.eq(0)]
+        with m.If(start):
+            m.d.sync += gidx.eq(self.rank)
+
+        # ---- output side: header beats, then the payload realigned to the beat --------
+        # Beat k0 holds the last `a` header bytes, then payload; each later beat holds the
+        # last `a` bytes of buffer word m - 1 and the first nbytes - a of word m.
+        k0, a = divmod(FRAME_HEADER_BYTES, nbytes)
+        assert a > 0
+        nb = self.frame_beats
+        last_keep = (1 << (self.frame_len - (nb - 1) * nbytes)) - 1
+
+        rd_half = Signal()
+        rdst = Signal(w_rank)
+        hdr = Signal(8 * FRAME_HEADER_BYTES)
+        k = Signal(range(nb))
+        prev = Signal(2 * L * p.w_wire)
+        sel = Signal(desc_layout)
+        m.d.comb += sel.eq(Mux(rd_half, desc[1].as_value(), desc[0].as_value()))
+
+        def word_byte(word, x: int):
+            """Byte x of a buffer word in frame order: elements big-endian."""
+            e, b = divmod(x, 4)
+            return word[32 * e + 8 * (3 - b) : 32 * e + 8 * (4 - b)]
+
+        def hdr_byte(x: int):
+            return hdr[8 * x : 8 * x + 8]
+
+        adv = ~self.o.valid | self.o.ready
+        m_next = Signal(signed(_bits(nb) + 2))
+        m.d.comb += m_next.eq(k + (1 - k0))
+        m.d.comb += rp.addr.eq(Cat(Mux(m_next < 0, 0, m_next)[:w_word], rd_half))
+
+        with m.If(self.o.ready):
+            m.d.sync += self.o.valid.eq(0)
+        with m.FSM(name="tx"):
+            with m.State("IDLE"), m.If(Mux(rd_half, full[1], full[0])):
+                m.d.sync += rdst.eq(sel.dst)
+                m.next = "PREP"
+            with m.State("PREP"):
+                # header of the next frame, and the first buffer word read ahead
+                m.d.sync += hdr.eq(Cat(*self._header_bytes(sel, rdst)))
+                m.d.comb += [rp.addr.eq(Cat(Const(0, w_word), rd_half)), rp.en.eq(1)]
+                m.next = "EMIT"
+            with m.State("EMIT"):
+                m.d.comb += rp.en.eq(adv)
+                with m.If(adv):
+                    lanes_out = []
+                    for j in range(nbytes):
+                        if j < a:
+                            src_hdr = hdr_byte(k0 * nbytes + j)
+                            lanes_out.append((src_hdr, word_byte(prev, nbytes - a + j)))
+                        else:
+                            lanes_out.append((None, word_byte(rp.data, j - a)))
+                    with m.Switch(k):
+                        for kk in range(k0):
+                            with m.Case(kk):
+                                m.d.sync += self.o.payload.data.as_value().eq(
+                                    Cat(*(hdr_byte(kk * nbytes + j) for j in range(nbytes)))
+                                )
+                        with m.Case(k0):
+                            m.d.sync += self.o.payload.data.as_value().eq(
+                                Cat(*(h if h is not None else w for h, w in lanes_out))
+                            )
+                        with m.Default():
+                            m.d.sync += self.o.payload.data.as_value().eq(
+                                Cat(*(w for _, w in lanes_out))
+                            )
+                    m.d.sync += [
+                        prev.eq(rp.data),
+                        self.o.valid.eq(1),
+                        self.o.payload.last.eq(k == nb - 1),
+                        self.o.payload.keep.eq(Mux(k == nb - 1, last_keep, (1 << nbytes) - 1)),
+                        k.eq(k + 1),
+                    ]
+                    with m.If(k == 0):  # dst changes with the frame's first beat
+                        m.d.sync += self.dst.eq(rdst)
+                    with m.If(k == nb - 1):
+                        m.d.sync += k.eq(0)
+                        # gather: the same slot to the next rank, skipping our own
+                        nd1 = rdst + 1
+                        nd = Mux(nd1 == sel.rank, rdst + 2, nd1)
+                        with m.If(sel.gather & (nd < sel.world)):
+                            m.d.sync += rdst.eq(nd)
+                            m.next = "PREP"
+                        with m.Else():
+                            m.d.comb += clr_full.eq(Mux(rd_half, 0b10, 0b01))
+                            m.d.sync += rd_half.eq(~rd_half)
+                            m.next = "IDLE"
+        return m

@@ -1,0 +1,35 @@
+"""Throughput, latency and area of the Quantizer at the default NicParams."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from optireduce.hw.quantizer import Quantizer
+from optireduce.params import NicParams
+from optireduce.sim.stream_sim import element_payload, run_stream
+
+
+def figures() -> dict:
+    """One op of b elements (no padding needed), no idle, no backpressure."""
+    p = NicParams()
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(p.b) * 1e-3).astype(np.float32).view(np.uint32)
+    beats = p.b // p.lanes
+    pl = [
+        element_payload(x[j * p.lanes : (j + 1) * p.lanes], j == 0, j == beats - 1)
+        for j in range(beats)
+    ]
+    dut = Quantizer(p)
+
+    async def setup(ctx):
+        ctx.set(dut.exponent, -30)
+
+    run = run_stream(dut, pl, beats, setup=setup)
+    return {
+        "cycles_per_element": run.cycles_per_beat() / p.lanes,
+        "latency_cycles": run.latency,
+    }
+
+
+def area_component() -> tuple[Quantizer, str]:
+    return Quantizer(NicParams()), "quantizer"
