@@ -20,11 +20,12 @@ def ecp5_area(component: wiring.Component, name: str, timeout_s: int = 1200) -> 
             f"read_verilog {vpath.name}; synth_ecp5 -top {name}; tee -q -o {stat.name} stat -json"
         )
         r = subprocess.run(
-            [yosys(), "-q", "-p", script],
+            [yosys(), "-p", script],
             cwd=vpath.parent, capture_output=True, text=True, timeout=timeout_s, check=False,
         )  # fmt: skip
         if r.returncode != 0 or not stat.exists():
-            raise ToolchainError(f"yosys synth_ecp5 of {name} failed:\n{r.stderr[-2000:]}")
+            log = (r.stdout + r.stderr)[-3000:]
+            raise ToolchainError(f"yosys synth_ecp5 of {name} failed (exit {r.returncode}):\n{log}")
     mod = json.loads(stat.read_text())["modules"]
     cells = next(iter(mod.values())).get("num_cells_by_type", {})
     return {

@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-import random
-from dataclasses import dataclass, field
-
 import numpy as np
 import pytest
 from amaranth.sim import Simulator
@@ -15,7 +12,8 @@ from optireduce.hw.axis import AxisWrapper
 from optireduce.hw.quantizer import Quantizer
 from optireduce.params import NicParams
 from optireduce.sim.cocotb_run import run_bench
-from optireduce.sim.stream_sim import element_payload, run_stream
+from optireduce.sim.stream_sim import OpsRun, element_payload, run_stream
+from optireduce.sim.stream_sim import run_ops as drive_ops
 
 SMALL = NicParams(p=16, b=64, c=256, n_max=8)  # w_in = 26
 
@@ -32,79 +30,6 @@ EDGE_BITS = [
 
 
 # --- a test driver shared by the converter and sign tests ---------------------------------
-
-
-@dataclass
-class OpsRun:
-    outputs: list = field(default_factory=list)  # (data, first, last) per output beat
-    in_cycles: list[int] = field(default_factory=list)
-    out_cycles: list[int] = field(default_factory=list)
-    ports: dict = field(default_factory=dict)  # status ports read after the last beat
-
-
-def drive_ops(
-    dut,
-    ops: list[tuple[list[dict], dict]],
-    n_out: int,
-    *,
-    idle: float = 0.0,
-    backpressure: float = 0.0,
-    seed: int = 0,
-    scramble: dict[str, int] | None = None,
-    read_ports: tuple[str, ...] = (),
-    max_cycles: int = 200_000,
-) -> OpsRun:
-    """Like run_stream, for several ops: each op is (payloads, {port: value}).
-
-    The op's port values are driven only while its first beat is offered; at every other
-    cycle the ports in `scramble` ({name: width}) carry random junk, so a block that does
-    not latch them at `first` fails. Status ports are read once all outputs are out.
-    """
-    run = OpsRun()
-    beats = [
-        (pl, side if k == 0 else None) for pl_list, side in ops for k, pl in enumerate(pl_list)
-    ]
-    rng_in, rng_out, rng_junk = (
-        random.Random(seed),
-        random.Random(seed + 1),
-        random.Random(seed + 2),
-    )
-    scramble = scramble or {}
-
-    async def bench(ctx):
-        k = 0
-        for cycle in range(max_cycles):
-            if len(run.outputs) >= n_out and k >= len(beats):
-                break
-            offer = k < len(beats) and not (idle and rng_in.random() < idle)
-            ctx.set(dut.i.valid, offer)
-            side = beats[k][1] if offer else None
-            for name, width in scramble.items():
-                value = side[name] if side is not None else rng_junk.getrandbits(width)
-                ctx.set(getattr(dut, name), value)
-            if offer:
-                ctx.set(dut.i.payload, beats[k][0])
-            ready = not (backpressure and rng_out.random() < backpressure)
-            ctx.set(dut.o.ready, ready)
-            if offer and ctx.get(dut.i.ready):
-                run.in_cycles.append(cycle)
-                k += 1
-            if ready and ctx.get(dut.o.valid):
-                p = ctx.get(dut.o.payload)
-                run.outputs.append(([int(v) for v in p.data], int(p.first), int(p.last)))
-                run.out_cycles.append(cycle)
-            await ctx.tick()
-        else:
-            raise TimeoutError(f"{k}/{len(beats)} in, {len(run.outputs)}/{n_out} out")
-        ctx.set(dut.i.valid, 0)
-        await ctx.tick().repeat(2)
-        run.ports = {name: ctx.get(getattr(dut, name)) for name in read_ports}
-
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(bench)
-    sim.run()
-    return run
 
 
 def beats_of(values, lanes: int) -> list[dict]:
