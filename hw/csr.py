@@ -1,0 +1,273 @@
+"""Control/status register bank: configuration registers and the NIC's counters.
+
+Everything the driver sees comes from ONE table, `register_map(p)`, built from the
+three lists below (parameters, configuration, counters = host/nic_model.py
+COUNTERS). The gateware, the Markdown map in docs/registers.md
+(`render_markdown`) and the driver's discovery (`walk`) all read it.
+
+Layout, in the style of Corundum register blocks: each block starts with a header
+
+    +0x00 type   +0x04 version   +0x08 next block (byte offset, 0 = last)   +0x0C block word
+
+so the driver follows the chain from offset 0 and learns which blocks the hardware
+has and where. Two blocks: "nic" (control, build parameters, configuration) and
+"counters" (one 32-bit counter per event; its +0x0C word is the number of counters).
+
+Bus (Wishbone-like, single master, no wait states): byte address `addr` (bits [1:0]
+ignored), `w_en` writes `w_data` at the clock edge; `r_en` latches the register
+into `r_data` at the clock edge, so data is valid the cycle after `r_en` and holds
+until the next read. Unmapped addresses read 0; writes to read-only registers or
+unmapped addresses are ignored. A register narrower than 32 bits keeps only its low
+bits; the driver validates values with NicParams before writing.
+
+Counters: one `inc_<name>` strobe per counter adds 1 per cycle it is high. They
+saturate at 2^32 - 1 and never wrap (a saturated counter reads all ones). Writing 1
+to CTRL bit 0 clears every counter; an increment in that same cycle is kept (the
+counter becomes 1), so no event is ever lost by a clear.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from amaranth import Module, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from optireduce.host.nic_model import COUNTERS
+from optireduce.host.ubt import DEFAULT_ADDRESSING
+from optireduce.params import NicParams
+
+VERSION = 0x0001_0000  # 1.0: major in the high half
+TYPE_NIC = 0x4F52_0001  # "OR" 0001
+TYPE_COUNTERS = 0x4F52_0002
+NIC_BASE, COUNTER_BASE = 0x000, 0x100
+CTRL_CLEAR_COUNTERS = 1  # CTRL bit 0
+
+# Build parameters (read only): name, value from NicParams, description.
+PARAMS: tuple[tuple[str, Callable[[NicParams], int], str], ...] = (
+    ("p", lambda p: p.p, "elements per packet P"),
+    ("b", lambda p: p.b, "Hadamard block B"),
+    ("c", lambda p: p.c, "elements per op (chunk capacity C)"),
+    ("n_max", lambda p: p.n_max, "largest world size"),
+    ("lanes", lambda p: p.lanes, "elements per cycle"),
+    ("ops_in_flight", lambda p: p.ops_in_flight, "ops in flight K"),
+    ("w_wire", lambda p: p.w_wire, "bits of a wire element"),
+)
+
+# Configuration (read/write): register name, output port, lsb of the port, width(p),
+# reset(p), description. A port wider than 32 bits spans several registers.
+CONFIG: tuple[tuple[str, str, int, Callable, Callable, str], ...] = (
+    ("rank", "rank", 0, lambda p: (p.n_max - 1).bit_length(), lambda p: 0,
+     "this NIC's rank, 0..world-1"),
+    ("world", "world", 0, lambda p: p.n_max.bit_length(), lambda p: 2, "world size N, 2..n_max"),
+    ("job_id", "job_id", 0, lambda p: 16, lambda p: p.job_id, "job id of the UBT header"),
+    ("udp_port", "udp_port", 0, lambda p: 16, lambda p: p.udp_port, "UDP port of the job"),
+    ("t_b_us", "t_b_us", 0, lambda p: 32, lambda p: p.t_b_us, "hard phase bound t_B, us"),
+    ("alpha_q8", "alpha_q8", 0, lambda p: 9, lambda p: p.alpha_q8,
+     "early-timeout gap alpha, 1/256 units (1..256)"),
+    ("seed", "seed", 0, lambda p: 32, lambda p: p.seed, "sign PRNG key"),
+    ("mac_base_lo", "mac_base", 0, lambda p: 32,
+     lambda p: DEFAULT_ADDRESSING.mac_base & 0xFFFF_FFFF, "MAC of rank 0, bits 31:0"),
+    ("mac_base_hi", "mac_base", 32, lambda p: 16,
+     lambda p: DEFAULT_ADDRESSING.mac_base >> 32, "MAC of rank 0, bits 47:32"),
+    ("ip_base", "ip_base", 0, lambda p: 32, lambda p: DEFAULT_ADDRESSING.ip_base,
+     "IPv4 of rank r is ip_base + r + 1"),
+    ("estimator", "estimator", 0, lambda p: 1, lambda p: int(p.estimator == "plain"),
+     "decode estimator: 0 unbiased, 1 plain"),
+)  # fmt: skip
+
+_COUNTER_DOC = {
+    "rx_scatter": "scatter packets accepted",
+    "rx_gather": "gather packets accepted",
+    "tx_scatter": "scatter packets sent",
+    "tx_gather": "gather packets sent",
+    "ops_started": "ops started by the host",
+    "ops_completed": "ops completed",
+}
+
+
+@dataclass(frozen=True)
+class Reg:
+    name: str
+    offset: int  # byte offset from the bank's base
+    access: str  # "RO", "RW" or "WO" (write-only command bits, read 0)
+    width: int  # bits held (the rest read 0)
+    reset: int  # value after reset (RO: the constant, counters: 0)
+    kind: str  # "header", "ctrl", "param", "config", "counter"
+    desc: str
+    port: str = ""  # config: output port; counter: the counter's name
+    lsb: int = 0  # config: lowest port bit this register holds
+
+
+@dataclass(frozen=True)
+class Block:
+    name: str
+    base: int
+    type_id: int
+    desc: str
+    regs: tuple[Reg, ...]
+
+
+def _header(base: int, type_id: int, nxt: int) -> list[Reg]:
+    return [
+        Reg("type", base + 0x0, "RO", 32, type_id, "header", "block type"),
+        Reg("version", base + 0x4, "RO", 32, VERSION, "header", "block version (major.minor)"),
+        Reg("next", base + 0x8, "RO", 32, nxt, "header", "byte offset of the next block, 0: last"),
+    ]
+
+
+def register_map(p: NicParams) -> tuple[Block, ...]:
+    """The register table: every block and register, with offsets, access and reset values."""
+    nic = _header(NIC_BASE, TYPE_NIC, COUNTER_BASE)
+    nic.append(
+        Reg("ctrl", NIC_BASE + 0xC, "WO", 1, 0, "ctrl", "bit 0: write 1 to clear all counters")
+    )
+    for j, (name, value, desc) in enumerate(PARAMS):
+        nic.append(Reg(f"param_{name}", NIC_BASE + 0x10 + 4 * j, "RO", 32, value(p), "param", desc))
+    for j, (name, port, lsb, width, reset, desc) in enumerate(CONFIG):
+        nic.append(
+            Reg(name, NIC_BASE + 0x40 + 4 * j, "RW", width(p), reset(p), "config", desc, port, lsb)
+        )
+    cnt = _header(COUNTER_BASE, TYPE_COUNTERS, 0)
+    cnt.append(Reg("count", COUNTER_BASE + 0xC, "RO", 32, len(COUNTERS), "header", "counters"))
+    for j, name in enumerate(COUNTERS):
+        desc = _COUNTER_DOC.get(name, f"frames dropped: {name.replace('_', ' ')}")
+        cnt.append(Reg(name, COUNTER_BASE + 0x10 + 4 * j, "RO", 32, 0, "counter", desc, port=name))
+    assert max(r.offset for r in nic) < COUNTER_BASE, "nic block overlaps the counters"
+    return (
+        Block("nic", NIC_BASE, TYPE_NIC, "control, build parameters, configuration", tuple(nic)),
+        Block("counters", COUNTER_BASE, TYPE_COUNTERS, "event counters, saturating", tuple(cnt)),
+    )
+
+
+def config_ports(p: NicParams) -> dict[str, int]:
+    """Output port name -> width, from the configuration registers."""
+    ports: dict[str, int] = {}
+    for blk in register_map(p):
+        for r in blk.regs:
+            if r.kind == "config":
+                ports[r.port] = max(ports.get(r.port, 0), r.lsb + r.width)
+    return ports
+
+
+def walk(read: Callable[[int], int]) -> list[tuple[int, int, int]]:
+    """Driver-side discovery: follow the block chain from 0 with `read(byte_offset)`.
+
+    Returns (base, type, version) per block found.
+    """
+    found, base = [], 0
+    for _ in range(64):  # a broken chain must not loop forever
+        found.append((base, read(base), read(base + 4)))
+        base = read(base + 8)
+        if base == 0:
+            return found
+    raise RuntimeError("register block chain does not end")
+
+
+def render_markdown(p: NicParams | None = None) -> str:
+    """The register map as Markdown: docs/registers.md is this text for NicParams()."""
+    p = p or NicParams()
+    out = [
+        "# Register map",
+        "",
+        "Generated by `hw/csr.py: render_markdown()` from the one table `register_map()`;",
+        "`tests/hw/test_csr.py` checks that this file equals it. Reset values are those of",
+        "the default `NicParams()`.",
+        "",
+        "Bus: byte addresses, 32-bit registers; `r_data` is valid the cycle after `r_en`.",
+        "Unmapped addresses read 0 and ignore writes. Counters saturate at 0xFFFFFFFF and",
+        "never wrap; writing 1 to `ctrl` bit 0 clears them all. Each block starts with",
+        "type, version and the offset of the next block (0: last), so the driver discovers",
+        "the blocks by following the chain from offset 0.",
+        "",
+    ]
+    for blk in register_map(p):
+        out += [
+            f"## Block `{blk.name}` at 0x{blk.base:03X}: type 0x{blk.type_id:08X}",
+            "",
+            blk.desc[0].upper() + blk.desc[1:] + ".",
+            "",
+            "| offset | name | access | bits | reset | description |",
+            "|-------:|------|--------|-----:|------:|-------------|",
+        ]
+        for r in blk.regs:
+            out.append(
+                f"| 0x{r.offset:03X} | `{r.name}` | {r.access} | {r.width} | "
+                f"0x{r.reset:X} | {r.desc} |"
+            )
+        out.append("")
+    return "\n".join(out)
+
+
+class Csr(wiring.Component):
+    """The register bank. Ports: the bus, one output per configuration field, one
+    `inc_<counter>` strobe per counter (see the module docstring)."""
+
+    LATENCY = 1  # r_en to r_data
+    MODEL = "optireduce.host.nic_model.NicModel.counters (and NicParams for the configuration)"
+
+    def __init__(self, p: NicParams) -> None:
+        self.p = p
+        self.blocks = register_map(p)
+        self.regs = [r for blk in self.blocks for r in blk.regs]
+        self.addr_bits = max(r.offset for r in self.regs).bit_length()
+        members = {
+            "addr": In(self.addr_bits),
+            "w_en": In(1),
+            "w_data": In(32),
+            "r_en": In(1),
+            "r_data": Out(32),
+        }
+        for port, width in config_ports(p).items():
+            members[port] = Out(width)
+        for name in COUNTERS:
+            members[f"inc_{name}"] = In(1)
+        super().__init__(members)
+        # The storage, as attributes so tests can preload a counter near saturation.
+        self.config_regs = {
+            r.name: Signal(r.width, init=r.reset, name=f"cfg_{r.name}")
+            for r in self.regs
+            if r.kind == "config"
+        }
+        self.counters = {name: Signal(32, name=f"cnt_{name}") for name in COUNTERS}
+
+    def elaborate(self, platform):
+        m = Module()
+        word = self.addr[2:]
+        top = (1 << 32) - 1
+
+        clear = Signal()
+        for r in self.regs:
+            if r.kind == "ctrl":
+                m.d.comb += clear.eq(self.w_en & (word == r.offset >> 2) & self.w_data[0])
+
+        for r in self.regs:
+            if r.kind == "config":
+                reg = self.config_regs[r.name]
+                with m.If(self.w_en & (word == r.offset >> 2)):
+                    m.d.sync += reg.eq(self.w_data[: r.width])
+                m.d.comb += getattr(self, r.port)[r.lsb : r.lsb + r.width].eq(reg)
+
+        for name, cnt in self.counters.items():
+            inc = getattr(self, f"inc_{name}")
+            with m.If(clear):
+                m.d.sync += cnt.eq(inc)
+            with m.Elif(inc & (cnt != top)):
+                m.d.sync += cnt.eq(cnt + 1)
+
+        with m.If(self.r_en), m.Switch(word):
+            for r in self.regs:
+                with m.Case(r.offset >> 2):
+                    if r.kind == "config":
+                        m.d.sync += self.r_data.eq(self.config_regs[r.name])
+                    elif r.kind == "counter":
+                        m.d.sync += self.r_data.eq(self.counters[r.port])
+                    elif r.access == "WO":
+                        m.d.sync += self.r_data.eq(0)
+                    else:
+                        m.d.sync += self.r_data.eq(r.reset)
+            with m.Default():
+                m.d.sync += self.r_data.eq(0)
+        return m

@@ -1,0 +1,86 @@
+"""The TX encode chain: quantize -> random signs -> FWHT -> saturate to the wire width.
+
+Model: host/codec.py `encode`. Blocks are joined with wiring.connect in the order
+the data flows; the op's configuration (exponent, seed, op id) is latched by each
+block on the op's `first` beat (the chain's input latches them for the later
+stages). With p.rht off the chain is quantize -> saturate.
+"""
+
+from __future__ import annotations
+
+from amaranth import Module, Signal, signed
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from optireduce.hw.fwht import Fwht
+from optireduce.hw.quantizer import Quantizer
+from optireduce.hw.saturate import Saturate
+from optireduce.hw.sign_flip import SignFlip
+from optireduce.hw.streams import element_stream, float_stream
+from optireduce.params import NicParams
+
+
+class Encoder(wiring.Component):
+    MODEL = "optireduce.host.codec.encode"
+
+    def __init__(self, p: NicParams) -> None:
+        self.p = p
+        self.quantizer = Quantizer(p)
+        self.stages: list[wiring.Component] = [self.quantizer]
+        if p.rht:
+            self.signs = SignFlip(p, p.w_in)
+            self.fwht = Fwht(p, p.w_in)
+            self.saturate = Saturate(p, self.fwht.width_out, p.w_wire)
+            self.stages += [self.signs, self.fwht, self.saturate]
+        # Without the transform nothing grows: w_in bits are sign-extended to the wire.
+        self.LATENCY = sum(s.LATENCY for s in self.stages)
+        super().__init__(
+            {
+                "i": In(float_stream(p.lanes)),
+                "o": Out(element_stream(p.w_wire, p.lanes)),
+                "exponent": In(signed(8)),
+                "seed": In(32),
+                "op_id": In(32),
+                "clear": In(1),
+                "sat_quantize": Out(32),
+                "nonfinite": Out(32),
+                "sat_transform": Out(32),
+            }
+        )
+
+    def elaborate(self, platform):
+        m = Module()
+        for k, stage in enumerate(self.stages):
+            m.submodules[f"stage{k}_{type(stage).__name__.lower()}"] = stage
+        wiring.connect(m, wiring.flipped(self.i), self.quantizer.i)
+        for a, b in zip(self.stages, self.stages[1:], strict=False):
+            wiring.connect(m, a.o, b.i)
+        last = self.stages[-1]
+        if self.p.rht:
+            wiring.connect(m, last.o, wiring.flipped(self.o))
+            m.d.comb += self.sat_transform.eq(self.saturate.count)
+        else:
+            m.d.comb += [
+                self.o.valid.eq(last.o.valid),
+                last.o.ready.eq(self.o.ready),
+                self.o.payload.first.eq(last.o.payload.first),
+                self.o.payload.last.eq(last.o.payload.last),
+            ]
+            for k in range(self.p.lanes):
+                m.d.comb += self.o.payload.data[k].eq(last.o.payload.data[k])
+        q = self.quantizer
+        m.d.comb += [
+            q.exponent.eq(self.exponent),
+            q.clear.eq(self.clear),
+            self.sat_quantize.eq(q.saturated),
+            self.nonfinite.eq(q.nonfinite),
+        ]
+        if self.p.rht:
+            # The ports hold the op's values only while its first beat enters the chain;
+            # the sign flip sees that beat cycles later, so it reads a copy latched here.
+            # Ops are at least one block long, so the copy cannot be overwritten early.
+            seed, op_id = Signal(32), Signal(32)
+            with m.If(self.i.valid & self.i.ready & self.i.payload.first):
+                m.d.sync += [seed.eq(self.seed), op_id.eq(self.op_id)]
+            m.d.comb += [self.signs.seed.eq(seed), self.signs.op_id.eq(op_id)]
+        return m

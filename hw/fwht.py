@@ -1,0 +1,224 @@
+"""Streaming Walsh–Hadamard transform: a radix-2 single-delay-feedback (SDF) pipeline.
+
+Model: `optireduce.host.fwht.fwht_blocks(x, p.b)` (exact integers, natural/Sylvester order).
+
+Each block of B = p.b elements arrives as B/lanes beats of `lanes` consecutive elements.
+Every radix-2 stage of stride h maps the pair (x[j], x[j+h]) to (x[j]+x[j+h], x[j]-x[j+h]) in
+place. The WHT is a tensor product of one 2-point butterfly per index bit, so the stages commute
+and the in-place result is already in natural order: no bit reversal and all twiddles are 1.
+
+* Strides >= lanes are SDF stages on beats, largest first (so the biggest delay line holds the
+  narrowest data). A stage of delay D beats keeps a D-entry delay line: the first D beats of each
+  group of 2D go in; each of the next D beats reads its partner a, emits a + x and stores a - x;
+  those D differences go out after the group. Delay lines of >= `mem_min_delay` beats are
+  lib.memory.Memory, which yosys maps to BRAM when deep and to LUTRAM when shallow; shorter ones
+  are registers (default: delays 1 and 2; a memory needs >= 3, see `_sdf_stage`). At B = 4096
+  register files for the delays up to 16 would cost about 800 LUTs and 800 FFs more than LUTRAM.
+* Strides < lanes are plain butterflies across the lanes of one beat, before the output register.
+
+Flow control: the whole pipeline moves on one enable, `en = o.ready | ~o.valid`, and a beat that
+is not valid is a bubble that moves through it like data. A stage that still owes the differences
+of its last group emits one of them in every slot, bubble or not, so when the input stops the
+tail of the last block drains by itself: a block never waits for the next op's data. Position
+counters count valid beats only, so bubbles never break the block alignment, and with a
+continuous input no stage ever emits a bubble (one beat per cycle, no gaps).
+
+`first`/`last`: an op is a whole number of blocks, so `first` is on the first beat of a block and
+`last` on the last beat of one. Block positions are counted from reset (they are not realigned on
+`first`: a stream that breaks this rule is garbage in, garbage out). Each block's (first, last)
+pair waits in a small FIFO and is put back on the block's first and last output beats.
+
+Widths: a stage adds one bit, so the output is width_in + log2(B) bits, exact for inputs in the
+symmetric range |x| <= 2^(width_in-1) - 1 (docs/numerics.md). The same block serves the forward
+transform (width_in = p.w_in) and the inverse one (width_in = p.w_wire).
+
+LATENCY = B/lanes + log2(B/lanes) + 1 cycles: B/lanes - 1 of delay lines, the input register,
+one register per SDF stage and the output register (B = lanes: 1, the output register only).
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, Module, Mux, Signal, signed
+from amaranth.lib import data, wiring
+from amaranth.lib.fifo import SyncFIFO
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import exact_log2
+
+from optireduce.hw.streams import element_stream
+from optireduce.params import NicParams
+
+
+class Fwht(wiring.Component):
+    """Unnormalized blockwise WHT of p.b elements, p.lanes elements per beat.
+
+    Ports: `i` element_stream(width_in, lanes), `o` element_stream(width_out, lanes) with
+    width_out = width_in + log2(p.b). LATENCY (an instance attribute) is in cycles.
+    """
+
+    MODEL = "optireduce.host.fwht.fwht_blocks"
+
+    def __init__(self, p: NicParams, width_in: int, *, mem_min_delay: int = 4) -> None:
+        if p.lanes > p.b:
+            raise ValueError(f"lanes={p.lanes} exceeds the block b={p.b}")
+        self.p, self.width_in, self.lanes = p, width_in, p.lanes
+        self.width_out = width_in + p.log2_b
+        self.beats = p.b // p.lanes  # beats per block
+        # SDF delays in beats, largest stride first: B/2L, B/4L, ..., 1
+        self.delays = [self.beats >> (k + 1) for k in range(exact_log2(self.beats))]
+        self.mem_min_delay = max(4, mem_min_delay)  # >= 3: see _sdf_stage
+        self.LATENCY = self.beats + len(self.delays) + (1 if self.delays else 0)
+        super().__init__(
+            {
+                "i": In(element_stream(width_in, p.lanes)),
+                "o": Out(element_stream(self.width_out, p.lanes)),
+            }
+        )
+
+    def _sdf_stage(self, m: Module, k: int, d: int, en, v_in, x_in, v_next, wi: int):
+        """One SDF stage of delay d beats on wi-bit lanes.
+
+        v_next is the valid of the input's next slot (what the input register loads at this
+        edge). Returns the output register (valid, data) and this slot's output valid (the next
+        stage's v_next).
+        """
+        lanes, wo = self.lanes, wi + 1
+        lay = data.ArrayLayout(signed(wo), lanes)
+        abits = exact_log2(d)
+
+        # The delay line is a FIFO: x_j goes in at j, comes out at D + j where a - x goes in at
+        # j, and that comes out (pending) after the group. So one read pointer walks 0..d-1.
+        wcnt = Signal(abits + 1, name=f"s{k}_wcnt")  # valid beats taken in this group of 2d
+        pend = Signal(name=f"s{k}_pend")  # differences of the last group still to emit
+        rptr = Signal(range(d), name=f"s{k}_rptr")  # the entry in rdata
+        second = wcnt[abits]
+        j = wcnt[:abits]
+        pend_n = Signal(name=f"s{k}_pend_n")
+        second_n = Signal(name=f"s{k}_second_n")
+        m.d.comb += [
+            pend_n.eq(Mux(pend, rptr != d - 1, v_in & (wcnt == 2 * d - 1))),
+            second_n.eq(second ^ (v_in & (j == d - 1))),
+        ]
+        with m.If(en):
+            m.d.sync += [wcnt.eq(wcnt + v_in), pend.eq(pend_n)]
+
+        # data registers are reset-less: no reset-over-enable logic in front of their flip-flops
+        rdata = Signal(lay, name=f"s{k}_rdata", reset_less=True)  # entry at rptr
+        wdata = Signal(lay, name=f"s{k}_wdata")
+        we = Signal(name=f"s{k}_we")
+        v_c = Signal(name=f"s{k}_v_c")
+        x_c = Signal(lay, name=f"s{k}_x_c")
+        with m.If(pend):  # first half (always, see the docs): emit a difference, store x
+            m.d.comb += [v_c.eq(1), x_c.eq(rdata), we.eq(v_in)]
+            m.d.comb += [wdata[lane].eq(x_in[lane]) for lane in range(lanes)]
+        with m.Elif(v_in & ~second):
+            m.d.comb += we.eq(1)
+            m.d.comb += [wdata[lane].eq(x_in[lane]) for lane in range(lanes)]
+        with m.Elif(v_in):
+            m.d.comb += [v_c.eq(1), we.eq(1)]
+            for lane in range(lanes):
+                m.d.comb += [
+                    x_c[lane].eq(rdata[lane] + x_in[lane]),
+                    wdata[lane].eq(rdata[lane] - x_in[lane]),
+                ]
+
+        if d >= self.mem_min_delay:
+            # Two registers on the read (the memory's own and rdata) keep the slow BRAM
+            # clock-to-out off the adders, so the read is addressed two slots ahead: the
+            # pointer after this slot (q0) plus whether the next slot reads. Every entry is read
+            # at least d >= 3 slots after it was written, so a read never races a write.
+            mem = Memory(shape=lay, depth=d, init=[])
+            m.submodules[f"s{k}_mem"] = mem
+            wp, rp = mem.write_port(), mem.read_port()
+            q0 = Signal(range(d), name=f"s{k}_q0")  # rptr of the next slot
+            q1 = Signal(range(d), name=f"s{k}_q1", init=1)  # q0 + 1
+            m.d.comb += [
+                wp.addr.eq(j),
+                wp.data.eq(wdata),
+                wp.en.eq(en & we),
+                rp.addr.eq(Mux(pend_n | (v_next & second_n), q1, q0)),
+                rp.en.eq(en),
+            ]
+            with m.If(en):
+                m.d.sync += [rdata.eq(rp.data), rptr.eq(q0), q0.eq(rp.addr), q1.eq(rp.addr + 1)]
+        else:
+            with m.If(en & (pend | (v_in & second))):
+                m.d.sync += rptr.eq(rptr + 1)
+            regs = [Signal(lay, name=f"s{k}_r{a}", reset_less=True) for a in range(d)]
+            if d == 1:
+                m.d.comb += rdata.eq(regs[0])
+                with m.If(en & we):
+                    m.d.sync += regs[0].eq(wdata)
+            else:
+                with m.Switch(rptr):
+                    for a in range(d):
+                        with m.Case(a):
+                            m.d.comb += rdata.eq(regs[a])
+                with m.If(en & we), m.Switch(j):
+                    for a in range(d):
+                        with m.Case(a):
+                            m.d.sync += regs[a].eq(wdata)
+
+        v_out = Signal(name=f"s{k}_valid")
+        x_out = Signal(lay, name=f"s{k}_data", reset_less=True)
+        with m.If(en):
+            m.d.sync += [v_out.eq(v_c), x_out.eq(x_c)]
+        return v_out, x_out, v_c
+
+    def elaborate(self, platform):
+        m = Module()
+        lanes, beats = self.lanes, self.beats
+        en = Signal()
+        m.d.comb += [en.eq(self.o.ready | ~self.o.valid), self.i.ready.eq(en)]
+
+        valid, x, w = self.i.valid, self.i.payload.data, self.width_in
+        if self.delays:  # input register: the first stage must know its next slot's valid
+            v_next = valid
+            valid, x = Signal(), Signal.like(self.i.payload.data, reset_less=True)
+            with m.If(en):
+                m.d.sync += [valid.eq(self.i.valid), x.eq(self.i.payload.data)]
+        for k, d in enumerate(self.delays):
+            valid, x, v_next = self._sdf_stage(m, k, d, en, valid, x, v_next, w)
+            w += 1
+
+        # strides below `lanes`: butterflies inside the beat
+        vals = [x[lane] for lane in range(lanes)]
+        h = 1
+        while h < lanes:
+            nxt = list(vals)
+            for a in range(lanes):
+                if not a & h:
+                    nxt[a], nxt[a + h] = vals[a] + vals[a + h], vals[a] - vals[a + h]
+            vals, h = nxt, 2 * h
+
+        # block tags: (first of its first beat, last of its last beat)
+        take = self.i.valid & en
+        if self.delays:
+            ipos = Signal(range(beats))
+            blk_first = Signal()
+            m.submodules.tags = tags = SyncFIFO(width=2, depth=4)  # holds <= 2: B-1+S beats inside
+            with m.If(take):
+                m.d.sync += ipos.eq(Mux(ipos == beats - 1, 0, ipos + 1))
+                with m.If(ipos == 0):
+                    m.d.sync += blk_first.eq(self.i.payload.first)
+            m.d.comb += [
+                tags.w_data.eq(Cat(blk_first, self.i.payload.last)),
+                tags.w_en.eq(take & (ipos == beats - 1)),
+            ]
+            opos = Signal(range(beats))
+            tag_first, tag_last = tags.r_data[0], tags.r_data[1]
+            out_first, out_last = (opos == 0) & tag_first, (opos == beats - 1) & tag_last
+            with m.If(en & valid):
+                m.d.sync += opos.eq(Mux(opos == beats - 1, 0, opos + 1))
+            m.d.comb += tags.r_en.eq(en & valid & (opos == beats - 1))
+        else:  # one beat per block: the flags go straight through
+            out_first, out_last = self.i.payload.first, self.i.payload.last
+
+        with m.If(en):
+            m.d.sync += [
+                self.o.valid.eq(valid),
+                self.o.payload.first.eq(out_first),
+                self.o.payload.last.eq(out_last),
+            ]
+            m.d.sync += [self.o.payload.data[a].eq(vals[a]) for a in range(lanes)]
+        return m

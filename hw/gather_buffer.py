@@ -1,0 +1,256 @@
+"""Gather buffer: reduced packets placed by index, drained in index order for the decode.
+
+Model: `host/gather_buffer.py: GatherBuffer` (place, have, histogram) and the way
+`host/codec.py: decode` reads it (missing packets are zeros; k = received packets
+per block of b).
+
+Slots: the buffer holds `p.ops_in_flight` ops (K slots of c elements each, one BRAM
+array of K * c elements), chosen by the `slot` port. The driver maps op ids to
+slots (op_id mod K): a slot is cleared before its op starts receiving and drained
+when its phase 2 ends, so the next op's packets land in another slot while one is
+drained.
+
+Input `i` (element_stream(32, lanes)): one reduced packet of p elements (p/lanes
+beats), `first` on its first beat. `slot`, `pkt_index` and `contributors` are
+sampled with the first beat. A packet is dropped whole, with a one-cycle strobe,
+when it is a duplicate (`have` bit already set: `duplicate`) or its index is outside
+the slot (`pkt_index >= c/p`, or `slot >= K`: `out_of_range`); the parser has
+checked lengths, so beats after the p/lanes-th are ignored and never write outside
+the packet. `contributors` in 1..n_max is counted in the histogram (the parser
+rejects other values; they are not counted).
+
+Command `cmd` (one at a time; `cmd.ready` is low while one runs):
+- CLEAR slot: `have` bits, histogram and missing count of the slot to zero
+  (n_max + 1 cycles; the input stalls meanwhile). After reset every slot is
+  cleared the same way before `i` and `cmd` become ready.
+- DRAIN slot, n: streams the op's padded length (ceil(n / b) blocks of b, at least
+  one, at most c/b) on `o` in index order, missing packets as zeros, `first`/`last`
+  on each block's first and last beat. With each block's first beat it emits, on
+  the side stream `k`, the number of packets of that block received (0..b/p): the
+  BlockDivider's k. Draining does not change the slot (a drain can be repeated).
+
+Histogram (`hist_slot`, `hist_addr` -> `hist_data` one cycle later): entry c >= 1 is
+the number of packets placed with c contributors; entry 0 is the number of missing
+packets of the slot's last drain (`GatherBuffer.histogram(n_max)`).
+"""
+
+from __future__ import annotations
+
+from amaranth import Array, Module, Mux, Signal, signed
+from amaranth.lib import data, enum, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from optireduce.hw.streams import element_stream
+from optireduce.params import NicParams
+
+
+class GatherOp(enum.Enum, shape=1):
+    DRAIN = 0
+    CLEAR = 1
+
+
+def command_layout(p: NicParams) -> data.StructLayout:
+    return data.StructLayout({"op": GatherOp, "slot": range(p.ops_in_flight), "n": 32})
+
+
+class GatherBuffer(wiring.Component):
+    """K slots of c elements with have bits and a contributor histogram (module docstring)."""
+
+    LATENCY = 2  # DRAIN command accepted -> first beat on o (address, then BRAM read)
+    MODEL = "optireduce.host.gather_buffer.GatherBuffer + codec.decode (z, have, k per block)"
+
+    def __init__(self, p: NicParams) -> None:
+        self.p = p
+        self.n_pkts = p.c // p.p  # packets per slot
+        ppb = p.packets_per_block
+        super().__init__(
+            {
+                "i": In(element_stream(p.w_wire, p.lanes)),
+                "slot": In(range(p.ops_in_flight)),
+                "pkt_index": In(32),
+                "contributors": In(p.n_max.bit_length()),
+                "duplicate": Out(1),
+                "out_of_range": Out(1),
+                "cmd": In(stream.Signature(command_layout(p))),
+                "o": Out(element_stream(p.w_wire, p.lanes)),
+                "k": Out(stream.Signature(range(ppb + 1))),
+                "hist_slot": In(range(p.ops_in_flight)),
+                "hist_addr": In(range(p.n_max + 1)),
+                "hist_data": Out(range(self.n_pkts + 1)),
+            }
+        )
+
+    def elaborate(self, platform):
+        m = Module()
+        p = self.p
+        lanes, n_slots, n_pkts = p.lanes, p.ops_in_flight, self.n_pkts
+        ppb = p.packets_per_block
+        bpp = p.p // lanes  # beats per packet
+        beats_per_slot = p.c // lanes
+        n_blocks = p.c // p.b
+        hw = (n_pkts).bit_length()  # histogram counts go up to n_pkts
+        hn = p.n_max + 1  # histogram entries per slot
+
+        m.submodules.mem = mem = Memory(
+            shape=data.ArrayLayout(signed(p.w_wire), lanes), depth=n_slots * beats_per_slot, init=[]
+        )
+        wr = mem.write_port()
+        rd = mem.read_port()
+        m.submodules.hist = hist = Memory(shape=hw, depth=n_slots * hn, init=[])
+        h_wr = hist.write_port()
+        h_rmw = hist.read_port(transparent_for=(h_wr,))  # back-to-back increments see each other
+        h_host = hist.read_port()
+
+        have = Signal(n_slots * n_pkts)
+        missing = Array(Signal(hw, name=f"missing_{s}") for s in range(n_slots))
+
+        # ---- control: reset-time clear of every slot, CLEAR, DRAIN ----------------------
+        clr_addr = Signal(range(n_slots * hn + 1))
+        clr_end = Signal(range(n_slots * hn + 1))
+        inc_pending = Signal()
+        d_slot = Signal(range(n_slots))
+        d_last_pkt = Signal(range(n_pkts))
+        clearing = Signal()
+        draining = Signal()
+        d_done = Signal()  # the drain's last beat is issued
+        with m.FSM(init="INIT"):
+            with m.State("INIT"):
+                m.d.comb += clearing.eq(1)
+                m.d.sync += clr_end.eq(n_slots * hn)
+                with m.If(clr_addr == n_slots * hn - 1):
+                    m.next = "IDLE"
+            with m.State("IDLE"):
+                m.d.comb += self.cmd.ready.eq(1)
+                cmd = self.cmd.payload
+                with m.If(self.cmd.valid):
+                    with m.If(cmd.op == GatherOp.CLEAR):
+                        m.d.sync += [clr_addr.eq(cmd.slot * hn), clr_end.eq(cmd.slot * hn + hn)]
+                        for s in range(n_slots):
+                            with m.If(cmd.slot == s):
+                                m.d.sync += [have[s * n_pkts : (s + 1) * n_pkts].eq(0)]
+                        m.d.sync += missing[cmd.slot].eq(0)
+                        m.next = "CLEAR"
+                    with m.Else():
+                        blocks = Signal(33)
+                        m.d.comb += blocks.eq((cmd.n + p.b - 1) >> p.log2_b)
+                        nb = Mux(blocks == 0, 1, Mux(blocks > n_blocks, n_blocks, blocks))
+                        m.d.sync += [d_slot.eq(cmd.slot), d_last_pkt.eq(nb * ppb - 1)]
+                        m.d.sync += missing[cmd.slot].eq(0)  # counted afresh by each drain
+                        m.next = "DRAIN"
+            with m.State("CLEAR"):
+                m.d.comb += clearing.eq(1)
+                with m.If(~inc_pending & (clr_addr == clr_end - 1)):
+                    m.next = "IDLE"
+            with m.State("DRAIN"):
+                m.d.comb += draining.eq(1)
+                with m.If(d_done):
+                    m.next = "IDLE"
+
+        # Histogram clear: one entry per cycle, yielding to an increment in flight.
+        with m.If(clearing & ~inc_pending):
+            m.d.sync += clr_addr.eq(clr_addr + 1)
+
+        # ---- input: place packets by index --------------------------------------------------
+        m.d.comb += self.i.ready.eq(~clearing)
+        take = Signal()
+        m.d.comb += take.eq(self.i.valid & self.i.ready)
+        first = self.i.payload.first
+        pkt = self.pkt_index[: max(1, (n_pkts - 1).bit_length())]
+        in_range = Signal()
+        m.d.comb += in_range.eq((self.pkt_index < n_pkts) & (self.slot < n_slots))
+        have_idx = Signal(range(n_slots * n_pkts))
+        m.d.comb += have_idx.eq(self.slot * n_pkts + pkt)
+        is_dup = Signal()
+        m.d.comb += is_dup.eq(in_range & have.bit_select(have_idx, 1))
+        place = Signal()
+        m.d.comb += place.eq(take & first & in_range & ~is_dup)
+
+        drop = Signal(init=1)  # until the first packet, stray beats are ignored
+        beat = Signal(range(bpp + 1))
+        base = Signal(range(n_slots * beats_per_slot))
+        first_addr = Signal(range(n_slots * beats_per_slot))
+        m.d.comb += first_addr.eq(self.slot * beats_per_slot + pkt * bpp)
+        wr_en, wr_addr = Signal(), Signal(range(n_slots * beats_per_slot))
+        wr_data = Signal(data.ArrayLayout(signed(p.w_wire), lanes))
+        m.d.sync += [
+            wr_en.eq(0),
+            self.duplicate.eq(take & first & is_dup),
+            self.out_of_range.eq(take & first & ~in_range),
+        ]
+        with m.If(take):
+            m.d.sync += wr_data.eq(self.i.payload.data)
+            with m.If(first):
+                m.d.sync += [drop.eq(~place), beat.eq(1), base.eq(first_addr)]
+                m.d.sync += [wr_en.eq(place), wr_addr.eq(first_addr)]
+                with m.If(place):
+                    m.d.sync += have.bit_select(have_idx, 1).eq(1)
+            with m.Elif(~drop & (beat < bpp)):
+                m.d.sync += [wr_en.eq(1), wr_addr.eq(base + beat), beat.eq(beat + 1)]
+        m.d.comb += [wr.en.eq(wr_en), wr.addr.eq(wr_addr), wr.data.eq(wr_data)]
+
+        # Histogram increment: read at the first beat, write back +1 the next cycle.
+        counted = Signal()
+        m.d.comb += counted.eq(place & (self.contributors >= 1) & (self.contributors <= p.n_max))
+        inc_addr = Signal.like(h_wr.addr)
+        m.d.comb += h_rmw.addr.eq(self.slot * hn + self.contributors)
+        m.d.sync += [inc_pending.eq(counted), inc_addr.eq(h_rmw.addr)]
+        with m.If(inc_pending):
+            m.d.comb += [h_wr.en.eq(1), h_wr.addr.eq(inc_addr), h_wr.data.eq(h_rmw.data + 1)]
+        with m.Elif(clearing):
+            m.d.comb += [h_wr.en.eq(1), h_wr.addr.eq(clr_addr), h_wr.data.eq(0)]
+
+        # Host read of the histogram (entry 0: missing packets of the last drain).
+        m.d.comb += h_host.addr.eq(self.hist_slot * hn + self.hist_addr)
+        zero_r, miss_r = Signal(), Signal(hw)
+        m.d.sync += [zero_r.eq(self.hist_addr == 0), miss_r.eq(missing[self.hist_slot])]
+        m.d.comb += self.hist_data.eq(Mux(zero_r, miss_r, h_host.data))
+
+        # ---- drain: issue addresses (stage A), memory output is stage B = o -------------
+        d_pkt = Signal(range(n_pkts))
+        d_bip = Signal(range(bpp))  # beat in packet
+        d_addr = Signal(range(n_slots * beats_per_slot))
+        with m.If(self.cmd.valid & self.cmd.ready):
+            m.d.sync += [
+                d_pkt.eq(0),
+                d_bip.eq(0),
+                d_addr.eq(self.cmd.payload.slot * beats_per_slot),
+            ]
+        adv = Signal()
+        m.d.comb += adv.eq(self.o.ready | ~self.o.valid)
+        blk_start = Signal()
+        m.d.comb += blk_start.eq((d_bip == 0) & (d_pkt % ppb == 0))
+        blk_end = Signal()
+        m.d.comb += blk_end.eq((d_bip == bpp - 1) & (d_pkt % ppb == ppb - 1))
+        go = Signal()
+        m.d.comb += go.eq(draining & adv & (~blk_start | ~self.k.valid | self.k.ready))
+        m.d.comb += [rd.addr.eq(d_addr), rd.en.eq(adv)]
+        b_have = Signal()
+        with m.If(adv):
+            m.d.sync += [
+                self.o.valid.eq(go),
+                b_have.eq(have.bit_select(d_slot * n_pkts + d_pkt, 1)),
+                self.o.payload.first.eq(blk_start),
+                self.o.payload.last.eq(blk_end),
+            ]
+        for j in range(lanes):
+            m.d.comb += self.o.payload.data[j].eq(Mux(b_have, rd.data[j], 0))
+
+        kcount = Signal(range(ppb + 1))
+        m.d.comb += kcount.eq(
+            sum(have.bit_select(d_slot * n_pkts + d_pkt, ppb)[j] for j in range(ppb))
+        )
+        with m.If(self.k.ready):
+            m.d.sync += self.k.valid.eq(0)
+        with m.If(go):
+            m.d.sync += [d_addr.eq(d_addr + 1), d_bip.eq(d_bip + 1)]
+            with m.If(d_bip == bpp - 1):
+                m.d.sync += [d_bip.eq(0), d_pkt.eq(d_pkt + 1)]
+                m.d.comb += d_done.eq(d_pkt == d_last_pkt)
+            with m.If(blk_start):
+                m.d.sync += [
+                    self.k.valid.eq(1),
+                    self.k.payload.eq(kcount),
+                    missing[d_slot].eq(missing[d_slot] + ppb - kcount),
+                ]
+        return m

@@ -1,0 +1,179 @@
+"""Csr: register bus, configuration ports, saturating counters, discovery, docs/registers.md."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from amaranth.sim import Simulator
+
+from optireduce.host.nic_model import COUNTERS
+from optireduce.host.ubt import DEFAULT_ADDRESSING, DROP_REASONS
+from optireduce.hw.csr import (
+    COUNTER_BASE,
+    TYPE_COUNTERS,
+    TYPE_NIC,
+    VERSION,
+    Csr,
+    register_map,
+    render_markdown,
+    walk,
+)
+from optireduce.params import NicParams
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "registers.md"
+TOP = (1 << 32) - 1
+
+
+def simulate(dut: Csr, bench) -> None:
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+
+
+async def write(ctx, dut: Csr, offset: int, value: int) -> None:
+    ctx.set(dut.addr, offset)
+    ctx.set(dut.w_data, value)
+    ctx.set(dut.w_en, 1)
+    await ctx.tick()
+    ctx.set(dut.w_en, 0)
+
+
+async def read(ctx, dut: Csr, offset: int) -> int:
+    ctx.set(dut.addr, offset)
+    ctx.set(dut.r_en, 1)
+    await ctx.tick()
+    ctx.set(dut.r_en, 0)
+    return ctx.get(dut.r_data)  # one cycle after r_en
+
+
+def test_docs_registers_md_is_the_rendered_map():
+    assert DOCS.read_text() == render_markdown(NicParams())
+
+
+def test_table_is_consistent():
+    blocks = register_map(NicParams())
+    regs = [r for b in blocks for r in b.regs]
+    offsets = [r.offset for r in regs]
+    assert len(set(offsets)) == len(offsets) and all(o % 4 == 0 for o in offsets)
+    names = [r.port for r in regs if r.kind == "counter"]
+    assert names == list(COUNTERS) and set(DROP_REASONS) <= set(names)
+    assert {"rx_scatter", "rx_gather", "tx_scatter", "tx_gather"} <= set(names)
+
+
+@pytest.mark.parametrize(
+    "p", [NicParams(), NicParams(p=16, b=64, c=256, n_max=8, job_id=7, estimator="plain")]
+)
+def test_reset_discovery_and_read_only(p):
+    """After reset: discovery walks both blocks, RO registers hold the table, config ports
+    hold NicParams' values; writes to RO and unmapped addresses change nothing."""
+    dut = Csr(p)
+    regs = [r for b in register_map(p) for r in b.regs]
+    span = max(r.offset for r in regs) + 8
+
+    async def bench(ctx):
+        image = {a: await read(ctx, dut, a) for a in range(0, span, 4)}
+        assert walk(image.__getitem__) == [
+            (0, TYPE_NIC, VERSION),
+            (COUNTER_BASE, TYPE_COUNTERS, VERSION),
+        ]
+        for r in regs:
+            assert image[r.offset] == (0 if r.access == "WO" else r.reset), r.name
+        mapped = {r.offset for r in regs}
+        assert all(v == 0 for a, v in image.items() if a not in mapped)
+        assert ctx.get(dut.rank) == 0 and ctx.get(dut.world) == 2
+        assert ctx.get(dut.job_id) == p.job_id and ctx.get(dut.udp_port) == p.udp_port
+        assert ctx.get(dut.t_b_us) == p.t_b_us and ctx.get(dut.alpha_q8) == p.alpha_q8
+        assert ctx.get(dut.seed) == p.seed and ctx.get(dut.estimator) == (p.estimator == "plain")
+        assert ctx.get(dut.mac_base) == DEFAULT_ADDRESSING.mac_base
+        assert ctx.get(dut.ip_base) == DEFAULT_ADDRESSING.ip_base
+        for r in regs:  # writes to read-only registers are ignored
+            if r.access == "RO":
+                await write(ctx, dut, r.offset, 0xDEAD_BEEF)
+        for a in range(0, span, 4):
+            if a not in mapped:
+                await write(ctx, dut, a, 0xFFFF_FFFF)
+        for r in regs:
+            if r.access == "RO":
+                assert await read(ctx, dut, r.offset) == r.reset, r.name
+
+    simulate(dut, bench)
+
+
+def test_every_config_register_write_read():
+    p = NicParams()
+    dut = Csr(p)
+    cfg = [r for b in register_map(p) for r in b.regs if r.kind == "config"]
+    rng = random.Random(4)
+
+    async def bench(ctx):
+        for value_of in (lambda w: (1 << w) - 1, lambda w: 0, lambda w: rng.getrandbits(32)):
+            written = {}
+            for r in cfg:
+                v = value_of(r.width) | (rng.getrandbits(32) << r.width)  # high bits dropped
+                await write(ctx, dut, r.offset, v & TOP)
+                written[r.name] = v & ((1 << r.width) - 1)
+            for r in cfg:
+                assert await read(ctx, dut, r.offset) == written[r.name], r.name
+            ports: dict[str, int] = {}
+            for r in cfg:
+                ports[r.port] = ports.get(r.port, 0) | written[r.name] << r.lsb
+            for port, v in ports.items():
+                assert ctx.get(getattr(dut, port)) == v, port
+        # the bus read is registered: r_data holds until the next r_en
+        v = await read(ctx, dut, cfg[0].offset)
+        ctx.set(dut.addr, cfg[1].offset)
+        await ctx.tick().repeat(3)
+        assert ctx.get(dut.r_data) == v
+
+    simulate(dut, bench)
+
+
+def test_counters_count_saturate_and_clear():
+    """Random strobes on every counter (several at once), counts read back over the bus;
+    a counter preloaded near 2^32 stops at 2^32 - 1; a clear keeps a same-cycle event."""
+    p = NicParams(p=16, b=64, c=256, n_max=8)
+    dut = Csr(p)
+    offs = {r.port: r.offset for b in register_map(p) for r in b.regs if r.kind == "counter"}
+    ctrl = next(r.offset for r in register_map(p)[0].regs if r.kind == "ctrl")
+    rng = np.random.default_rng(6)
+
+    async def bench(ctx):
+        expect = dict.fromkeys(COUNTERS, 0)
+        strobes = rng.random((300, len(COUNTERS))) < rng.random(len(COUNTERS))
+        for row in strobes:
+            for name, s in zip(COUNTERS, row, strict=True):
+                ctx.set(getattr(dut, f"inc_{name}"), int(s))
+                expect[name] += int(s)
+            await ctx.tick()
+        for name in COUNTERS:
+            ctx.set(getattr(dut, f"inc_{name}"), 0)
+        for name in COUNTERS:
+            assert await read(ctx, dut, offs[name]) == expect[name], name
+        assert max(expect.values()) > 200 and min(expect.values()) >= 0
+
+        # saturation: never wraps
+        sat = "duplicate"
+        ctx.set(dut.counters[sat], TOP - 2)
+        ctx.set(getattr(dut, f"inc_{sat}"), 1)
+        await ctx.tick().repeat(5)
+        ctx.set(getattr(dut, f"inc_{sat}"), 0)
+        assert await read(ctx, dut, offs[sat]) == TOP
+        assert await read(ctx, dut, offs["late"]) == expect["late"]  # neighbours untouched
+
+        # clear: every counter to 0, except an increment in the clear cycle counts 1
+        ctx.set(dut.inc_rx_gather, 1)
+        await write(ctx, dut, ctrl, 0x2)  # bit 0 clear: not a clear
+        ctx.set(dut.inc_rx_gather, 0)
+        assert await read(ctx, dut, offs["rx_gather"]) == expect["rx_gather"] + 1
+        ctx.set(dut.inc_stale_op, 1)
+        await write(ctx, dut, ctrl, 0x1)
+        ctx.set(dut.inc_stale_op, 0)
+        for name in COUNTERS:
+            assert await read(ctx, dut, offs[name]) == (name == "stale_op"), name
+        assert await read(ctx, dut, ctrl) == 0
+
+    simulate(dut, bench)
