@@ -1,0 +1,178 @@
+"""The RX decode chain: gather buffer -> inverse FWHT -> block divider -> signs -> float32.
+
+Model: host/codec.py `decode` (on the gather buffer's z and have). The DRAIN command
+of the gather buffer starts an op's decode; its context (seed, op id, exponent,
+length) rides in small FIFOs to the stages that need it, each of which takes its
+entry with the op's first beat, so several ops can be in the pipeline at once.
+The last stage trims the padding: an op of n elements leaves as exactly n floats,
+`last` on the n-th (n must be a multiple of p.lanes).
+"""
+
+from __future__ import annotations
+
+from amaranth import Module, Mux, Signal, signed
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.wiring import In, Out
+
+from optireduce.hw.block_divider import BlockDivider
+from optireduce.hw.dequantizer import Dequantizer
+from optireduce.hw.fwht import Fwht
+from optireduce.hw.gather_buffer import GatherBuffer, GatherOp, command_layout
+from optireduce.hw.sign_flip import SignFlip
+from optireduce.hw.streams import element_stream, float_stream
+from optireduce.params import NicParams
+
+CTX_DEPTH = 4  # ops whose decode may be in flight between the DRAIN and the output
+
+
+def decode_command_layout(p: NicParams) -> data.StructLayout:
+    """A gather-buffer command plus the op context the decode needs."""
+    return data.StructLayout(
+        {"gather": command_layout(p), "seed": 32, "op_id": 32, "exponent": signed(8)}
+    )
+
+
+class Decoder(wiring.Component):
+    MODEL = "optireduce.host.codec.decode"
+
+    def __init__(self, p: NicParams) -> None:
+        self.p = p
+        self.gather = GatherBuffer(p)
+        if p.rht:
+            self.fwht = Fwht(p, p.w_wire)
+            self.divider = BlockDivider(p, self.fwht.width_out)
+            width = self.divider.width_out
+            self.signs = SignFlip(p, width)
+        else:
+            width = p.w_wire
+        self.deq = Dequantizer(p, width)
+        super().__init__(
+            {
+                "i": In(element_stream(p.w_wire, p.lanes)),
+                "slot": In(range(p.ops_in_flight)),
+                "pkt_index": In(32),
+                "contributors": In(p.n_max.bit_length()),
+                "duplicate": Out(1),
+                "out_of_range": Out(1),
+                "cmd": In(stream.Signature(decode_command_layout(p))),
+                "o": Out(float_stream(p.lanes)),
+                "clear": In(1),
+                "sat_output": Out(32),
+            }
+        )
+
+    def elaborate(self, platform):
+        m = Module()
+        p, g = self.p, self.gather
+        m.submodules.gather, m.submodules.deq = g, self.deq
+        wiring.connect(m, wiring.flipped(self.i), g.i)
+        m.d.comb += [
+            g.slot.eq(self.slot),
+            g.pkt_index.eq(self.pkt_index),
+            g.contributors.eq(self.contributors),
+            self.duplicate.eq(g.duplicate),
+            self.out_of_range.eq(g.out_of_range),
+            self.deq.clear.eq(self.clear),
+            self.sat_output.eq(self.deq.saturated),
+        ]
+
+        # One context FIFO per consumer, all written when a DRAIN is taken.
+        consumers = ["deq", "trim", "marks"] + (["signs"] if p.rht else [])
+        fifos = {}
+        for name in consumers:
+            f = SyncFIFOBuffered(width=len(self.cmd.payload.as_value()), depth=CTX_DEPTH)
+            m.submodules[f"ctx_{name}"] = fifos[name] = f
+        cmd = self.cmd
+        is_drain = cmd.payload.gather.op == GatherOp.DRAIN
+        room = Signal()
+        m.d.comb += room.eq(1)
+        for f in fifos.values():
+            room_next = Signal()
+            m.d.comb += room_next.eq(room & f.w_rdy)
+            room = room_next
+        m.d.comb += [
+            g.cmd.payload.eq(cmd.payload.gather),
+            g.cmd.valid.eq(cmd.valid & (room | ~is_drain)),
+            cmd.ready.eq(g.cmd.ready & (room | ~is_drain)),
+        ]
+        for f in fifos.values():
+            m.d.comb += [
+                f.w_data.eq(cmd.payload.as_value()),
+                f.w_en.eq(cmd.valid & cmd.ready & is_drain),
+            ]
+
+        def head(name):
+            return data.View(decode_command_layout(p), fifos[name].r_data)
+
+        def take_on_first(name, port):
+            m.d.comb += fifos[name].r_en.eq(port.valid & port.ready & port.payload.first)
+
+        def op_marks(src, dst) -> None:
+            """The gather buffer marks blocks (the divider needs them); the signs count
+            elements from an op's first beat and the trim ends at its last: turn the
+            block marks into op marks."""
+            blocks = Signal(range(p.c // p.b + 1))
+            n = head("marks").gather.n
+            total = Signal(range(p.c // p.b + 1))
+            op_first, op_last = Signal(), Signal()
+            m.d.comb += [
+                total.eq(Mux(n > p.b, (n + p.b - 1) >> p.log2_b, 1)),
+                op_first.eq(src.payload.first & (blocks == 0)),
+                op_last.eq(src.payload.last & (blocks == total - 1)),
+                dst.valid.eq(src.valid),
+                src.ready.eq(dst.ready),
+                dst.payload.data.eq(src.payload.data),
+                dst.payload.first.eq(op_first),
+                dst.payload.last.eq(op_last),
+                fifos["marks"].r_en.eq(src.valid & src.ready & op_last),
+            ]
+            with m.If(src.valid & src.ready & src.payload.last):
+                m.d.sync += blocks.eq(Mux(op_last, 0, blocks + 1))
+
+        # Data path, in the order the data flows.
+        if p.rht:
+            fw, dv, sg = self.fwht, self.divider, self.signs
+            m.submodules.fwht, m.submodules.divider, m.submodules.signs = fw, dv, sg
+            wiring.connect(m, g.o, fw.i)
+            wiring.connect(m, fw.o, dv.i)
+            # k of each block waits for its block to leave the FWHT
+            kf = SyncFIFOBuffered(width=len(g.k.payload), depth=max(4, 2 + fw.LATENCY // p.b))
+            m.submodules.k_fifo = kf
+            m.d.comb += [
+                kf.w_data.eq(g.k.payload), kf.w_en.eq(g.k.valid), g.k.ready.eq(kf.w_rdy),
+                dv.k.payload.eq(kf.r_data), dv.k.valid.eq(kf.r_rdy), kf.r_en.eq(dv.k.ready),
+                dv.plain.eq(p.estimator == "plain"),
+            ]  # fmt: skip
+            op_marks(dv.o, sg.i)
+            wiring.connect(m, sg.o, self.deq.i)
+            ctx = head("signs")
+            m.d.comb += [sg.seed.eq(ctx.seed), sg.op_id.eq(ctx.op_id)]
+            take_on_first("signs", sg.i)
+        else:
+            m.d.comb += g.k.ready.eq(1)
+            op_marks(g.o, self.deq.i)
+        m.d.comb += self.deq.exponent.eq(head("deq").exponent)
+        take_on_first("deq", self.deq.i)
+
+        # Trim the padding: pass the op's first n elements, drop the rest.
+        d, o = self.deq.o, self.o
+        n = head("trim").gather.n
+        count = Signal(32)  # elements of the current op already passed or dropped
+        keep = Signal()
+        end = Signal()  # this beat is the op's last padded beat
+        m.d.comb += [
+            keep.eq(count < n),
+            end.eq(d.payload.last),
+            o.payload.data.eq(d.payload.data),
+            o.payload.first.eq(d.payload.first),
+            o.payload.last.eq(count + p.lanes >= n),
+            o.valid.eq(d.valid & keep),
+            d.ready.eq(o.ready | ~keep),
+            fifos["trim"].r_en.eq(d.valid & d.ready & end),
+        ]
+        with m.If(d.valid & d.ready):
+            m.d.sync += count.eq(count + p.lanes)
+            with m.If(end):
+                m.d.sync += count.eq(0)
+        return m
