@@ -16,6 +16,7 @@ from typing import Protocol
 import numpy as np
 
 from optireduce.host import ubt
+from optireduce.host.fwht import fwht_blocks
 from optireduce.host.nic_model import NicModel
 from optireduce.host.op_stats import OpStats
 from optireduce.host.quantize import propose_exponent
@@ -70,6 +71,7 @@ class SoftwareNic:
         self.transport, self.agree = transport, agree
         self.nic = NicModel(p, rank, world)
         self.next_op = 0
+        fwht_blocks(np.zeros(p.b, dtype=np.int64), p.b)  # compile (or load) the kernel now
         self._t0 = time.monotonic()
 
     def now_us(self) -> int:
@@ -130,9 +132,11 @@ class SoftwareNic:
         """t_B = 2 x P95 of the phase durations of warm-up ops over the reliable path
         (the transport's delays without its loss), run with the configured t_B."""
         d = []
-        for _ in range(ops):
+        for k in range(ops + 1):
             with self.transport.reliable():
                 _, st = self.allreduce(x)
+            if k == 0:
+                continue  # the first op pays for set-up and start skew: not a sample
             d += [v for s in st for v in (s.phase1_end_us - s.start_us, s.end_us - s.phase1_end_us)]
         local = [int(np.ceil(2 * np.percentile(d, 95)))]
         t_b = min(self.p.t_b_us, max(1, self.agree(local)[0]))  # the slowest rank's view
