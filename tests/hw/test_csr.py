@@ -177,3 +177,10 @@ def test_counters_count_saturate_and_clear():
         assert await read(ctx, dut, ctrl) == 0
 
     simulate(dut, bench)
+
+
+def test_cocotb_verilator_driver_view():
+    from optireduce.sim.cocotb_run import run_bench
+
+    p = NicParams(n_max=8)
+    run_bench(Csr(p), "csr_n8", "optireduce.sim.benches.tb_csr", {"n_max": 8})
