@@ -1,0 +1,741 @@
+"""Phase 1 at the owner: accumulate the scatter packets, end the phase, emit the means.
+
+Models, for phase 1 only, what `host/nic_model.py: NicModel` does with
+`host/aggregator.py: Aggregator` (sum, count, bitmap, duplicates; the mean through
+`reciprocal_table` / `mean_by_reciprocal`), `host/deadline.py: PhaseTracker`
+(hw/deadline.py) and the phase-1 `TcEstimator` + `agreed_timeout` (hw/tc_estimator.py).
+
+Events. The model is a sequence of calls, each with a tick; the block takes the
+same sequence on one event stream `ev`, each event stamped with `now` when it is
+taken (the NIC top merges the parser's accepted frames and the host's commands
+into it, so their order is explicit):
+
+  SCATTER  a peer's scatter frame that passed checks 1-28 (docs/protocol.md):
+           header fields on `ev`, then P elements on `i`
+  GATHER   a gather frame that passed checks 1-28: only its (sender, op_id),
+           which says the sender is done with ops <= op_id - K (peer progress)
+  OWN      one owned packet of this node's own chunk (from the packetizer), then
+           P elements on `i`; the OWN packets of an op come before its START
+  START    the host starts op_id (op_len): phase 1 begins at `now`
+           (= NicModel.start_op: own contributions added, then begin)
+
+Ticks. `tick` is a one-cycle strobe per microsecond. `now` counts the strobes the
+block has applied. An event taken by the block has tick `now`: it is the model's
+call at that tick. Strobes that arrive while the block is busy are counted and
+applied in order before the next event: `now` may lag the strobes by a few ticks
+during a long stall, and the event order (hence every result) is the same as if it
+had not. Phases end in the model's order, because the order of the t_C samples
+changes the EWMA:
+  - before an event, and at every applied tick, every phase due at `now`, earliest
+    (end tick, op id) first (NicModel.advance);
+  - after a SCATTER or GATHER event, first the phases of ops <= op_id - K that are
+    due (NicModel._peer_progress; op-id order stands for the model's dict order),
+    then the event's own op if due, after an accepted scatter frame, a gather
+    frame or a START (NicModel._progress). A frame at a tick where a timer is due
+    comes after that timer, as in the model.
+Exact except two corners the block cannot see: the model's _peer_progress walks
+ops in creation order (a peer frame can create op j + 1 before op j), and it skips
+_progress after a gather frame that is late or a duplicate in phase 2 (the gather
+buffer's business). Both matter only if two phases end at the same tick.
+
+Outputs. When phase 1 of an op ends: one `end_valid` strobe with op id, reason,
+end tick, the T in force, and received/expected packet counts (the model's
+OpStats.phase1_*), then the op's owned slots in index order on `o` (P elements
+each, first/last per slot) with `o_op`, `o_index`, `o_count` (contributors,
+own included) valid on every beat. Counters `cnt_rx`, `cnt_duplicate`, `cnt_late`
+are the model's rx_scatter / duplicate / late for scatter frames.
+
+Structure. One control FSM owns the per-op contexts (registers), the per-sender
+table (BRAM) and the slot bitmaps (BRAM) and handles one event at a time; the
+accumulators are one BRAM of w_acc-bit lanes, read-modify-written at one beat per
+cycle. A readout engine streams the means of an ended op through the reciprocal
+multiplier. Nothing is cleared after a readout: an op that claims a context clears
+its per-sender entries and slot bitmaps (max(n_max, slots) cycles), and the first
+contribution to a slot overwrites its accumulator (so a reset needs no memory
+clear either). The accumulator and bitmap memories have one read and one write
+port each, so the FSM takes no event while a readout is pending; ticks and timers
+still run during a readout. The readout emits one beat per cycle within a slot and
+spends two cycles between slots on the contributor count.
+
+Contexts: the smallest power of two >= NicParams.rx_window (2K), op j in context
+j mod n_ctx. The receive window [base, base + 2K) guarantees that the op a context
+held before is done when a newer op claims it.
+
+Not done here (documented gaps): the per-op exponent and op_len checks (27, 28)
+and the start-time mismatch purge of NicModel.start_op; the parser or the top must
+do them. Payload beats are counted (P / lanes per packet); first/last on `i` are
+not checked.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from optireduce.host.aggregator import reciprocal_shift, reciprocal_table
+from optireduce.hw.deadline import TICK_BITS, PhaseTimer, Reason, idle_gap
+from optireduce.hw.streams import element_stream
+from optireduce.hw.tc_estimator import TC_BITS, TcEstimator
+from optireduce.params import NicParams
+
+
+class Kind(enum.IntEnum):
+    SCATTER = 0
+    GATHER = 1
+    OWN = 2
+    START = 3
+
+
+def event_layout(p: NicParams) -> data.StructLayout:
+    return data.StructLayout(
+        {
+            "kind": Kind,
+            "op_id": 32,
+            "op_len": range(p.c + 1),
+            "sender": range(p.n_max),
+            "pkt_index": range(p.c // p.p),
+            "last": 1,
+            "t_c": TC_BITS,
+        }
+    )
+
+
+def _bits(n: int) -> int:
+    """Bits to index n items (at least 1)."""
+    return max(1, (n - 1).bit_length())
+
+
+class Aggregator(wiring.Component):
+    """Owner-side phase 1 of up to n_ctx ops in flight (see the module docstring).
+
+    LATENCY: cycles from the `end_valid` strobe of a phase end to its first mean on `o`
+    (no backpressure, no readout queued before it). Ingest takes P / lanes payload
+    beats per packet at one beat per cycle; between packets the event costs about
+    n_ctx + 8 cycles (context lookup, peer-progress scan, row division, bitmap check),
+    which the 74 bytes of frame headers ahead of each payload on the wire cover.
+    """
+
+    LATENCY = 7
+
+    def __init__(self, p: NicParams) -> None:
+        self.p = p
+        self.n_ctx = 1 << _bits(p.rx_window)
+        self.npk_max = p.c // p.p
+        self.rows_max = -(-self.npk_max // 2)  # world >= 2
+        self.beats = p.p // p.lanes
+        super().__init__(
+            {
+                # configuration (static while ops run)
+                "rank": In(range(p.n_max)),
+                "world": In(range(p.n_max + 1)),
+                "t_b": In(32),
+                "alpha_q8": In(9),
+                # time
+                "tick": In(1),
+                "now": Out(TICK_BITS),
+                # inputs
+                "ev": In(stream.Signature(event_layout(p))),
+                "i": In(element_stream(p.w_wire, p.lanes)),
+                # means of ended phases
+                "o": Out(element_stream(p.w_wire, p.lanes)),
+                "o_op": Out(32),
+                "o_index": Out(range(self.npk_max)),
+                "o_count": Out(range(p.n_max + 1)),
+                # phase ends
+                "end_valid": Out(1),
+                "end_op": Out(32),
+                "end_reason": Out(Reason),
+                "end_tick": Out(TICK_BITS),
+                "end_timeout": Out(32),
+                "end_received": Out(range(self.rows_max * p.n_max + 1)),
+                "end_expected": Out(range(self.rows_max * p.n_max + 1)),
+                # status
+                "timeout": Out(32),
+                "own_tc": Out(TC_BITS),
+                "cnt_rx": Out(32),
+                "cnt_duplicate": Out(32),
+                "cnt_late": Out(32),
+            }
+        )
+
+    def elaborate(self, platform):
+        p = self.p
+        m = Module()
+        n_ctx, rows_max, beats, n_max = self.n_ctx, self.rows_max, self.beats, p.n_max
+        cb, rb, bb, sb = _bits(n_ctx), _bits(rows_max), _bits(beats), _bits(n_max)
+        K = p.ops_in_flight
+        w_acc, lanes = p.w_acc, p.lanes
+        n_cnt = range(n_max + 1)
+        rcv_shape = range(rows_max + 1)
+        tot_shape = range(rows_max * n_max + 1)
+
+        # ---- time ------------------------------------------------------------------
+        now = Signal(TICK_BITS)
+        pend = Signal(16)  # strobes not yet applied
+        consume = Signal()
+        m.d.sync += pend.eq(pend + self.tick - consume)
+        m.d.comb += self.now.eq(now)
+
+        # ---- t_C and T ---------------------------------------------------------------
+        m.submodules.tc = tc = TcEstimator(p)
+        m.d.comb += [tc.world.eq(self.world), tc.rank.eq(self.rank), tc.t_b.eq(self.t_b)]
+        T = tc.timeout
+        idle = idle_gap(m, self.alpha_q8, T)
+        m.d.comb += [self.timeout.eq(T), self.own_tc.eq(tc.own_tc)]
+
+        # ---- per-op contexts (registers) ----------------------------------------------
+        def regs(name, shape):
+            return Array(Signal(shape, name=f"{name}{k}") for k in range(n_ctx))
+
+        c_valid, c_started, c_ended = regs("valid", 1), regs("started", 1), regs("ended", 1)
+        c_op = regs("op", 32)
+        c_mine = regs("mine", rcv_shape)
+        c_start, c_anchor = regs("start", TICK_BITS), regs("anchor", TICK_BITS)
+        c_has_arr, c_last_arr = regs("has_arr", 1), regs("last_arr", TICK_BITS)
+        c_last_gone = regs("last_gone", TICK_BITS)
+        c_recv, c_exp = regs("recv", tot_shape), regs("exp", tot_shape)
+        c_unflag, c_owing = regs("unflag", n_cnt), regs("owing", n_cnt)
+
+        # per-context end evaluation, registered (the FSM settles after a change)
+        due = Array(Signal(name=f"due{k}") for k in range(n_ctx))
+        due_end = Array(Signal(TICK_BITS, name=f"due_end{k}") for k in range(n_ctx))
+        due_reason = Array(Signal(Reason, name=f"due_reason{k}") for k in range(n_ctx))
+        for k in range(n_ctx):
+            pt = PhaseTimer()
+            m.submodules[f"timer{k}"] = pt
+            m.d.comb += [
+                pt.active.eq(c_valid[k] & c_started[k] & ~c_ended[k]),
+                pt.start.eq(c_start[k]),
+                pt.anchor.eq(c_anchor[k]),
+                pt.has_arrival.eq(c_has_arr[k]),
+                pt.last_arrival.eq(c_last_arr[k]),
+                pt.last_gone.eq(c_last_gone[k]),
+                pt.all_in.eq(c_recv[k] == c_exp[k]),
+                pt.in_or_gone.eq(c_owing[k] == 0),
+                pt.all_flagged.eq(c_unflag[k] == 0),
+                pt.timeout.eq(T),
+                pt.idle.eq(idle),
+                pt.floor.eq(tc.floor),
+                pt.now.eq(now),
+            ]
+            m.d.sync += [
+                due[k].eq(pt.due),
+                due_end[k].eq(pt.end_tick),
+                due_reason[k].eq(pt.reason),
+            ]
+
+        # ---- memories ---------------------------------------------------------------
+        m.submodules.acc = acc = Memory(
+            shape=unsigned(lanes * w_acc), depth=n_ctx * (1 << rb) * (1 << bb), init=[]
+        )
+        acc_rd, acc_wr = acc.read_port(), acc.write_port()
+        bm_layout = data.StructLayout({"bits": n_max, "count": n_cnt})
+        m.submodules.bitmap = bm = Memory(shape=bm_layout, depth=n_ctx * (1 << rb), init=[])
+        bm_rd, bm_wr = bm.read_port(), bm.write_port()
+        peer_layout = data.StructLayout({"rcv": rcv_shape, "flagged": 1, "gone": 1})
+        m.submodules.peers = pm = Memory(shape=peer_layout, depth=n_ctx * (1 << sb), init=[])
+        pm_rd, pm_wr = pm.read_port(), pm.write_port()
+
+        # ---- the event being handled ----------------------------------------------------
+        ev = Signal(event_layout(p))
+        ev_now = Signal(TICK_BITS)
+        c = Signal(cb)
+        m.d.comb += c.eq(ev.op_id[:cb])
+
+        # readout queue (context indices, in end order)
+        q = Array(Signal(cb, name=f"q{k}") for k in range(n_ctx))
+        q_head, q_tail = Signal(cb), Signal(cb)
+        q_n = Signal(range(n_ctx + 1))
+        q_push, q_pop = Signal(), Signal()
+        q_in = Signal(cb)
+        with m.If(q_push):
+            m.d.sync += [q[q_tail].eq(q_in), q_tail.eq(q_tail + 1)]
+        with m.If(q_pop):
+            m.d.sync += q_head.eq(q_head + 1)
+        m.d.sync += q_n.eq(q_n + q_push - q_pop)
+        ro_busy = Signal()
+
+        # counters
+        cnt_rx, cnt_dup, cnt_late = Signal(32), Signal(32), Signal(32)
+        m.d.comb += [
+            self.cnt_rx.eq(cnt_rx),
+            self.cnt_duplicate.eq(cnt_dup),
+            self.cnt_late.eq(cnt_late),
+        ]
+
+        # divider (restoring, one quotient bit per cycle): num // world
+        qbits = _bits(self.npk_max + 1)
+        div_num = Signal(qbits)
+        div_rem = Signal(qbits + 1)
+        div_q = Signal(qbits)
+        div_k = Signal(range(qbits + 1))
+        div_go = Signal()
+        div_in = Signal(qbits)
+        div_busy = Signal()  # div_q is valid while low
+        mine_pending = Signal()  # the division in flight is the context's slot count
+        row = Signal(rb)
+        with m.If(div_go):
+            m.d.sync += [
+                div_num.eq(div_in),
+                div_rem.eq(0),
+                div_k.eq(qbits),
+                div_busy.eq(1),
+            ]
+        with m.Elif(div_busy):
+            rem2 = Cat(div_num[qbits - 1], div_rem[:qbits])
+            ge = rem2 >= self.world
+            m.d.sync += [
+                div_rem.eq(Mux(ge, rem2 - self.world, rem2)),
+                div_q.eq(Cat(ge, div_q[: qbits - 1])),
+                div_num.eq(div_num << 1),
+                div_k.eq(div_k - 1),
+            ]
+            with m.If(div_k == 1):
+                m.d.sync += div_busy.eq(0)
+
+        # firing
+        fire_c = Signal(cb)
+        ret_post = Signal()
+        settle = Signal()  # the registered end evaluation reflects the current state
+        post_b = Signal()  # POST has done the older ops; next, the event's own op
+        accepted = Signal()  # the scatter frame was added (not late, not a duplicate)
+        gone_c = Signal(range(n_ctx + 1))
+        n_clear = max(n_max, rows_max)
+        clr = Signal(range(n_clear + 1))
+        drop = Signal()
+        beat = Signal(bb)
+        # accumulate stage: the read issued last cycle, added and written now
+        acc_v = Signal()
+        fresh = Signal()
+        acc_addr = Signal(len(acc_wr.addr))
+        acc_vals = Signal(data.ArrayLayout(signed(p.w_wire), lanes))
+
+        # selection of the next phase to end: IDLE by (end, op), POST by op among op <= ev's
+        def pick(eligible):
+            found = Signal(name="pick_found")
+            best = Signal(cb, name="pick_idx")
+            best_t = Signal(TICK_BITS, name="pick_t")
+            best_op = Signal(32, name="pick_op")
+            for k in range(n_ctx):
+                ok = eligible(k)
+                better = (
+                    ~found | (due_end[k] < best_t) | ((due_end[k] == best_t) & (c_op[k] < best_op))
+                )
+                f2 = Signal(name=f"pf{k}")
+                b2 = Signal(cb, name=f"pb{k}")
+                t2 = Signal(TICK_BITS, name=f"pt{k}")
+                o2 = Signal(32, name=f"po{k}")
+                m.d.comb += [f2.eq(found), b2.eq(best), t2.eq(best_t), o2.eq(best_op)]
+                with m.If(ok & better):
+                    m.d.comb += [f2.eq(1), b2.eq(k), t2.eq(due_end[k]), o2.eq(c_op[k])]
+                found, best, best_t, best_op = f2, b2, t2, o2
+            return found, best
+
+        idle_found, idle_pick = pick(lambda k: due[k])
+
+        # POST, first: the ops the event's sender has finished (op <= ev.op_id - K), as
+        # NicModel._peer_progress ends them, in op order (end ticks are all <= now there)
+        def pick_op():
+            found = Const(0)
+            best = Const(0, cb)
+            best_op = Const(0, 32)
+            for k in range(n_ctx):
+                ok = due[k] & ((c_op[k] + K) <= ev.op_id)
+                better = ~found | (c_op[k] < best_op)
+                f2 = Signal(name=f"qf{k}")
+                b2 = Signal(cb, name=f"qb{k}")
+                o2 = Signal(32, name=f"qo{k}")
+                m.d.comb += [f2.eq(found), b2.eq(best), o2.eq(best_op)]
+                with m.If(ok & better):
+                    m.d.comb += [f2.eq(1), b2.eq(k), o2.eq(c_op[k])]
+                found, best, best_op = f2, b2, o2
+            return found, best
+
+        post_found, post_pick = pick_op()
+
+        # end report (one-cycle strobe)
+        m.d.sync += self.end_valid.eq(0)
+
+        n_pk = Signal(range(self.npk_max + 1))
+        m.d.comb += n_pk.eq(
+            ((ev.op_len + (p.b - 1)) >> p.log2_b) << (p.log2_b - (p.p.bit_length() - 1))
+        )
+        in_payload = Signal()
+
+        with m.FSM() as fsm:
+            with m.State("IDLE"):
+                with m.If(pend != 0):
+                    m.d.comb += consume.eq(1)
+                    m.d.sync += [now.eq(now + 1), settle.eq(0), ret_post.eq(0)]
+                    m.next = "SETTLE"
+                with m.Elif(idle_found):
+                    m.d.sync += [fire_c.eq(idle_pick), ret_post.eq(0)]
+                    m.next = "FIRE"
+                with m.Elif(~ro_busy & (q_n == 0)), m.If(self.ev.valid):
+                    m.d.sync += [
+                        ev.eq(self.ev.payload),
+                        ev_now.eq(now),
+                        post_b.eq(0),
+                        accepted.eq(0),
+                    ]
+                    m.next = "LOOKUP"
+
+            with m.State("LOOKUP"):
+                with m.If(~c_valid[c] | (c_op[c] != ev.op_id)):
+                    # claim the context: its previous op is done (and read out)
+                    m.d.sync += [
+                        c_valid[c].eq(1),
+                        c_op[c].eq(ev.op_id),
+                        c_started[c].eq(0),
+                        c_ended[c].eq(0),
+                        c_has_arr[c].eq(0),
+                        c_last_arr[c].eq(0),
+                        c_last_gone[c].eq(0),
+                        c_start[c].eq(0),
+                        c_anchor[c].eq(0),
+                        c_recv[c].eq(0),
+                        clr.eq(0),
+                    ]
+                    # slots owned: (n_packets - 1 - rank) // world + 1, divided while clearing
+                    m.d.sync += mine_pending.eq(n_pk > self.rank)
+                    m.d.comb += [div_go.eq(n_pk > self.rank), div_in.eq(n_pk - 1 - self.rank)]
+                    m.next = "CLEAR"
+                with m.Else():
+                    m.next = "DISPATCH"
+
+            with m.State("CLEAR"):  # the context's per-sender table and slot bitmaps
+                m.d.comb += [
+                    pm_wr.addr.eq(Cat(clr[:sb], c)),
+                    pm_wr.en.eq(clr < n_max),
+                    pm_wr.data.eq(0),
+                    bm_wr.addr.eq(Cat(clr[:rb], c)),
+                    bm_wr.en.eq(clr < rows_max),
+                    bm_wr.data.eq(0),
+                ]
+                m.d.sync += clr.eq(clr + 1)
+                with m.If(clr == n_clear - 1):
+                    m.next = "MINE"
+
+            with m.State("MINE"), m.If(~div_busy):
+                mine = Mux(mine_pending, div_q + 1, 0)
+                senders = Mux(mine != 0, self.world - 1, 0)
+                m.d.sync += [
+                    c_mine[c].eq(mine),
+                    c_exp[c].eq(mine * (self.world - 1)),
+                    c_unflag[c].eq(senders),
+                    c_owing[c].eq(senders),
+                ]
+                m.next = "DISPATCH"
+
+            with m.State("DISPATCH"), m.Switch(ev.kind):
+                with m.Case(Kind.SCATTER):
+                    m.d.comb += [div_go.eq(1), div_in.eq(ev.pkt_index)]  # its slot row
+                    m.next = "TC"
+                with m.Case(Kind.GATHER):
+                    m.d.sync += gone_c.eq(0)
+                    m.next = "GONE_RD"
+                with m.Case(Kind.OWN):
+                    m.d.comb += [div_go.eq(1), div_in.eq(ev.pkt_index)]
+                    m.next = "ROW_WAIT"
+                with m.Case(Kind.START):
+                    m.d.sync += [
+                        c_started[c].eq(1),
+                        c_start[c].eq(ev_now),
+                        c_anchor[c].eq(ev_now),
+                        settle.eq(0),
+                    ]
+                    m.next = "POST"
+
+            with m.State("TC"):  # the sender's piggybacked t_C (frames past check 28)
+                m.d.comb += [
+                    tc.update.valid.eq(1),
+                    tc.update.payload.rank.eq(ev.sender),
+                    tc.update.payload.value.eq(ev.t_c),
+                    tc.update.payload.at.eq(ev_now),
+                ]
+                with m.If(tc.update.ready):
+                    m.d.sync += gone_c.eq(0)
+                    m.next = "GONE_RD"
+
+            # peer progress: the sender has finished every op <= ev.op_id - K
+            gone_hit = Signal()
+            gk = gone_c[:cb]
+            m.d.comb += gone_hit.eq(
+                (gone_c < n_ctx)
+                & c_valid[gk]
+                & ~c_ended[gk]
+                & (c_mine[gk] != 0)
+                & (ev.sender != self.rank)
+                & ((c_op[gk] + K) <= ev.op_id)
+            )
+            with m.State("GONE_RD"):
+                m.d.comb += pm_rd.addr.eq(Cat(ev.sender[:sb], gk))
+                with m.If(gone_c == n_ctx):
+                    with m.If(ev.kind == Kind.SCATTER):
+                        m.next = "LATE"
+                    with m.Else():
+                        m.d.sync += settle.eq(0)
+                        m.next = "POST"
+                with m.Elif(gone_hit):
+                    m.next = "GONE_WR"
+                with m.Else():
+                    m.d.sync += gone_c.eq(gone_c + 1)
+            with m.State("GONE_WR"):
+                old = pm_rd.data
+                with m.If(~old.gone):
+                    m.d.comb += [
+                        pm_wr.addr.eq(Cat(ev.sender[:sb], gk)),
+                        pm_wr.en.eq(1),
+                        pm_wr.data.rcv.eq(old.rcv),
+                        pm_wr.data.flagged.eq(old.flagged),
+                        pm_wr.data.gone.eq(1),
+                    ]
+                    m.d.sync += c_last_gone[gk].eq(ev_now)
+                    with m.If(old.rcv < c_mine[gk]):
+                        m.d.sync += c_owing[gk].eq(c_owing[gk] - 1)
+                m.d.sync += gone_c.eq(gone_c + 1)
+                m.next = "GONE_RD"
+
+            with m.State("LATE"):
+                with m.If(c_ended[c]):
+                    m.d.sync += [cnt_late.eq(cnt_late + 1), drop.eq(1), beat.eq(0)]
+                    m.next = "PAYLOAD"
+                with m.Else():
+                    m.next = "ROW_WAIT"
+
+            with m.State("ROW_WAIT"), m.If(~div_busy):
+                m.d.comb += [
+                    bm_rd.addr.eq(Cat(div_q[:rb], c)),
+                    pm_rd.addr.eq(Cat(ev.sender[:sb], c)),
+                ]
+                m.d.sync += row.eq(div_q)
+                m.next = "ROW_CHECK"
+
+            with m.State("ROW_CHECK"):
+                bits = bm_rd.data.bits
+                who = Mux(ev.kind == Kind.OWN, self.rank, ev.sender)
+                # a slot's first contribution overwrites: the accumulators need no clearing
+                m.d.sync += [drop.eq(0), beat.eq(0), fresh.eq(bm_rd.data.count == 0)]
+                with m.If((ev.kind == Kind.SCATTER) & bits.bit_select(who, 1)):
+                    m.d.sync += [cnt_dup.eq(cnt_dup + 1), drop.eq(1)]
+                with m.Else():
+                    m.d.comb += [
+                        bm_wr.addr.eq(Cat(row, c)),
+                        bm_wr.en.eq(1),
+                        bm_wr.data.bits.eq(bits | (Const(1, 1) << who)),
+                        bm_wr.data.count.eq(bm_rd.data.count + 1),
+                    ]
+                    with m.If(ev.kind == Kind.SCATTER):
+                        old = pm_rd.data
+                        rcv1 = old.rcv + 1
+                        m.d.comb += [
+                            pm_wr.addr.eq(Cat(ev.sender[:sb], c)),
+                            pm_wr.en.eq(1),
+                            pm_wr.data.rcv.eq(rcv1),
+                            pm_wr.data.flagged.eq(old.flagged | ev.last),
+                            pm_wr.data.gone.eq(old.gone),
+                        ]
+                        m.d.sync += [
+                            accepted.eq(1),
+                            cnt_rx.eq(cnt_rx + 1),
+                            c_recv[c].eq(c_recv[c] + 1),
+                            c_last_arr[c].eq(ev_now),
+                            c_has_arr[c].eq(1),
+                        ]
+                        with m.If(ev.last & ~old.flagged):
+                            m.d.sync += c_unflag[c].eq(c_unflag[c] - 1)
+                        with m.If((rcv1 == c_mine[c]) & ~old.gone):
+                            m.d.sync += c_owing[c].eq(c_owing[c] - 1)
+                m.next = "PAYLOAD"
+
+            with m.State("PAYLOAD"):
+                m.d.comb += [in_payload.eq(1), self.i.ready.eq(1)]
+                # the context changed before the payload: the end evaluation settles meanwhile
+                m.d.sync += settle.eq(~tc.busy)
+                with m.If(self.i.valid):
+                    m.d.sync += beat.eq(beat + 1)
+                    with m.If(beat == beats - 1):
+                        m.next = "POST"
+
+            # end what the event made due, in the model's order: the ops its sender is done
+            # with (_peer_progress), then the event's own op (_progress after an accepted
+            # frame or a start), then the rest by (end tick, op) in IDLE (advance)
+            own_due = c_valid[c] & (c_op[c] == ev.op_id) & due[c]
+            own_ok = (
+                (ev.kind == Kind.START)
+                | (ev.kind == Kind.GATHER)
+                | ((ev.kind == Kind.SCATTER) & accepted)
+            )
+            peer_ev = (ev.kind == Kind.SCATTER) | (ev.kind == Kind.GATHER)
+            with m.State("POST"):
+                with m.If(tc.busy):
+                    m.d.sync += settle.eq(0)
+                with m.Elif(~settle):
+                    m.d.sync += settle.eq(1)
+                with m.Elif(~post_b):
+                    with m.If(peer_ev & post_found):
+                        m.d.sync += [fire_c.eq(post_pick), ret_post.eq(1)]
+                        m.next = "FIRE"
+                    with m.Else():
+                        m.d.sync += post_b.eq(1)
+                with m.Elif(own_ok & own_due):
+                    m.d.sync += [fire_c.eq(c), ret_post.eq(1)]
+                    m.next = "FIRE"
+                with m.Else():
+                    m.d.sync += ret_post.eq(0)
+                    m.next = "IDLE"
+
+            with m.State("FIRE"):
+                f = fire_c
+                reason = due_reason[f]
+                end_t = due_end[f]
+                m.d.sync += [
+                    c_ended[f].eq(1),
+                    self.end_valid.eq(1),
+                    self.end_op.eq(c_op[f]),
+                    self.end_reason.eq(reason),
+                    self.end_tick.eq(end_t),
+                    self.end_timeout.eq(T),
+                    self.end_received.eq(c_recv[f]),
+                    self.end_expected.eq(c_exp[f]),
+                    settle.eq(0),
+                ]
+                m.d.comb += [q_push.eq(c_mine[f] != 0), q_in.eq(f)]
+                # the completion-time sample for t_C (PhaseTracker.finish)
+                sample = Signal(TICK_BITS)
+                has_sample = Signal()
+                with m.If(reason == Reason.DEADLINE):
+                    m.d.comb += [has_sample.eq(1), sample.eq(end_t - c_start[f])]
+                with m.Elif(c_has_arr[f] & (c_last_arr[f] > c_start[f])):
+                    m.d.comb += [has_sample.eq(1), sample.eq(c_last_arr[f] - c_start[f])]
+                m.d.comb += [
+                    tc.sample.valid.eq(has_sample),
+                    tc.sample.payload.value.eq(sample),
+                    tc.sample.payload.at.eq(end_t),
+                ]
+                # the estimator is idle here (every path to FIRE waits for it)
+                with m.If(ret_post):
+                    m.next = "POST"
+                with m.Else():
+                    m.next = "SETTLE"
+
+            with m.State("SETTLE"), m.If(~tc.busy):  # the end evaluation catches up
+                m.next = "IDLE"
+
+        m.d.comb += self.ev.ready.eq(
+            fsm.ongoing("IDLE") & ~(pend != 0) & ~idle_found & ~ro_busy & (q_n == 0)
+        )
+
+        # ---- accumulate: read-modify-write, one beat per cycle -----------------------
+        m.d.sync += acc_v.eq(0)
+        with m.If(in_payload & self.i.valid):
+            m.d.comb += acc_rd.addr.eq(Cat(beat, row, c))
+            m.d.sync += [
+                acc_v.eq(~drop),
+                acc_addr.eq(Cat(beat, row, c)),
+                acc_vals.eq(self.i.payload.data),
+            ]
+        with m.If(acc_v):
+            m.d.comb += [acc_wr.addr.eq(acc_addr), acc_wr.en.eq(1)]
+            for k in range(lanes):
+                old = Mux(fresh, 0, acc_rd.data[k * w_acc : (k + 1) * w_acc].as_signed())
+                m.d.comb += acc_wr.data[k * w_acc : (k + 1) * w_acc].eq(old + acc_vals[k])
+
+        # ---- readout: means of an ended op, through the reciprocal table -------------
+        table = reciprocal_table(p)
+        s_shift = reciprocal_shift(p)
+        rec_w = max(table).bit_length()
+        recips = Array(Const(v, rec_w) for v in table)
+        ro_c = Signal(cb)
+        ro_row = Signal(rb + 1)
+        ro_beat = Signal(bb + 1)
+        ro_idx = Signal(range(self.npk_max + p.n_max + 1))
+        ro_n = Signal(n_cnt)
+        ro_rec = Signal(rec_w)
+        adv = Signal()
+        m.d.comb += adv.eq(~self.o.valid | self.o.ready)
+
+        issue = Signal()
+        # pipeline stages: 1 (memory output), 2 (|S|), 3 (product), then o
+        stage = data.StructLayout(
+            {
+                "v": 1,
+                "first": 1,
+                "last": 1,
+                "n": n_cnt,
+                "rec": rec_w,
+                "op": 32,
+                "idx": range(self.npk_max),
+            }
+        )
+        s1, s2, s3 = Signal(stage), Signal(stage), Signal(stage)
+        num2 = [Signal(w_acc + 2, name=f"num2_{k}") for k in range(lanes)]
+        neg2 = [Signal(name=f"neg2_{k}") for k in range(lanes)]
+        prod3 = [Signal(w_acc + 2 + rec_w, name=f"prod3_{k}") for k in range(lanes)]
+        neg3 = [Signal(name=f"neg3_{k}") for k in range(lanes)]
+
+        with m.FSM() as ro:
+            with m.State("IDLE"), m.If((q_n != 0) & ~in_payload):
+                m.d.comb += q_pop.eq(1)
+                m.d.sync += [ro_c.eq(q[q_head]), ro_row.eq(0), ro_idx.eq(self.rank)]
+                m.next = "ROW"
+            with m.State("ROW"):
+                with m.If(ro_row == c_mine[ro_c]):
+                    m.next = "IDLE"
+                with m.Else():
+                    m.d.comb += bm_rd.addr.eq(Cat(ro_row[:rb], ro_c))
+                    m.next = "COUNT"
+            with m.State("COUNT"):
+                m.d.sync += [
+                    ro_n.eq(bm_rd.data.count),
+                    ro_rec.eq(recips[bm_rd.data.count]),
+                    ro_beat.eq(0),
+                ]
+                m.next = "STREAM"
+            with m.State("STREAM"), m.If(adv):
+                m.d.comb += issue.eq(1)
+                m.d.sync += ro_beat.eq(ro_beat + 1)
+                with m.If(ro_beat == beats - 1):
+                    m.d.sync += [ro_row.eq(ro_row + 1), ro_idx.eq(ro_idx + self.world)]
+                    m.next = "ROW"
+        m.d.comb += ro_busy.eq(~ro.ongoing("IDLE"))
+
+        addr = Cat(ro_beat[:bb], ro_row[:rb], ro_c)
+        with m.If(~in_payload):
+            m.d.comb += acc_rd.en.eq(adv)
+            with m.If(issue):
+                m.d.comb += acc_rd.addr.eq(addr)
+        with m.If(adv):
+            m.d.sync += [
+                s1.v.eq(issue),
+                s1.first.eq(ro_beat == 0),
+                s1.last.eq(ro_beat == beats - 1),
+                s1.n.eq(ro_n),
+                s1.rec.eq(ro_rec),
+                s1.op.eq(c_op[ro_c]),
+                s1.idx.eq(ro_idx),
+                s2.eq(s1),
+                s3.eq(s2),
+                self.o.valid.eq(s3.v),
+                self.o.payload.first.eq(s3.first),
+                self.o.payload.last.eq(s3.last),
+                self.o_op.eq(s3.op),
+                self.o_index.eq(s3.idx),
+                self.o_count.eq(s3.n),
+            ]
+            for k in range(lanes):
+                sv = acc_rd.data[k * w_acc : (k + 1) * w_acc].as_signed()
+                mag = Mux(sv < 0, -sv, sv)
+                m.d.sync += [
+                    num2[k].eq((mag << 1) + s1.n),
+                    neg2[k].eq(sv < 0),
+                    prod3[k].eq(num2[k] * s2.rec),
+                    neg3[k].eq(neg2[k]),
+                ]
+                q_mag = prod3[k] >> s_shift
+                m.d.sync += self.o.payload.data[k].eq(Mux(neg3[k], -q_mag, q_mag))
+        return m

@@ -1,0 +1,179 @@
+"""t_C of phase 1: this node's integer EWMA estimator and the world's median consensus.
+
+Models `host/deadline.py`: `TcEstimator.sample` (own t_C) and `agreed_timeout`
+(T = min(lower median of the world's t_C table, t_B)), as `NicModel` keeps them
+for phase 1 (`_set_tc`, `_timeout`, `_t_change`).
+
+The median is kept by incremental rank counters instead of sorting: every entry j
+of the table has a rank, its position in the order of the keys (value, j) (the
+index breaks ties, so ranks are a permutation). When entry r changes from `old` to
+`new`, each other entry's rank moves by at most one, by two comparisons, and r's
+new rank is the number of keys below (new, r). One entry per cycle: an update takes
+`world` cycles, with one comparator pair and a mux, whatever n_max is. Entries
+j >= world never move and rank above every live one (they keep their reset ranks).
+The median register is the value whose rank is (world - 1) // 2, so T is valid in
+every cycle in which `busy` is low. `floor` is the tick of the last table change
+(the model's `_t_change`): a deadline that moved into the past ends the phase there.
+"""
+
+from __future__ import annotations
+
+from amaranth import Array, Cat, Module, Mux, Signal, signed
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from optireduce.hw.deadline import TICK_BITS
+from optireduce.params import NicParams
+
+TC_BITS = 32  # t_c_us is a 32-bit header field
+
+
+def tc_update_layout(p: NicParams) -> data.StructLayout:
+    """One table write: rank, its new t_C, and the tick it happened."""
+    return data.StructLayout({"rank": range(p.n_max), "value": TC_BITS, "at": TICK_BITS})
+
+
+def tc_sample_layout() -> data.StructLayout:
+    """One completion-time sample of this node's phase 1, and the tick of the phase end."""
+    return data.StructLayout({"value": TICK_BITS, "at": TICK_BITS})
+
+
+class TcEstimator(wiring.Component):
+    """Own t_C (EWMA) + the world's t_C table + live T = min(lower median, t_B).
+
+    Ports: `update` (a peer's piggybacked t_C), `sample` (own phase-1 duration);
+    both are taken only when `busy` is low (their `ready`). `world`, `rank`, `t_b`
+    are static configuration (change them only in reset). Reset value of every
+    t_C: `NicParams.t_c_init`.
+    """
+
+    # not a stream block: an update is in T after at most world + 2 cycles (busy low again),
+    # a sample after world + 3
+    LATENCY = 0
+
+    def __init__(self, p: NicParams) -> None:
+        self.p = p
+        super().__init__(
+            {
+                "world": In(range(p.n_max + 1)),
+                "rank": In(range(p.n_max)),
+                "t_b": In(32),
+                "update": In(stream.Signature(tc_update_layout(p))),
+                "sample": In(stream.Signature(tc_sample_layout())),
+                "busy": Out(1),
+                "timeout": Out(TC_BITS),  # T, valid while busy is low
+                "median": Out(TC_BITS),
+                "own_tc": Out(TC_BITS),  # what this node's packets carry
+                "floor": Out(TICK_BITS),
+            }
+        )
+
+    def elaborate(self, platform):
+        p = self.p
+        m = Module()
+        n = p.n_max
+        init = p.t_c_init
+        vals = Array(Signal(TC_BITS, init=init, name=f"tc{j}") for j in range(n))
+        ranks = Array(Signal(range(n), init=j, name=f"rank{j}") for j in range(n))
+        med = Signal(TC_BITS, init=init)
+        floor = Signal(TICK_BITS)
+
+        # EWMA state: widths cover mean + 16 * dev of 48-bit samples without overflow
+        wide = TICK_BITS + 8
+        mean = Signal(signed(wide))
+        dev = Signal(signed(wide))
+        have = Signal()  # a first sample was taken (the model's mean is not None)
+        own = Signal(TC_BITS, init=init)
+
+        # one table write in progress
+        r = Signal(range(n))
+        new = Signal(TC_BITS)
+        old = Signal(TC_BITS)
+        at = Signal(TICK_BITS)
+        j = Signal(range(n + 1))
+        below = Signal(range(n + 1))  # keys below (new, r) so far
+        k_med = Signal(range(n))
+        m.d.comb += k_med.eq((self.world - 1) >> 1)
+
+        m.d.comb += [
+            self.median.eq(med),
+            self.timeout.eq(Mux(med < self.t_b, med, self.t_b)),
+            self.own_tc.eq(own),
+            self.floor.eq(floor),
+        ]
+
+        def key_lt(va, ia, vb, ib):
+            return (va < vb) | ((va == vb) & (ia < ib))
+
+        smp = Signal(TICK_BITS)
+        with m.FSM() as fsm:
+            with m.State("IDLE"):
+                m.d.comb += [self.update.ready.eq(1), self.sample.ready.eq(~self.update.valid)]
+                with m.If(self.update.valid):
+                    m.d.sync += [
+                        r.eq(self.update.payload.rank),
+                        new.eq(self.update.payload.value),
+                        at.eq(self.update.payload.at),
+                    ]
+                    m.next = "CHECK"
+                with m.Elif(self.sample.valid):
+                    m.d.sync += [smp.eq(self.sample.payload.value), at.eq(self.sample.payload.at)]
+                    m.next = "EWMA"
+            with m.State("EWMA"):
+                err = Signal(signed(wide + 1))
+                mean_n = Signal(signed(wide))
+                dev_n = Signal(signed(wide))
+                tc_w = Signal(signed(wide + 6))
+                m.d.comb += err.eq(smp - mean)
+                with m.If(~have):
+                    m.d.comb += [mean_n.eq(smp), dev_n.eq(smp >> 1)]
+                with m.Else():
+                    abs_err = Mux(err < 0, -err, err)
+                    m.d.comb += [
+                        mean_n.eq(mean + (err >> p.tc_gain_shift)),
+                        dev_n.eq(dev + ((abs_err - dev) >> p.tc_dev_shift)),
+                    ]
+                m.d.comb += tc_w.eq(mean_n + dev_n * p.tc_dev_mult)
+                tc_c = Mux(tc_w < 1, 1, Mux(tc_w > self.t_b, self.t_b, tc_w))
+                m.d.sync += [
+                    mean.eq(mean_n),
+                    dev.eq(dev_n),
+                    have.eq(1),
+                    own.eq(tc_c[:TC_BITS]),
+                    new.eq(tc_c[:TC_BITS]),
+                    r.eq(self.rank),
+                ]
+                m.next = "CHECK"
+            with m.State("CHECK"):
+                # only a change moves the ranks and the floor (the model's _set_tc)
+                m.d.sync += [old.eq(vals[r]), j.eq(0), below.eq(0)]
+                with m.If(vals[r] == new):
+                    m.next = "IDLE"
+                with m.Else():
+                    m.next = "SCAN"
+            with m.State("SCAN"):
+                vj = vals[j]
+                rj = ranks[j]
+                with m.If(j < self.world):
+                    with m.If(j != r):
+                        was = key_lt(old, r, vj, j)  # r was below j
+                        now_ = key_lt(new, r, vj, j)  # r is below j
+                        rj_n = Signal(range(n))
+                        m.d.comb += rj_n.eq(rj + now_ - was)
+                        m.d.sync += ranks[j].eq(rj_n)
+                        m.d.sync += below.eq(below + key_lt(vj, j, new, r))
+                        with m.If(rj_n == k_med):
+                            m.d.sync += med.eq(vj)
+                    m.d.sync += j.eq(j + 1)
+                with m.Else():
+                    m.next = "COMMIT"
+            with m.State("COMMIT"):
+                m.d.sync += [vals[r].eq(new), ranks[r].eq(below), floor.eq(at)]
+                with m.If(below == k_med):
+                    m.d.sync += med.eq(new)
+                m.next = "IDLE"
+        # a request in flight already makes T stale
+        m.d.comb += self.busy.eq(
+            ~fsm.ongoing("IDLE") | Cat(self.update.valid, self.sample.valid).any()
+        )
+        return m

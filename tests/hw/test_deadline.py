@@ -1,0 +1,145 @@
+"""Deadline rules (hw/deadline.py) and t_C consensus (hw/tc_estimator.py) vs host/deadline.py."""
+
+import numpy as np
+import pytest
+from amaranth.sim import Simulator
+
+from optireduce.host.deadline import PhaseTracker, TcEstimator, agreed_timeout
+from optireduce.hw.deadline import REASON_NAMES, PhaseTimer, Reason
+from optireduce.hw.tc_estimator import TcEstimator as TcEstimatorHw
+from optireduce.params import NicParams
+
+
+def _run(dut, bench, clock: bool = True) -> None:
+    sim = Simulator(dut)
+    if clock:
+        sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+
+
+def _random_tracker(rng: np.random.Generator):
+    """A PhaseTracker in a random reachable state, and (now, T, floor, alpha)."""
+    world = int(rng.integers(2, 6))
+    mine = int(rng.integers(0, 4))
+    exp = np.full(world, mine)
+    exp[int(rng.integers(world))] = 0
+    alpha = int(rng.choice([1, 64, 256, int(rng.integers(1, 257))]))
+    ph = PhaseTracker(exp, alpha)
+    t = int(rng.integers(0, 50))
+    begun = rng.random() < 0.9
+    begin_at = t + int(rng.integers(0, 30))
+    for s in range(world):
+        k = int(rng.integers(0, exp[s] + 1)) if rng.random() < 0.8 else int(exp[s])
+        for i in range(k):
+            t += int(rng.integers(0, 20))
+            ph.arrive(t, s, last=i == exp[s] - 1 or rng.random() < 0.1)
+        if rng.random() < 0.25:
+            t += int(rng.integers(0, 5))
+            ph.sender_gone(t, s)
+    if begun:
+        ph.begin(begin_at, anchor=None if rng.random() < 0.7 else begin_at + int(rng.integers(9)))
+    timeout = int(rng.choice([1, 2, 40, 300, int(rng.integers(1, 500)), (1 << 32) - 1]))
+    floor = int(rng.choice([0, 0, t, int(rng.integers(0, 400))]))
+    now = max(t, begin_at) + int(rng.integers(0, 600))
+    return ph, now, timeout, floor, alpha
+
+
+def test_phase_timer_matches_phase_tracker_due():
+    rng = np.random.default_rng(1)
+    cases = [_random_tracker(rng) for _ in range(600)]
+    dut = PhaseTimer()
+
+    async def bench(ctx):
+        fired = set()
+        for ph, now, timeout, floor, alpha in cases:
+            want = ph.due(now, timeout, floor)
+            senders = ph.exp > 0
+            all_in = bool((ph.rcv >= ph.exp).all())
+            ctx.set(dut.active, ph.start is not None and ph.end is None)
+            ctx.set(dut.start, ph.start or 0)
+            ctx.set(dut.anchor, ph.anchor)
+            ctx.set(dut.has_arrival, ph.last_arrival is not None)
+            ctx.set(dut.last_arrival, ph.last_arrival or 0)
+            ctx.set(dut.last_gone, ph.last_gone)
+            ctx.set(dut.all_in, all_in)
+            ctx.set(dut.in_or_gone, bool(((ph.rcv >= ph.exp) | ph.gone).all()))
+            ctx.set(dut.all_flagged, bool(((ph.flagged & senders) == senders).all()))
+            ctx.set(dut.timeout, timeout)
+            ctx.set(dut.idle, max(1, (alpha * timeout) >> 8))
+            ctx.set(dut.floor, floor)
+            ctx.set(dut.now, now)
+            await ctx.delay(1e-9)
+            got = None
+            if ctx.get(dut.due):
+                got = (ctx.get(dut.end_tick), REASON_NAMES[Reason(ctx.get(dut.reason))])
+            assert got == want, (now, timeout, floor, vars(ph))
+            if want:
+                fired.add(want[1])
+        assert fired == {"complete", "early", "deadline"}  # every rule was exercised
+
+    _run(dut, bench, clock=False)
+
+
+@pytest.mark.parametrize("world", [2, 5, 8])
+def test_tc_estimator_and_median_match_the_model(world):
+    rng = np.random.default_rng(world)
+    t_b = int(rng.choice([500, 1000]))
+    p = NicParams(p=16, b=64, c=256, n_max=8, t_b_us=t_b)
+    rank = int(rng.integers(world))
+    est = TcEstimator(p)
+    table = np.full(world, p.t_c_init, dtype=np.int64)
+    floor = 0
+    ops = []
+    for k in range(120):
+        at = 10 * k + int(rng.integers(0, 10))
+        if rng.random() < 0.3:  # own phase end
+            s = int(rng.choice([0, 1, t_b, int(rng.integers(0, 3 * t_b)), (1 << 40) + 3]))
+            ops.append(("sample", s, at))
+        else:
+            r = int(rng.choice([j for j in range(world) if j != rank]))
+            v = int(rng.choice([1, t_b, (1 << 32) - 1, int(rng.integers(1, 30)),
+                                int(rng.integers(1, 2 * t_b))]))  # fmt: skip
+            ops.append(("update", r, v, at))
+    dut = TcEstimatorHw(p)
+
+    async def wait_idle(ctx):
+        await ctx.tick()
+        while ctx.get(dut.busy):
+            await ctx.tick()
+
+    seen = set()
+
+    async def bench(ctx):
+        nonlocal floor
+        ctx.set(dut.world, world)
+        ctx.set(dut.rank, rank)
+        ctx.set(dut.t_b, t_b)
+        await ctx.tick()
+        for op in ops:
+            if op[0] == "sample":
+                _, s, at = op
+                tc = est.sample(s)
+                if table[rank] != tc:
+                    table[rank], floor = tc, at
+                port, pl = dut.sample, {"value": s, "at": at}
+            else:
+                _, r, v, at = op
+                if table[r] != v:
+                    table[r], floor = v, at
+                port, pl = dut.update, {"rank": r, "value": v, "at": at}
+            ctx.set(port.valid, 1)
+            ctx.set(port.payload, pl)
+            while not ctx.get(port.ready):
+                await ctx.tick()
+            await ctx.tick()
+            ctx.set(port.valid, 0)
+            await wait_idle(ctx)
+            assert ctx.get(dut.own_tc) == est.tc
+            assert ctx.get(dut.median) == int(np.sort(table)[(world - 1) // 2])
+            assert ctx.get(dut.timeout) == agreed_timeout(table, t_b)
+            assert ctx.get(dut.floor) == floor
+            seen.add(ctx.get(dut.timeout))
+        assert len(seen) >= 5  # T really moved
+
+    _run(dut, bench)
