@@ -25,7 +25,7 @@ BLOCKS = (
     "block_divider",
     "dequantizer",
 )
-CHAINS = ("encode_packetize", "aggregate_decode")
+CHAINS = ("encode_packetize", "gather_decode")
 
 
 def _figures(kind: str, name: str, area: bool) -> dict:

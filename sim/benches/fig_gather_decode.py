@@ -1,4 +1,5 @@
-"""Chain figure: reduced packets -> gather buffer -> inverse FWHT -> divider -> signs ->
+"""Chain figure (the receive half of aggregate->decode; the aggregator's own readout rate is
+in fig_aggregator): reduced packets -> gather buffer -> inverse FWHT -> divider -> signs ->
 float32 (hw/decoder.py), at the default NicParams on one whole chunk C.
 
 cycles_per_element: output floats per cycle once the DRAIN is taken (no backpressure);
