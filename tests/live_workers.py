@@ -8,6 +8,22 @@ import os
 import numpy as np
 
 
+def spawn_world(fn, args: tuple, nprocs: int, timeout_s: float) -> None:
+    """Run fn(rank, *args) in nprocs spawned processes; kill them all past timeout_s."""
+    import time
+
+    import pytest
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout_s
+    while not ctx.join(timeout=1):
+        if time.monotonic() > deadline:
+            for proc in ctx.processes:
+                proc.kill()
+            pytest.fail(f"{fn.__name__}: workers did not finish within {timeout_s} s")
+
+
 def live_inputs(world: int, n: int, seed: int) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     return [(rng.standard_normal(n) * (1 + r)).astype(np.float32) for r in range(world)]

@@ -3,27 +3,13 @@
 from __future__ import annotations
 
 import json
-import time
 
-import pytest
-
-from tests.live_workers import ddp_worker
+from tests.live_workers import ddp_worker, spawn_world
 
 
 def train(tmp_path, cfg: dict, world: int = 2, timeout_s: float = 180) -> list[dict]:
-    import torch.multiprocessing as mp
-
     tmp_path.mkdir(parents=True, exist_ok=True)
-    ctx = mp.start_processes(
-        ddp_worker, args=(world, str(tmp_path), cfg), nprocs=world, join=False,
-        start_method="spawn",
-    )  # fmt: skip
-    deadline = time.monotonic() + timeout_s
-    while not ctx.join(timeout=1):
-        if time.monotonic() > deadline:
-            for proc in ctx.processes:
-                proc.kill()
-            pytest.fail(f"DDP workers did not finish within {timeout_s} s")
+    spawn_world(ddp_worker, (world, str(tmp_path), cfg), world, timeout_s)
     return [json.loads((tmp_path / f"ddp{r}.json").read_text()) for r in range(world)]
 
 

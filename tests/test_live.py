@@ -3,28 +3,15 @@
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
-import pytest
 
 from optireduce import NicParams, simulate_allreduce
-from tests.live_workers import allreduce_worker, live_inputs
+from tests.live_workers import allreduce_worker, live_inputs, spawn_world
 
 
 def run_world(tmp_path, world: int, n: int, seed: int, cfg: dict, timeout_s: float = 120):
-    import torch.multiprocessing as mp
-
-    ctx = mp.start_processes(
-        allreduce_worker, args=(world, str(tmp_path), n, seed, cfg), nprocs=world,
-        join=False, start_method="spawn",
-    )  # fmt: skip
-    deadline = time.monotonic() + timeout_s
-    while not ctx.join(timeout=1):
-        if time.monotonic() > deadline:
-            for proc in ctx.processes:
-                proc.kill()
-            pytest.fail(f"workers did not finish within {timeout_s} s")
+    spawn_world(allreduce_worker, (world, str(tmp_path), n, seed, cfg), world, timeout_s)
     outs = [np.load(tmp_path / f"out{r}.npy") for r in range(world)]
     stats = [json.loads((tmp_path / f"stats{r}.json").read_text()) for r in range(world)]
     return outs, stats
