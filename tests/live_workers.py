@@ -73,7 +73,7 @@ def ddp_worker(rank: int, world: int, tmp: str, cfg: dict) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from optireduce.host.ddp_hook import OptiReduceState, optireduce_hook
+    from optireduce import OptiReduceState, optireduce_hook
     from optireduce.host.impairment import ImpairmentSpec
 
     torch.manual_seed(0)
