@@ -75,6 +75,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
             results["rtl"] = bench_rtl(
                 area=not args.no_area, progress=lambda n: status.update(f"measuring {n}")
             )
+    elif args.what == "collective":
+        from rich.console import Console
+
+        from optireduce.host.bench_collective import bench_collective
+
+        err = Console(stderr=True)
+        with err.status("starting 4 workers on loopback") as status:
+            results["collective"] = bench_collective(quick=args.quick, progress=status.update)
     out = results[args.what] if args.what != "all" else results
     if args.json:
         print(json.dumps(out, indent=2))
@@ -130,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     b = sub.add_parser("bench", help="benchmarks, as ratios against baselines in the same run")
-    b.add_argument("what", choices=("model", "rtl", "all"), help="which figures")
+    b.add_argument("what", choices=("model", "rtl", "collective", "all"), help="which figures")
     b.add_argument("--json", action="store_true", help="print JSON")
     b.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
     b.add_argument("--no-area", action="store_true", help="rtl: skip yosys synthesis")

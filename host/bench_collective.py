@@ -1,0 +1,255 @@
+"""`optireduce bench collective`: OptiReduce against its baselines, 4 processes on loopback.
+
+All figures come from one run of `world` worker processes (torch.multiprocessing,
+spawn; a FileStore in a temporary directory; gloo on `lo`; one thread each):
+
+- **lossless**: throughput on a 16 MiB bucket (4 Mi float32) of the OptiReduce software
+  path (`SoftwareNic`, loopback-sized packets `LOOPBACK_PARAMS`, no impairment, a t_B
+  so large that no phase can time out) and of torch's gloo allreduce. Bus-bandwidth
+  convention: bucket bytes / op seconds, in GB/s (1e9 bytes/s), from the median op.
+- **tail_R** for R = P99/P50 of the injected delay (1.5 and 3): per-op latency of
+  OptiReduce, the reliable ring and reliable TAR under
+  `ImpairmentSpec(median_us=TAIL_MEDIAN_US, p99_ratio=R, loss=0)` on a smaller bucket,
+  the algorithms interleaved op by op so that machine noise hits them alike.
+  OptiReduce's t_B is calibrated first by `SoftwareNic.calibrate` over the reliable path.
+
+An op's time is the slowest rank's, each rank timing from the gloo barrier that starts
+the op to the moment it holds the result. The reliable baselines flush their acks after
+the timed part, before the next barrier.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+
+LOOPBACK_PARAMS = {"p": 4096, "b": 16384, "c": 262144}  # 16 KiB datagrams, 1 MiB ops
+LOSSLESS_ELEMENTS = 4 << 20  # 16 MiB of float32
+TAIL_ELEMENTS = 1 << 18  # 1 MiB of float32: one OptiReduce op
+TAIL_MEDIAN_US = 2000
+TAIL_RATIOS = (1.5, 3.0)
+ALGOS = ("optireduce", "reliable_ring", "reliable_tar")
+
+
+def _config(quick: bool) -> dict:
+    return {
+        "lossless_elements": (1 << 20) if quick else LOSSLESS_ELEMENTS,
+        "lossless_reps": 2 if quick else 5,
+        "tail_elements": (1 << 16) if quick else TAIL_ELEMENTS,
+        "tail_ops": 5 if quick else 100,
+        "tail_median_us": TAIL_MEDIAN_US,
+        "tail_ratios": TAIL_RATIOS,
+        "params": LOOPBACK_PARAMS,
+    }
+
+
+def _pct(v: list[float], q: float) -> float:
+    return float(np.percentile(v, q))
+
+
+def _optireduce_op(nic, x: np.ndarray) -> list:
+    return nic.allreduce(x)[1]
+
+
+def _worker(rank: int, world: int, tmp: str, cfg: dict, q) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    import torch
+    import torch.distributed as dist
+
+    from optireduce.host.baselines import (
+        gloo_allreduce_mean,
+        reliable_ring_allreduce,
+        reliable_tar_allreduce,
+    )
+    from optireduce.host.driver import select_nic, torch_exponent_agreement
+    from optireduce.host.impairment import ImpairmentSpec
+    from optireduce.host.reliable import ReliableEndpoint
+    from optireduce.host.transport import UdpTransport, addresses_from_store
+    from optireduce.params import NicParams
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=world)
+    store = dist.distributed_c10d._get_default_store()
+
+    def say(msg: str) -> None:
+        if rank == 0:
+            q.put(msg)
+
+    def slowest(times: list[float]) -> list[float]:
+        t = torch.tensor(times, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.tolist()
+
+    def transport(name: str, spec, seed: int) -> UdpTransport:
+        tr = UdpTransport(rank, impairment=spec, seed=seed)
+        prefixed = dist.PrefixStore(f"bench/{name}/", store)  # fresh keys per transport
+        tr.connect(addresses_from_store(prefixed, rank, world, tr.address))
+        return tr
+
+    def timed(fn: Callable[[], object]) -> tuple[float, object]:
+        dist.barrier()
+        t0 = time.perf_counter()
+        out = fn()
+        return time.perf_counter() - t0, out
+
+    rng = np.random.default_rng(1000 + rank)
+    res: dict = {}
+    agree = torch_exponent_agreement()
+
+    # ---- lossless throughput -----------------------------------------------------------------
+    n, reps = cfg["lossless_elements"], cfg["lossless_reps"]
+    x = rng.standard_normal(n).astype(np.float32)
+    xt = torch.from_numpy(x)
+    say(f"lossless: gloo allreduce of {4 * n >> 20} MiB")
+    gloo_t, ref = [], None
+    for k in range(reps + 1):
+        dt, ref = timed(lambda: gloo_allreduce_mean(xt))
+        if k:  # the first op pays for set-up
+            gloo_t.append(dt)
+    tr = transport("lossless", None, rank)
+    # Lossless: a phase ends only when complete (t_C floored at t_B = 5 s), so a rank that
+    # the shared cores deschedule for a while costs time, not data.
+    p = NicParams(**cfg["params"], t_b_us=5_000_000, t_c_min_us=5_000_000)
+    nic = select_nic(p, rank, world, transport=tr, agree=agree)
+    or_t, lost, out = [], 0, None
+    for k in range(reps + 1):
+        say(f"lossless: OptiReduce allreduce of {4 * n >> 20} MiB, op {k}/{reps}")
+        dt, (out, st) = timed(lambda: nic.allreduce(x))
+        lost += sum(s.lost_phase1 + s.lost_phase2 for s in st)
+        if k:
+            or_t.append(dt)
+    nic.close()
+    gloo_t, or_t = slowest(gloo_t), slowest(or_t)
+    r = ref.numpy()
+    res["lossless"] = {
+        "optireduce_gbps": 4 * n / float(np.median(or_t)) / 1e9,
+        "gloo_gbps": 4 * n / float(np.median(gloo_t)) / 1e9,
+        "bucket_bytes": 4 * n,
+        "ops": reps,
+        "optireduce_op_ms": [1e3 * t for t in or_t],
+        "gloo_op_ms": [1e3 * t for t in gloo_t],
+        "optireduce_params": {**cfg["params"], "t_b_us": p.t_b_us, "t_c_min_us": p.t_c_min_us},
+        "optireduce_lost_packets_rank0": lost,
+        "optireduce_rel_l2_err_vs_gloo": float(np.linalg.norm(out - r) / np.linalg.norm(r)),
+    }
+    res["lossless"]["gloo_over_optireduce"] = (
+        res["lossless"]["gloo_gbps"] / res["lossless"]["optireduce_gbps"]
+    )
+
+    # ---- tail latency under injected delay ---------------------------------------------------
+    n, ops = cfg["tail_elements"], cfg["tail_ops"]
+    x = rng.standard_normal(n).astype(np.float32)
+    for ratio in cfg["tail_ratios"]:
+        spec = ImpairmentSpec(median_us=cfg["tail_median_us"], p99_ratio=ratio, loss=0.0)
+        key = f"tail_{ratio:g}"
+        nic_tr = transport(f"{key}/nic", spec, 7919 * rank + 1)
+        rel_tr = transport(f"{key}/rel", spec, 7919 * rank + 2)
+        nic = select_nic(NicParams(**cfg["params"], t_b_us=2_000_000), rank, world,
+                         transport=nic_tr, agree=agree)  # fmt: skip
+        ep = ReliableEndpoint(rel_tr)
+        say(f"{key}: calibrating OptiReduce's t_B over the reliable path")
+        t_b = nic.calibrate(x, ops=5)
+        run = {
+            "optireduce": partial(_optireduce_op, nic, x),
+            "reliable_ring": partial(reliable_ring_allreduce, ep, rank, world, x, timeout=30),
+            "reliable_tar": partial(reliable_tar_allreduce, ep, rank, world, x, timeout=30),
+        }
+        times: dict[str, list[float]] = {a: [] for a in ALGOS}
+        retx = dict.fromkeys(ALGOS, 0)
+        stats = []
+        for k in range(ops + 1):
+            say(f"{key}: op {k}/{ops} of each algorithm")
+            for algo in ALGOS:
+                before = ep.retransmissions
+                dt, out = timed(run[algo])
+                if algo == "optireduce":
+                    stats += out if k else []
+                else:
+                    ep.flush(30)  # loss = 0: every ack arrives, so this ends
+                    retx[algo] += ep.retransmissions - before
+                if k:  # the first op of each pays for set-up
+                    times[algo].append(dt)
+        part = {}
+        for algo in ALGOS:
+            ms = [1e3 * t for t in slowest(times[algo])]
+            part[algo] = {"p50_ms": _pct(ms, 50), "p99_ms": _pct(ms, 99),
+                          "mean_ms": float(np.mean(ms)), "max_ms": max(ms)}  # fmt: skip
+        expected = sum(s.p1_expected + s.p2_expected for s in stats)
+        missing = sum(s.lost_phase1 + s.lost_phase2 for s in stats)
+        part["optireduce"].update(
+            t_b_us=t_b,
+            lost_fraction_rank0=missing / max(1, expected),
+            deadline_phases_rank0=sum(
+                (s.phase1_reason == "deadline") + (s.phase2_reason == "deadline") for s in stats
+            ),
+        )
+        for algo in ("reliable_ring", "reliable_tar"):
+            part[algo]["retransmissions_rank0"] = retx[algo]  # spurious: loss = 0
+        res[key] = part
+        ep.settle(timeout=30, quiet_s=0.2)
+        nic.close()
+        rel_tr.close()
+    if rank == 0:
+        (Path(tmp) / "result.json").write_text(json.dumps(res))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def bench_collective(
+    world: int = 4,
+    quick: bool = False,
+    progress: Callable[[str], None] | None = None,
+    timeout_s: float = 1200.0,
+) -> dict:
+    """Run the workers and return the figures (see the module docstring)."""
+    import multiprocessing
+
+    import torch.multiprocessing as mp
+
+    cfg = _config(quick)
+    q = multiprocessing.get_context("spawn").SimpleQueue()
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="optireduce-bench-") as tmp:
+        ctx = mp.start_processes(
+            _worker, args=(world, tmp, cfg, q), nprocs=world, join=False, start_method="spawn"
+        )
+        while not ctx.join(timeout=0.5):
+            while not q.empty():
+                if progress is not None:
+                    progress(q.get())
+            if time.monotonic() - t0 > timeout_s:
+                for proc in ctx.processes:
+                    proc.kill()
+                raise TimeoutError(f"bench collective: workers did not finish in {timeout_s} s")
+        res = json.loads((Path(tmp) / "result.json").read_text())
+    t3 = res["tail_3"]
+    out = {
+        "world": world,
+        "lossless": res["lossless"],
+        "tail_bucket_bytes": 4 * cfg["tail_elements"],
+        "tail_median_us": cfg["tail_median_us"],
+        "tail_ops_per_algorithm": cfg["tail_ops"],
+        "tail_loss": 0.0,
+        **{k: v for k, v in res.items() if k.startswith("tail_")},
+        "ratios": {
+            "optireduce_p99_over_ring_p99_at_3": t3["optireduce"]["p99_ms"]
+            / t3["reliable_ring"]["p99_ms"],
+            "optireduce_p99_over_ring_p99_at_3_target": 0.5,
+            "optireduce_p99_over_p50_at_3": t3["optireduce"]["p99_ms"] / t3["optireduce"]["p50_ms"],
+            "optireduce_p99_over_p50_at_3_target": 1.3,
+        },
+        "method": (
+            "op time = slowest rank, barrier to result; GB/s = bucket bytes / median op s / 1e9; "
+            "tail ops interleaved across algorithms; first op of each series not counted"
+        ),
+        "seconds": time.monotonic() - t0,
+    }
+    return out
