@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -189,7 +189,10 @@ def _run(
     latency_us: int,
     link_gbps: float,
     impairment: ImpairmentSpec | None = None,
+    tap: Callable[[str, int, int, object], None] | None = None,
 ) -> tuple[list[np.ndarray], ClusterStats]:
+    """The event loop. tap(kind, tick, rank, what) sees every host command ("start":
+    (op_id, data, exponent)) and every delivered frame ("frame": bytes), for traces."""
     world = len(inputs)
     rng = np.random.default_rng(seed)
     imp = Impairment(impairment, seed + 0x5EED) if impairment else None
@@ -228,7 +231,10 @@ def _run(
         while next_op[r] < len(bounds) and next_op[r] < nics[r].base + p.ops_in_flight:
             k = next_op[r]
             a, b = bounds[k]
-            nics[r].start_op(now, k, np.ascontiguousarray(inputs[r][a:b]), exps[k])
+            chunk = np.ascontiguousarray(inputs[r][a:b])
+            if tap is not None:
+                tap("start", now, r, (k, chunk, exps[k]))
+            nics[r].start_op(now, k, chunk, exps[k])
             next_op[r] += 1
 
     def settle(r: int, now: int) -> None:
@@ -261,6 +267,8 @@ def _run(
         if now > horizon:
             raise RuntimeError(f"simulate_allreduce: no end by t={horizon} us (a model bug)")
         if kind == 0:
+            if tap is not None:
+                tap("frame", now, r, frame)
             nics[r].receive(now, frame)
         else:
             wakes[r].discard(now)

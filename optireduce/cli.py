@@ -123,6 +123,35 @@ def cmd_protocol(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_trace(args: argparse.Namespace) -> int:
+    from optireduce.host.trace import make_trace, write_pcap
+
+    frames = make_trace(args.scenario, args.seed)
+    write_pcap(args.output, frames)
+    print(f"{args.output}: {len(frames)} frames, scenario {args.scenario}, seed {args.seed}")
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from optireduce.host.replay import ReplayError, replay
+    from optireduce.host.trace import read_pcap, write_pcap
+
+    try:
+        frames = read_pcap(args.trace)
+        res = replay(frames, backend=args.backend)
+    except (OSError, ValueError, ReplayError) as e:
+        print(f"optireduce replay: {e}", file=sys.stderr)
+        return 2
+    if args.output:
+        write_pcap(args.output, res.frames)
+    if args.json:
+        print(json.dumps(res.summary(), indent=2))
+    else:
+        nonzero = {k: v for k, v in res.counters.items() if v}
+        print(f"{len(res.frames)} frames out, {len(res.results)} ops completed; {nonzero}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="optireduce", description="OptiReduce SmartNIC offload: model, simulation, benches"
@@ -150,6 +179,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--drop-rate", type=float, default=0.0)
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=cmd_simulate)
+
+    from optireduce.host.trace import SCENARIOS
+
+    t = sub.add_parser("trace", help="make pcap traces of test scenarios")
+    tsub = t.add_subparsers(dest="trace_cmd", required=True)
+    tm = tsub.add_parser("make", help="write one scenario's trace")
+    tm.add_argument("--scenario", required=True, choices=SCENARIOS)
+    tm.add_argument("--seed", type=int, default=0)
+    tm.add_argument("-o", "--output", required=True, help="pcap file to write")
+    tm.set_defaults(func=cmd_trace)
+
+    r = sub.add_parser("replay", help="feed a trace to a NIC backend")
+    r.add_argument("trace", help="pcap or pcapng file")
+    r.add_argument("--backend", default="model", choices=("model", "rtl"))
+    r.add_argument("-o", "--output", help="pcap of the NIC's output frames")
+    r.add_argument("--json", action="store_true", help="print the counters as JSON")
+    r.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("protocol", help="the UBT v1 header, or its Wireshark dissector")
     p.add_argument("--lua", action="store_true", help="print the Lua dissector")

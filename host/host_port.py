@@ -1,0 +1,110 @@
+"""Host-port frames: commands into the NIC and results out of it, as Ethernet frames.
+
+Everything the host and the NIC exchange can then sit in one pcap next to the
+network frames, so one file holds a whole scenario (docs/protocol.md, "Host port").
+EtherType 0x88B5 (IEEE local experimental), then a 20-byte header, network order:
+
+    0 u8 version (1)   1 u8 kind   2 u16 count   4 u32 op_id   8 u32 offset
+    12 u32 n           16 i8 exponent            17..19 zero
+
+kinds: CONFIG (JSON: params, rank, world), START (first fragment of an op's float32
+chunk, n elements in all), DATA (a further fragment), RESULT (a fragment of the
+op's float32 result), STATS (JSON of the op's OpStats). Fragments carry at most
+FRAGMENT elements (8 KiB of payload: a jumbo frame).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from optireduce.params import NicParams
+
+ETHERTYPE = 0x88B5
+VERSION = 1
+HEADER = struct.Struct("!BBHIIIb3x")
+CONFIG, START, DATA, RESULT, STATS = 0, 1, 2, 3, 4
+KINDS = {CONFIG: "config", START: "start", DATA: "data", RESULT: "result", STATS: "stats"}
+FRAGMENT = 2048
+HOST_MAC = bytes.fromhex("024f52ffffff")
+NIC_MAC = bytes.fromhex("024f52fffffe")
+
+
+@dataclass(frozen=True)
+class HostFrame:
+    kind: int
+    op_id: int = 0
+    offset: int = 0
+    n: int = 0
+    exponent: int = 0
+    payload: bytes = b""
+
+    @property
+    def count(self) -> int:
+        return len(self.payload) // 4 if self.kind in (START, DATA, RESULT) else 0
+
+
+def build(f: HostFrame, *, to_nic: bool) -> bytes:
+    dst, src = (NIC_MAC, HOST_MAC) if to_nic else (HOST_MAC, NIC_MAC)
+    head = HEADER.pack(VERSION, f.kind, f.count, f.op_id, f.offset, f.n, f.exponent)
+    return dst + src + struct.pack("!H", ETHERTYPE) + head + f.payload
+
+
+def is_host_frame(frame: bytes) -> bool:
+    return len(frame) >= 14 and frame[12:14] == b"\x88\xb5"
+
+
+def parse(frame: bytes) -> HostFrame:
+    """A host frame, or ValueError saying what is wrong with it."""
+    if not is_host_frame(frame) or len(frame) < 14 + HEADER.size:
+        raise ValueError("not a host-port frame (EtherType 0x88B5, 20-byte header)")
+    version, kind, count, op_id, offset, n, exponent = HEADER.unpack_from(frame, 14)
+    if version != VERSION or kind not in KINDS:
+        raise ValueError(f"host frame: version {version}, kind {kind} unknown")
+    payload = frame[14 + HEADER.size :]
+    if kind in (START, DATA, RESULT) and len(payload) != 4 * count:
+        raise ValueError(f"host frame: {len(payload)} payload bytes for {count} elements")
+    return HostFrame(kind, op_id, offset, n, exponent, payload)
+
+
+def config_frame(p: NicParams, rank: int, world: int) -> bytes:
+    cfg = {"params": p.__dict__, "rank": rank, "world": world}
+    return build(HostFrame(CONFIG, payload=json.dumps(cfg).encode()), to_nic=True)
+
+
+def chunk_frames(kind: int, op_id: int, data: np.ndarray, exponent: int) -> list[bytes]:
+    """An op's float32 chunk (START then DATA) or result (RESULT), in fragments."""
+    data = np.asarray(data, dtype=">f4")
+    out = []
+    for off in range(0, max(1, len(data)), FRAGMENT):
+        k = kind if kind == RESULT or off == 0 else DATA
+        f = HostFrame(k, op_id, off, len(data), exponent, data[off : off + FRAGMENT].tobytes())
+        out.append(build(f, to_nic=kind != RESULT))
+    return out
+
+
+def stats_frame(op_id: int, stats: dict) -> bytes:
+    return build(HostFrame(STATS, op_id, payload=json.dumps(stats).encode()), to_nic=False)
+
+
+class ChunkAssembler:
+    """Collects START/DATA fragments; returns (op_id, exponent, data) when a chunk is whole."""
+
+    def __init__(self) -> None:
+        self.parts: dict[int, dict] = {}
+
+    def add(self, f: HostFrame) -> tuple[int, int, np.ndarray] | None:
+        if f.kind == START:
+            self.parts[f.op_id] = {"n": f.n, "e": f.exponent, "buf": np.zeros(f.n, ">f4"), "got": 0}
+        st = self.parts.get(f.op_id)
+        if st is None or f.offset + f.count > st["n"]:
+            raise ValueError(f"host frame: fragment of op {f.op_id} outside its chunk")
+        st["buf"][f.offset : f.offset + f.count] = np.frombuffer(f.payload, ">f4")
+        st["got"] += f.count
+        if st["got"] < st["n"]:
+            return None
+        del self.parts[f.op_id]
+        return f.op_id, st["e"], st["buf"].astype(np.float32)

@@ -1,0 +1,173 @@
+"""Traces: pcap files of timestamped frames on one NIC's host and network ports.
+
+A scenario is what rank 0 of a small world sees: its CONFIG and START/DATA host
+frames, and every network frame its peers deliver to it, taken from a run of the
+virtual cluster, then disturbed as the scenario says. Replaying it (host/replay.py)
+through the model or the RTL must give the same output frames and counters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from optireduce.host import host_port, ubt
+from optireduce.host.virtual_cluster import _run
+from optireduce.params import NicParams
+
+TRACE_PARAMS = NicParams(p=16, b=64, c=256, n_max=8, t_b_us=400, t_c_min_us=50)
+WORLD, RANK, OP_LEN, OPS = 3, 0, 256, 3  # three ops of one whole chunk each
+
+Frame = tuple[int, bytes]  # (tick in microseconds, frame bytes)
+
+
+def _base(seed: int) -> tuple[list[tuple], list[tuple]]:
+    """(host, network) frames of rank 0 in a lossless run, as (tick, seq, frame): seq is
+    the order things happened in, which breaks ties between frames of the same tick."""
+    rng = np.random.default_rng(seed)
+    xs = [rng.standard_normal(OPS * OP_LEN).astype(np.float32) for _ in range(WORLD)]
+    host: list[tuple] = [(0, 0.0, host_port.config_frame(TRACE_PARAMS, RANK, WORLD))]
+    net: list[tuple] = []
+
+    def tap(kind: str, tick: int, rank: int, what: object) -> None:
+        if rank != RANK:
+            return
+        seq = float(len(host) + len(net))
+        if kind == "start":
+            op_id, chunk, exp = what
+            for k, f in enumerate(host_port.chunk_frames(host_port.START, op_id, chunk, exp)):
+                host.append((tick, seq + k / 1000, f))
+        else:
+            net.append((tick, seq, what))
+
+    _run(xs, OPS * OP_LEN, TRACE_PARAMS, 0.0, seed, set(), 5, 10.0, tap=tap)
+    return host, net
+
+
+def _rewrite(frame: bytes, **fields: int) -> bytes:
+    h = ubt.UbtHeader.unpack(frame, ubt.L2_L4_LEN)._replace(**fields)
+    dst = int.from_bytes(frame[0:6], "big") - ubt.DEFAULT_ADDRESSING.mac_base
+    payload = frame[ubt.L2_L4_LEN + ubt.HEADER_LEN :]
+    return ubt.build_frame(h, payload, src=h.sender, dst=dst, port=TRACE_PARAMS.udp_port)
+
+
+def _malformed(frame: bytes, rng: np.random.Generator) -> bytes:
+    kind = int(rng.integers(0, 6))
+    b = bytearray(frame)
+    if kind == 0:
+        return bytes(b[: int(rng.integers(1, len(b)))])  # truncated
+    if kind == 1:
+        b[24] ^= 0xFF  # bad IPv4 checksum
+        return bytes(b)
+    if kind == 2:
+        return _rewrite(frame, version=2)
+    if kind == 3:
+        return _rewrite(frame, count=3)  # length disagrees with the payload
+    if kind == 4:
+        return bytes(rng.integers(0, 256, int(rng.integers(1, 200)), dtype=np.uint8))
+    return _rewrite(frame, flags=0x40)  # reserved flag
+
+
+def _scenarios() -> dict[str, Callable]:
+    def clean(net, rng):
+        return net
+
+    def loss(net, rng):
+        return [f for f in net if rng.random() >= 0.1]
+
+    def reorder(net, rng):
+        out = list(net)
+        for _ in range(len(out) // 3):
+            i = int(rng.integers(0, len(out) - 1))
+            (t0, s0, a), (t1, s1, b) = out[i], out[i + 1]
+            out[i], out[i + 1] = (t0, s0, b), (t1, s1, a)
+        return out
+
+    def duplicates(net, rng):
+        return net + [(t + int(rng.integers(1, 20)), s + 0.5, f) for t, s, f in net
+                      if rng.random() < 0.15]  # fmt: skip
+
+    def late(net, rng):
+        t_b = TRACE_PARAMS.t_b_us
+        return [(t + 3 * t_b if rng.random() < 0.1 else t, s, f) for t, s, f in net]
+
+    def stale_future(net, rng):
+        end = max(t for t, _, _ in net)
+        extra = [(end + 10 + k, 1e9 + k, _rewrite(f, op_id=0)) for k, (_, _, f) in
+                 enumerate(net[:5])]  # fmt: skip
+        extra += [(t + 1, s + 0.5, _rewrite(f, op_id=40 + k)) for k, (t, s, f) in
+                  enumerate(net[:5])]  # fmt: skip
+        return net + extra
+
+    def unknown_rank(net, rng):
+        return net + [(t + 1, s + 0.5, _rewrite(f, sender=r)) for (t, s, f), r in
+                      zip(net[:6], [7, 5, 0] * 2, strict=True)]  # fmt: skip
+
+    def malformed(net, rng):
+        return net + [(t + 1, s + 0.5, _malformed(f, rng)) for t, s, f in net
+                      if rng.random() < 0.2]  # fmt: skip
+
+    return {f.__name__: f for f in (clean, loss, reorder, duplicates, late, stale_future,
+                                     unknown_rank, malformed)}  # fmt: skip
+
+
+SCENARIOS = tuple(_scenarios())
+
+
+def make_trace(scenario: str, seed: int = 0) -> list[Frame]:
+    """The frames of a scenario, ordered by tick (stable)."""
+    table = _scenarios()
+    if scenario not in table:
+        raise ValueError(f"unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}")
+    host, net = _base(seed)
+    rng = np.random.default_rng(seed + 1)
+    frames = sorted(host + table[scenario](net, rng), key=lambda e: (e[0], e[1]))
+    return [(t, f) for t, _, f in frames]
+
+
+def write_pcap(path: str | Path, frames: list[Frame]) -> None:
+    """Ethernet pcap with microsecond timestamps (tick t at t microseconds)."""
+    from scapy.packet import Raw
+    from scapy.utils import PcapWriter
+
+    with PcapWriter(str(path), linktype=1, sync=False) as w:
+        for t, f in frames:
+            pkt = Raw(load=f)
+            pkt.time = t / 1e6
+            w.write(pkt)
+
+
+def read_pcap(path: str | Path) -> list[Frame]:
+    """Frames and ticks of a pcap or pcapng file; OSError/ValueError if it cannot be read."""
+    from scapy.utils import RawPcapNgReader, RawPcapReader
+
+    path = Path(path)
+    if not path.is_file():
+        raise OSError(f"{path}: no such file")
+    with open(path, "rb") as fh:
+        magic = fh.read(4)
+    if magic == b"\x0a\x0d\x0d\x0a":
+        reader = RawPcapNgReader(str(path))
+    elif magic in (
+        b"\xd4\xc3\xb2\xa1",
+        b"\xa1\xb2\xc3\xd4",
+        b"\x4d\x3c\xb2\xa1",
+        b"\xa1\xb2\x3c\x4d",
+    ):
+        reader = RawPcapReader(str(path))
+    else:
+        raise ValueError(f"{path}: not a pcap or pcapng file")
+    out = []
+    with reader:
+        for data, meta in reader:
+            if hasattr(meta, "sec"):
+                t = meta.sec * 1_000_000 + meta.usec
+            else:  # pcapng: tshigh/tslow in the interface's resolution (microseconds)
+                t = (meta.tshigh << 32) | meta.tslow
+            out.append((t, bytes(data)))
+    if out:
+        t0 = out[0][0]
+        out = [(t - t0, f) for t, f in out]
+    return out
