@@ -44,3 +44,26 @@ def test_lossy_training_resyncs_replicas_and_reports_loss(tmp_path):
     assert ranks[0]["acc"] > 0.6  # and training still works (chance: 1/3)
     # every 5 iterations the replicas are compared; a drift is repaired from rank 0
     assert [s["resynced"] for s in steps] == [s["resynced"] for s in ranks[1]["steps"]]
+
+
+def test_torchrun_launches_the_hook(tmp_path):
+    """`torchrun --nproc_per_node 2` runs the example; replicas end identical."""
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torchrun = Path(sys.executable).parent / "torchrun"
+    cmd = [str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(port), "-m", "optireduce.host.ddp_example", "--iters", "30",
+           "--t-b-us", "3000000"]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, check=False,
+                       cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(next(line for line in r.stdout.splitlines() if line.startswith("{")))
+    assert out["steps"] == 30 and out["max_lost"] == 0
+    assert out["checksums"][0] == out["checksums"][1]
+    assert out["accuracy"] > 0.5
