@@ -20,6 +20,7 @@ reliable path; on drift they resync from rank 0 (or fail, with resync=False).
 
 import logging
 import queue
+import struct
 import threading
 from dataclasses import dataclass, field
 
@@ -27,6 +28,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from optireduce.host.control import ControlPlane
 from optireduce.host.driver import SoftwareNic, select_nic
 from optireduce.host.impairment import ImpairmentSpec
 from optireduce.host.transport import UdpTransport, addresses_from_store
@@ -53,6 +55,7 @@ class StepStats:
     iteration: int
     buckets: list[BucketStats] = field(default_factory=list)
     resynced: bool = False
+    faults: list[int] = field(default_factory=list)  # ranks found gone during this step
 
     @property
     def lost_fraction(self) -> float:
@@ -63,6 +66,7 @@ class OptiReduceState:
     __slots__ = (
         "_agree",
         "_ck_params",
+        "_control",
         "_driver",
         "_group",
         "_nic",
@@ -111,6 +115,7 @@ class OptiReduceState:
         self._nic: SoftwareNic | None = None
         self._driver: _Driver | None = None
         self._group = None
+        self._control = None
         self._warm_phases: list[int] = []
         self._ck_params: list[torch.Tensor] = []
 
@@ -124,17 +129,19 @@ class OptiReduceState:
         self._warm_phases, self._ck_params = [], []
 
     def _start(self) -> None:
-        """First optireduce op: a private gloo group, the UDP transport, the driver thread."""
+        """First op: a private gloo group (reliable redo and resync only), the UDP data
+        transport, the bounded control plane and the driver thread."""
         rank, world = dist.get_rank(), dist.get_world_size()
         self._group = dist.new_group(backend="gloo")
         transport = UdpTransport(rank, impairment=self.impairment, seed=self.seed * 1000 + rank)
         store = dist.distributed_c10d._get_default_store()
         transport.connect(addresses_from_store(store, rank, world, transport.address))
+        self._control = ControlPlane(rank, world, store, timeout_s=WARMUP_T_B_US * 1e-6)
 
         def agree(proposals: list[int]) -> list[int]:
-            t = torch.tensor(proposals, dtype=torch.int32)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._group)
-            return [int(v) for v in t.tolist()]
+            out = self._control.max_ints(proposals, self._bound())
+            self._note_gone()
+            return out
 
         self._agree = agree
         p = self.params.replace(t_b_us=WARMUP_T_B_US)
@@ -148,12 +155,30 @@ class OptiReduceState:
             self.t_b_us = max(1, self._agree([local])[0])
         self._nic.set_t_b(self.t_b_us)
 
+    def _bound(self) -> float:
+        """How long a control exchange waits for a peer: t_B (warm-up: its generous bound)."""
+        return (self.t_b_us if self.iteration >= self.warmup_iters else WARMUP_T_B_US) * 1e-6
+
+    def _note_gone(self) -> None:
+        """Peers that missed a control exchange are dead to the NIC too; say so once."""
+        for r in sorted(self._control.gone - self._nic.nic.gone):
+            self._nic.nic.exclude(self._nic.now_us(), r)
+            self.step.faults.append(r)
+            log.error("optireduce: rank %d missed a bounded exchange; excluded from now on", r)
+
+    @property
+    def faults(self) -> list[int]:
+        """Ranks found dead or stalled so far."""
+        return sorted(self._control.gone) if self._control else []
+
     def close(self) -> None:
         if self._driver is not None:
             self._driver.close()
         if self._nic is not None:
             self._nic.close()
-        self._driver = self._nic = None
+        if self._control is not None:
+            self._control.close()
+        self._driver = self._nic = self._control = None
 
 
 class _Driver:
@@ -226,10 +251,11 @@ def optireduce_hook(
         out, stats = nic.allreduce(x)
         expected = sum(s.p1_expected + s.p2_expected for s in stats)
         lost = sum(s.lost_phase1 + s.lost_phase2 for s in stats)
-        frac = torch.tensor([lost / max(1, expected)], dtype=torch.float64)
-        dist.all_reduce(frac, op=dist.ReduceOp.MAX, group=state._group)  # one decision
+        # one decision on every rank: the max of the loss fractions (in parts per million)
+        ppm = state._control.max_ints([lost * 1_000_000 // max(1, expected)], state._bound())
+        state._note_gone()
         b = BucketStats(
-            idx, tensor.numel(), "optireduce", float(frac.item()),
+            idx, tensor.numel(), "optireduce", ppm[0] / 1e6,
             sum((s.phase1_reason == "early") + (s.phase2_reason == "early") for s in stats),
             sum((s.phase1_reason == "deadline") + (s.phase2_reason == "deadline") for s in stats),
             sum(s.saturations for s in stats),
@@ -239,9 +265,12 @@ def optireduce_hook(
             if state.policy == "skip":
                 result.zero_()
                 b.mode = "skipped"
-            elif state.policy == "redo":
+            elif state.policy == "redo" and not state.faults:
                 result = _reliable_mean(tensor.clone(), state._group)
                 b.mode = "redo"
+            elif state.policy == "redo":  # a dead peer would block gloo: skip instead
+                result.zero_()
+                b.mode = "skipped"
             elif state.policy == "stop":
                 raise RuntimeError(
                     f"optireduce: bucket {idx} lost {b.lost_fraction:.1%} of its packets "
@@ -262,17 +291,16 @@ def optireduce_hook(
 
 def _check_replicas(state: OptiReduceState, params: list[torch.Tensor]) -> None:
     """Compare a checksum of every parameter; resync them from rank 0 on drift."""
-    world = dist.get_world_size()
-    local = torch.tensor([_checksum(params)], dtype=torch.float64)
-    every = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
-    dist.all_gather(every, local, group=state._group)
-    if all(torch.equal(every[0], e) for e in every):
+    got = state._control.allgather(struct.pack("!d", _checksum(params)), state._bound())
+    state._note_gone()
+    every = [struct.unpack("!d", g)[0] for g in got if g is not None]
+    if all(e == every[0] for e in every):
         return
-    log.debug("optireduce checksums %s", [float(e) for e in every])
+    if state.faults:  # gloo cannot broadcast past a dead peer: report, carry on
+        log.error("optireduce: replicas differ (%s) and a peer is gone: no resync", every)
+        return
     if not state.resync:
-        raise RuntimeError(
-            f"optireduce: replicas drifted apart (parameter checksums {[float(e) for e in every]})"
-        )
+        raise RuntimeError(f"optireduce: replicas drifted apart (parameter checksums {every})")
     for p in params:
         dist.broadcast(p.data, src=0, group=state._group)
     state.step.resynced = True

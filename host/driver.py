@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, Union
 
 import numpy as np
 
@@ -23,7 +23,11 @@ from optireduce.host.quantize import propose_exponent
 from optireduce.host.transport import UdpTransport
 from optireduce.params import NicParams
 
+if TYPE_CHECKING:
+    import torch
+
 log = logging.getLogger("optireduce")
+ArrayLike = Union[np.ndarray, "torch.Tensor"]  # a CPU tensor comes back as a tensor
 
 # Agree on the op exponents: every rank passes its proposals, gets the max of all.
 ExponentAgreement = Callable[[list[int]], list[int]]
@@ -84,8 +88,18 @@ class SoftwareNic:
         for est in self.nic.tc:
             est.p = p
 
-    def allreduce(self, x: np.ndarray) -> tuple[np.ndarray, list[OpStats]]:
-        """Mean over the world of x (float32, any length); K ops in flight."""
+    def allreduce(self, x: ArrayLike) -> tuple[ArrayLike, list[OpStats]]:
+        """Mean over the world of x (any length; a numpy array or a CPU torch tensor, of
+        any shape: the result has x's type and shape); K ops in flight."""
+        if type(x).__module__.startswith("torch"):
+            import torch
+
+            out, stats = self._allreduce(x.detach().cpu().numpy())
+            return torch.from_numpy(out).to(x.dtype).view_as(x), stats
+        out, stats = self._allreduce(np.asarray(x))
+        return out.reshape(np.shape(x)), stats
+
+    def _allreduce(self, x: np.ndarray) -> tuple[np.ndarray, list[OpStats]]:
         x = np.ascontiguousarray(x, dtype=np.float32).ravel()
         if x.size == 0:
             raise ValueError("allreduce: empty input")

@@ -105,6 +105,7 @@ class NicModel:
         self.base = first_op  # oldest op not completed: the window is [base, base + K)
         self.last_started = first_op - 1
         self.ops: dict[int, _Op] = {}
+        self.gone: set[int] = set()  # peers known dead: nothing more will come from them
         self._tx: list[Tx] = []
         self._results: list[OpResult] = []
 
@@ -133,7 +134,7 @@ class NicModel:
             self.counters[reason] += op.agg.clear() + int(op.gather.have.sum())
             op = None
         if op is None:
-            op = self.ops[op_id] = _Op(self, op_id, len(data), exponent)
+            op = self.ops[op_id] = self._new_op(op_id, len(data), exponent, now)
         self.last_started = op_id
         self.counters["ops_started"] += 1
         op.started = True
@@ -191,7 +192,25 @@ class NicModel:
                 return
             self._progress(self.ops[op_id], t)
 
+    def exclude(self, now: int, rank: int) -> None:
+        """The driver learnt that `rank` is dead: stop waiting for it, now and later."""
+        if rank == self.rank or rank in self.gone:
+            return
+        self.gone.add(rank)
+        for op in list(self.ops.values()):
+            if not op.done:
+                op.p1.sender_gone(now, rank)
+                op.p2.sender_gone(now, rank)
+                self._progress(op, now)
+
     # ---- internals -----------------------------------------------------------------
+    def _new_op(self, op_id: int, n: int, exponent: int, now: int) -> _Op:
+        op = _Op(self, op_id, n, exponent)
+        for r in self.gone:
+            op.p1.sender_gone(now, r)
+            op.p2.sender_gone(now, r)
+        return op
+
     def _drop(self, reason: str, op: _Op | None = None) -> None:
         self.counters[reason] += 1
         if op is not None and reason in ("late", "duplicate"):
@@ -221,7 +240,7 @@ class NicModel:
             return self._drop(reason)
         op = self.ops.get(h.op_id)
         if op is None:  # a peer is ahead of us: keep what it sends
-            op = self.ops[h.op_id] = _Op(self, h.op_id, h.op_len, h.exponent)
+            op = self.ops[h.op_id] = self._new_op(h.op_id, h.op_len, h.exponent, now)
         if op.exponent != h.exponent:
             return self._drop("exponent_mismatch", op)
         if op.n != h.op_len:

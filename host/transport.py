@@ -132,14 +132,15 @@ class UdpTransport:
 
 
 def addresses_from_store(store, rank: int, world: int, address: Address,
-                         timeout_s: float = 60.0) -> list[Address]:  # fmt: skip
+                         timeout_s: float = 60.0, prefix: str = STORE_PREFIX
+                         ) -> list[Address]:  # fmt: skip
     """Publish our address in a torch.distributed store and read every rank's."""
     from datetime import timedelta
 
-    store.set(f"{STORE_PREFIX}{rank}", f"{address[0]}:{address[1]}")
+    store.set(f"{prefix}{rank}", f"{address[0]}:{address[1]}")
     store.set_timeout(timedelta(seconds=timeout_s))
     out = []
     for r in range(world):
-        host, port = store.get(f"{STORE_PREFIX}{r}").decode().rsplit(":", 1)
+        host, port = store.get(f"{prefix}{r}").decode().rsplit(":", 1)
         out.append((host, int(port)))
     return out

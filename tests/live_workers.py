@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import numpy as np
 
@@ -55,6 +56,11 @@ def allreduce_worker(rank: int, world: int, tmp: str, n: int, seed: int, cfg: di
         t_b = nic.p.t_b_us
     out, stats = nic.allreduce(x)
     np.save(f"{tmp}/out{rank}.npy", out)
+    import torch
+
+    t_out, _ = nic.allreduce(torch.from_numpy(x[:20].copy()).view(4, 5))  # a tensor in
+    np.save(f"{tmp}/tensor{rank}.npy", t_out.numpy())
+    assert isinstance(t_out, torch.Tensor) and tuple(t_out.shape) == (4, 5)
     with open(f"{tmp}/stats{rank}.json", "w") as f:
         json.dump({"t_b_us": t_b, "ops": [s.to_dict() for s in stats],
                    "sent": transport.sent, "lost": transport.impairment.lost
@@ -102,25 +108,35 @@ def ddp_worker(rank: int, world: int, tmp: str, cfg: dict) -> None:
         )  # fmt: skip
         ddp.register_comm_hook(state, optireduce_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    times = []
     for it in range(cfg["iters"]):
+        if rank == cfg.get("die_rank") and it == cfg.get("die_at"):
+            os._exit(0)  # a worker dies mid-training, without a word to anyone
+        if rank == cfg.get("stall_rank") and it == cfg.get("stall_at"):
+            time.sleep(cfg["stall_s"])  # a worker stalls (descheduled, swapping, ...)
+        t0 = time.perf_counter()
         lo = (it * world + rank) * 64 % 3968
         xb, yb = xs[lo : lo + 64], ys[lo : lo + 64]
         opt.zero_grad()
         torch.nn.functional.cross_entropy(ddp(xb), yb).backward()
         opt.step()
+        times.append(time.perf_counter() - t0)
     with torch.no_grad():
         acc = (model(xs).argmax(1) == ys).float().mean().item()
     ck = sum(p.detach().double().sum().item() for p in model.parameters())
-    out = {"acc": acc, "checksum": ck}
+    out = {"acc": acc, "checksum": ck, "times": times}
     if state is not None:
         out["steps"] = [
             {"lost": s.lost_fraction, "modes": [b.mode for b in s.buckets], "resynced": s.resynced}
             for s in state.history
         ]
         out["t_b_us"] = state.t_b_us
+        out["faults"] = state.faults
+        out["step_faults"] = [s.faults for s in state.history]
         state.close()
     with open(f"{tmp}/ddp{rank}.json", "w") as f:
         json.dump(out, f)
-    dist.barrier()
+    if not out.get("faults"):  # a barrier would wait for the dead
+        dist.barrier()
     del ddp
     dist.destroy_process_group()

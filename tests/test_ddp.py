@@ -67,3 +67,48 @@ def test_torchrun_launches_the_hook(tmp_path):
     assert out["steps"] == 30 and out["max_lost"] == 0
     assert out["checksums"][0] == out["checksums"][1]
     assert out["accuracy"] > 0.5
+
+
+def test_a_dead_worker_is_excluded_within_the_bound(tmp_path):
+    """Rank 2 dies at iteration 8. The others finish every step within the bound (the
+    exchange that finds it gone waits t_B, the op's phases end by their deadlines),
+    report rank 2, and exit without hanging."""
+    t_b = 400_000
+    cfg = {"hook": True, "iters": 16, "t_b_us": t_b, "die_rank": 2, "die_at": 8,
+           "params": {"t_b_us": t_b, "t_c_min_us": t_b // 2}}  # fmt: skip
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(ddp_worker, args=(3, str(tmp_path), cfg), nprocs=3, join=False,
+                             start_method="spawn")  # fmt: skip
+    import time as _time
+
+    deadline = _time.monotonic() + 180
+    while not all((tmp_path / f"ddp{r}.json").exists() for r in (0, 1)):
+        assert _time.monotonic() < deadline, "survivors did not finish"
+        _time.sleep(0.5)
+    for proc in ctx.processes:
+        proc.join(timeout=60)
+        assert proc.exitcode is not None, "a worker hangs at exit"
+    for r in (0, 1):
+        out = json.loads((tmp_path / f"ddp{r}.json").read_text())
+        assert out["faults"] == [2]
+        assert [s for s in out["step_faults"] if s] == [[2]]  # reported once, when found
+        # the step that finds it gone: one bounded exchange (t_B) plus the op (2 t_B)
+        assert max(out["times"][8:]) <= 3 * t_b * 1e-6 + 2.0
+        assert out["acc"] > 0.4  # training went on
+
+
+def test_a_stalled_worker_does_not_hold_the_others(tmp_path):
+    """Rank 2 stalls 4 s at iteration 8; ranks 0 and 1 go on within the bound and report
+    it; rank 2 comes back, finds itself alone, and still ends (no deadlock, no hang)."""
+    t_b = 400_000
+    cfg = {"hook": True, "iters": 14, "t_b_us": t_b, "stall_rank": 2, "stall_at": 8,
+           "stall_s": 4.0, "params": {"t_b_us": t_b, "t_c_min_us": t_b // 2}}  # fmt: skip
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    spawn_world(ddp_worker, (3, str(tmp_path), cfg), 3, 180)
+    outs = [json.loads((tmp_path / f"ddp{r}.json").read_text()) for r in range(3)]
+    for out in outs[:2]:
+        assert out["faults"] == [2]
+        assert max(out["times"][8:]) <= 3 * t_b * 1e-6 + 2.0
+    assert outs[2]["faults"]  # the stalled one lost track of the others, and said so

@@ -27,6 +27,12 @@ def test_lossless_live_equals_the_virtual_cluster_bit_for_bit(tmp_path):
     for s in stats:
         assert all(op["phase1_reason"] == op["phase2_reason"] == "complete" for op in s["ops"])
         assert len(s["ops"]) == 3  # 40 000 elements = 3 ops of at most 16 384
+    # a (4, 5) torch tensor comes back as a (4, 5) tensor holding the mean
+    ref = np.mean([x[:20].astype(np.float64) for x in live_inputs(world, n, seed)], axis=0)
+    for r in range(world):
+        t = np.load(tmp_path / f"tensor{r}.npy")
+        assert t.shape == (4, 5)
+        np.testing.assert_allclose(t.ravel(), ref, rtol=1e-5, atol=1e-6)
 
 
 def test_impaired_live_ops_end_within_their_bound(tmp_path):
