@@ -1,6 +1,5 @@
 """Fwht (hw/fwht.py) against host/fwht.py: fwht_blocks, bit for bit, in amaranth.sim + Verilator."""
 
-
 import numpy as np
 import pytest
 from amaranth import Module
