@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from optireduce.host import kernels
 from optireduce.host.fwht import fwht_blocks
 from optireduce.host.quantize import dequantize, quantize
 from optireduce.host.signs import apply_signs
@@ -23,13 +24,26 @@ from optireduce.params import NicParams
 def div_round(t: np.ndarray, d: np.ndarray | int) -> np.ndarray:
     """t / d rounded half away from zero, exactly (d > 0; |t| < 2^61)."""
     t = np.asarray(t, dtype=np.int64)
-    mag = (2 * np.abs(t) + d) // (2 * np.asarray(d, dtype=np.int64))
-    return np.where(t < 0, -mag, mag)
+    d = np.asarray(d, dtype=np.int64)
+    shape = np.broadcast_shapes(t.shape, d.shape)
+    if d.size == 1 and t.shape == shape:  # one divisor: a single row
+        t2, d1 = t.reshape(1, -1), d.reshape(1)
+    elif t.ndim == 2 and d.shape == (t.shape[0], 1):  # a divisor per row (decode, aggregator)
+        t2, d1 = t, d.reshape(-1)
+    else:  # any other broadcast: one row per element
+        t2 = np.broadcast_to(t, shape).reshape(-1, 1)
+        d1 = np.broadcast_to(d, shape).reshape(-1)
+    out = np.empty(t2.shape, dtype=np.int64)
+    kernels.div_round_rows(t2, d1, out)
+    return out.reshape(shape)
 
 
 def saturate(v: np.ndarray, limit: int) -> tuple[np.ndarray, int]:
     """Clamp to +-limit; the count of clamped elements is the saturation counter."""
-    over = int(np.count_nonzero(np.abs(v) > limit))
+    if isinstance(v, np.ndarray) and v.dtype == np.int64 and v.ndim == 1:
+        over = int(kernels.count_above(v, limit))
+    else:
+        over = int(np.count_nonzero(np.abs(v) > limit))
     return (np.clip(v, -limit, limit) if over else v), over
 
 

@@ -3,12 +3,17 @@
 sign(i) = bit (i mod 32) of Speck32/64_K(i div 32), K = (seed, op id). One block
 cipher call gives 32 signs, so a lane needs one 22-round ARX core (16-bit adds,
 xors, rotates: no multipliers) per 32 elements. Any element's sign is computable
-on its own, which is what the decoder needs to undo them.
+on its own, which is what the decoder needs to undo them. The per-element loops are
+numba kernels (host/kernels.py); the key schedule stays here in plain Python.
 """
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
+
+from optireduce.host import kernels
 
 ROUNDS = 22
 MASK = 0xFFFF
@@ -34,13 +39,24 @@ def round_keys(key: tuple[int, int, int, int]) -> list[int]:
 
 
 def speck_encrypt(x: np.ndarray, y: np.ndarray, rk: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """Encrypt word pairs (x, y), vectorized (uint32 arrays holding 16-bit values)."""
-    x = np.asarray(x, dtype=np.uint32).copy()
-    y = np.asarray(y, dtype=np.uint32).copy()
-    for k in rk:
-        x = (((((x >> 7) | (x << 9)) & MASK) + y) & MASK) ^ k
-        y = (((y << 2) | (y >> 14)) & MASK) ^ x
-    return x, y
+    """Encrypt word pairs (x, y) elementwise (uint32 arrays holding 16-bit values)."""
+    x, y = np.broadcast_arrays(np.asarray(x, dtype=np.uint32), np.asarray(y, dtype=np.uint32))
+    ox = np.empty(x.shape, dtype=np.uint32)
+    oy = np.empty(y.shape, dtype=np.uint32)
+    kernels.speck_encrypt_words(x.ravel(), y.ravel(), _keys(rk), ox.reshape(-1), oy.reshape(-1))
+    return ox, oy
+
+
+def _keys(rk: list[int]) -> np.ndarray:
+    return np.asarray(rk, dtype=np.int64).reshape(-1)
+
+
+@functools.lru_cache(maxsize=256)
+def _op_keys(seed: int, op_id: int) -> np.ndarray:
+    # every worker encodes and decodes the same ops: schedule each key once (read-only)
+    rk = _keys(round_keys(op_key(seed, op_id)))
+    rk.setflags(write=False)
+    return rk
 
 
 def op_key(seed: int, op_id: int) -> tuple[int, int, int, int]:
@@ -51,17 +67,16 @@ def sign_bits(seed: int, op_id: int, start: int, n: int) -> np.ndarray:
     """1 where element start..start+n-1 of op op_id is negated, else 0 (uint8)."""
     if n <= 0:
         return np.zeros(0, dtype=np.uint8)
-    rk = round_keys(op_key(seed, op_id))
-    first, last = start >> 5, (start + n - 1) >> 5
-    ctr = np.arange(first, last + 1, dtype=np.uint64)
-    cx, cy = speck_encrypt((ctr >> 16) & MASK, ctr & MASK, rk)
-    words = (cx.astype(np.uint64) << 16) | cy.astype(np.uint64)
-    idx = np.arange(start, start + n, dtype=np.uint64)
-    w = words[(idx >> 5) - first]
-    return ((w >> (idx & 31)) & 1).astype(np.uint8)
+    out = np.empty(n, dtype=np.uint8)
+    kernels.sign_bits_run(_op_keys(int(seed), int(op_id)), int(start), out)
+    return out
 
 
 def apply_signs(v: np.ndarray, seed: int, op_id: int) -> np.ndarray:
     """v with the op's random signs applied (its own inverse)."""
-    s = sign_bits(seed, op_id, 0, len(v))
+    if isinstance(v, np.ndarray) and v.dtype == np.int64 and v.ndim == 1:
+        out = np.empty(len(v), dtype=np.int64)
+        kernels.apply_signs_run(v, _op_keys(int(seed), int(op_id)), out)
+        return out
+    s = sign_bits(seed, op_id, 0, len(v))  # other dtypes: numpy's negation
     return np.where(s == 1, -v, v)
