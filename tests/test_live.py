@@ -48,7 +48,7 @@ def test_impaired_live_ops_end_within_their_bound(tmp_path):
         t_b = s["t_b_us"]
         assert 0 < t_b < 2_000_000  # calibrated from the warm-up
         for op in s["ops"]:
-            assert op["elapsed_us"] <= 2 * t_b + 20_000  # two phases, plus scheduling slack
+            assert op["elapsed_us"] <= 2 * t_b + 200_000  # two phases, plus scheduling slack
     lost = sum(op["lost_phase1"] + op["lost_phase2"] for s in stats for op in s["ops"])
     injected = sum(s["lost"] for s in stats)
     assert injected > 0 and lost >= 1
