@@ -24,6 +24,7 @@ from optireduce.host.baselines import (
 from optireduce.host.impairment import ImpairmentSpec
 from optireduce.host.reliable import HEADER, MAX_DATAGRAM, ReliableEndpoint
 from optireduce.host.transport import UdpTransport
+from tests.live_workers import spawn_world
 
 EPS32 = float(np.finfo(np.float32).eps)
 
@@ -159,19 +160,8 @@ def baseline_worker(rank: int, world: int, tmp: str, seed: int) -> None:
 
 
 def test_ring_and_tar_under_loss_are_exact_and_identical_on_every_rank(tmp_path):
-    import torch.multiprocessing as mp
-
-    world, seed, timeout_s = 3, 4, 90
-    ctx = mp.start_processes(
-        baseline_worker, args=(world, str(tmp_path), seed), nprocs=world, join=False,
-        start_method="spawn",
-    )  # fmt: skip
-    deadline = time.monotonic() + timeout_s
-    while not ctx.join(timeout=1):
-        if time.monotonic() > deadline:
-            for proc in ctx.processes:
-                proc.kill()
-            pytest.fail(f"workers did not finish within {timeout_s} s")
+    world, seed = 3, 4
+    spawn_world(baseline_worker, (world, str(tmp_path), seed), world, 90)
     for n in SIZES:
         xs = inputs(world, n, seed)
         ref = np.mean([x.astype(np.float64) for x in xs], axis=0)
