@@ -75,7 +75,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             results["rtl"] = bench_rtl(
                 area=not args.no_area, progress=lambda n: status.update(f"measuring {n}")
             )
-    elif args.what == "collective":
+    if args.what in ("collective", "all"):
         from rich.console import Console
 
         from optireduce.host.bench_collective import bench_collective
