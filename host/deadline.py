@@ -83,25 +83,25 @@ class PhaseTracker:
         self.timeout = 0  # T when the phase ended
         self.end: int | None = None
         self.reason: str | None = None
-
-    @property
-    def expected(self) -> int:
-        return int(self.exp.sum())
-
-    @property
-    def received(self) -> int:
-        return int(self.rcv.sum())
+        # running totals, so the per-packet checks need no array scans
+        self.expected = int(self.exp.sum())
+        self.received = 0
+        self.unflagged = int(self.senders.sum())  # expected senders with no LAST seen yet
+        self.any_gone = False
 
     def arrive(self, now: int, sender: int, last: bool) -> None:
         self.rcv[sender] += 1
+        self.received += 1
         self.last_arrival = now
-        if last:
+        if last and not self.flagged[sender]:
             self.flagged[sender] = True
+            self.unflagged -= int(self.senders[sender])
 
     def sender_gone(self, now: int, sender: int) -> None:
         """The sender has finished this op: what it has not sent will never come."""
         if self.senders[sender] and not self.gone[sender] and self.end is None:
             self.gone[sender] = True
+            self.any_gone = True
             self.last_gone = now
 
     def begin(self, now: int, anchor: int | None = None) -> None:
@@ -111,7 +111,7 @@ class PhaseTracker:
     def _times(self, timeout: int, floor: int) -> tuple[int | None, int]:
         """(early-timeout tick or None, deadline tick) under the current T."""
         deadline = max(self.anchor + timeout, floor)
-        if not np.array_equal(self.flagged & self.senders, self.senders):
+        if self.unflagged:
             return None, deadline
         idle = max(1, (self.alpha_q8 * timeout) >> 8)
         return max(max(self.start, self.last_arrival or self.start) + idle, floor), deadline
@@ -120,10 +120,9 @@ class PhaseTracker:
         """(end tick, reason) if the phase is over at `now`, else None."""
         if self.start is None or self.end is not None:
             return None
-        all_in = self.rcv >= self.exp
-        if all_in.all():
+        if self.received >= self.expected:
             return max(self.start, self.last_arrival or self.start), COMPLETE
-        if (all_in | self.gone).all():  # every missing packet is known lost
+        if self.any_gone and ((self.rcv >= self.exp) | self.gone).all():  # the rest is lost
             return max(self.start, self.last_arrival or self.start, self.last_gone), EARLY
         early, deadline = self._times(timeout, floor)
         if early is not None and early <= now and early < deadline:

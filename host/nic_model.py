@@ -102,6 +102,7 @@ class NicModel:
         self.tc = (TcEstimator(p), TcEstimator(p))
         self.tc_table = np.full((2, world), p.t_c_init, dtype=np.int64)
         self._t_change = [0, 0]  # tick each phase's agreed timeout T last changed
+        self._t_cache: dict[int, tuple] = {}  # phase -> ((phase, t_B), T)
         self.base = first_op  # oldest op not completed: the window is [base, base + K)
         self.last_started = first_op - 1
         self.ops: dict[int, _Op] = {}
@@ -218,12 +219,16 @@ class NicModel:
 
     def _timeout(self, phase: int) -> int:
         """The agreed timeout T = min(median t_C of the world, t_B), as it stands now."""
-        return agreed_timeout(self.tc_table[phase - 1], self.p.t_b_us)
+        key = (phase, self.p.t_b_us)  # t_B may be recalibrated by the driver
+        if self._t_cache.get(phase, (None,))[0] != key:
+            self._t_cache[phase] = (key, agreed_timeout(self.tc_table[phase - 1], self.p.t_b_us))
+        return self._t_cache[phase][1]
 
     def _set_tc(self, phase: int, rank: int, tc: int, now: int) -> None:
         if self.tc_table[phase - 1, rank] != tc:
             self.tc_table[phase - 1, rank] = tc
             self._t_change[phase - 1] = now
+            self._t_cache.pop(phase, None)
 
     def _op_timer(self, op: _Op) -> int | None:
         ph = op.p1 if op.phase == 1 else op.p2 if op.phase == 2 else None
