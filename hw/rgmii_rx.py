@@ -1,0 +1,203 @@
+"""Gigabit MAC receive path at the byte level (GMII-like, 125 MHz SDR), and its frame FIFO.
+
+Model: IEEE 802.3 clause 3/4 framing, with `zlib.crc32` as the FCS reference
+(`docs/rgmii.md`). Bytes come from the DDR layer (`hw/rgmii_io.py`) as rxd/rx_dv/rx_er,
+one per cycle. The receiver finds the SFD, drops the preamble, folds every byte into
+the FCS register, and writes the frame into a FrameFifo with a 5-byte delay so the 4
+FCS bytes never reach the FIFO and the last data byte can carry `last`. The cycle
+rx_dv falls the frame is judged, in this order:
+
+  rx_error   rx_er seen inside the frame, or a preamble without SFD
+  rx_runt    fewer than `min_frame` (64) bytes including the FCS
+  rx_bad_fcs the FCS register is not the CRC-32 residue
+  rx_overflow the FIFO ran out of room (the reader is slow or the frame is too long)
+  rx_good    the frame is committed: it becomes visible on `o`
+
+A dropped frame is rewound and never appears on `o`. The FIFO holds `fifo_bytes`
+data bytes (FCS excluded), so frames up to fifo_bytes + 4 bytes are received when `o`
+is drained: 2048 covers 1522-byte frames, 16384 covers 9018-byte jumbo frames.
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, Module, Signal
+from amaranth.lib import wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from optireduce.hw.crc32 import CRC_INIT, CRC_RESIDUE, crc32_next
+from optireduce.hw.streams import frame_stream
+
+PREAMBLE = 0x55
+SFD = 0xD5
+DELAY = 5  # bytes held back: 4 FCS + the last data byte, which gets `last`
+COUNTER_WIDTH = 32
+
+
+class FrameFifo(wiring.Component):
+    """Byte FIFO with speculative writes: `commit` publishes everything written so far
+    (including this cycle's write), `rewind` forgets the uncommitted bytes (and this
+    cycle's write). `o` is a registered stream of committed bytes (1 per cycle).
+    `room` says a write this cycle would be kept; `level` counts bytes stored."""
+
+    def __init__(self, depth: int) -> None:
+        assert depth & (depth - 1) == 0, "depth must be a power of two"
+        self.depth = depth
+        aw = depth.bit_length()  # one extra bit tells full from empty
+        super().__init__(
+            {
+                "w_data": In(8),
+                "w_last": In(1),
+                "w_en": In(1),
+                "commit": In(1),
+                "rewind": In(1),
+                "room": Out(1),
+                "level": Out(aw),
+                "o": Out(frame_stream(1)),
+            }
+        )
+
+    def elaborate(self, platform):
+        m = Module()
+        aw = self.depth.bit_length()
+        m.submodules.mem = mem = Memory(shape=9, depth=self.depth, init=[])
+        wr = mem.write_port()
+        rd = mem.read_port(transparent_for=())
+        wp, cp, rp = Signal(aw), Signal(aw), Signal(aw)
+
+        m.d.comb += [
+            self.level.eq(wp - rp),
+            self.room.eq(self.level < self.depth),
+            wr.addr.eq(wp[: aw - 1]),
+            wr.data.eq(Cat(self.w_data, self.w_last)),
+            wr.en.eq(self.w_en & self.room),
+        ]
+        wp_next = Signal(aw)
+        m.d.comb += wp_next.eq(wp + (self.w_en & self.room))
+        with m.If(self.rewind):
+            m.d.sync += wp.eq(cp)
+        with m.Else():
+            m.d.sync += wp.eq(wp_next)
+            with m.If(self.commit):
+                m.d.sync += cp.eq(wp_next)
+
+        # The read port holds its data while en is low, so it is the output register:
+        # valid never looks at ready combinationally.
+        advance = ~self.o.valid | self.o.ready
+        m.d.comb += [
+            rd.addr.eq(rp[: aw - 1]),
+            rd.en.eq(advance),
+            self.o.payload.data[0].eq(rd.data[:8]),
+            self.o.payload.last.eq(rd.data[8]),
+            self.o.payload.keep.eq(1),
+        ]
+        with m.If(advance):
+            m.d.sync += self.o.valid.eq(rp != cp)
+            with m.If(rp != cp):
+                m.d.sync += rp.eq(rp + 1)
+        return m
+
+
+class RgmiiRx(wiring.Component):
+    """Receive MAC: rxd/rx_dv/rx_er (one byte per cycle) in, good frames without FCS on `o`.
+
+    LATENCY: the frame leaves 3 cycles after the cycle rx_dv falls (store and forward).
+    """
+
+    LATENCY = 3  # from rx_dv low (frame judged) to the first byte on `o`
+
+    def __init__(self, fifo_bytes: int = 2048, min_frame: int = 64) -> None:
+        self.fifo_bytes, self.min_frame = fifo_bytes, min_frame
+        super().__init__(
+            {
+                "rxd": In(8),
+                "rx_dv": In(1),
+                "rx_er": In(1),
+                "o": Out(frame_stream(1)),
+                "rx_good": Out(COUNTER_WIDTH),
+                "rx_bad_fcs": Out(COUNTER_WIDTH),
+                "rx_runt": Out(COUNTER_WIDTH),
+                "rx_error": Out(COUNTER_WIDTH),
+                "rx_overflow": Out(COUNTER_WIDTH),
+            }
+        )
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.fifo = fifo = FrameFifo(self.fifo_bytes)
+        wiring.connect(m, wiring.flipped(self.o), fifo.o)
+
+        crc = Signal(32, init=CRC_INIT)
+        cnt_max = max(self.min_frame, DELAY)
+        cnt = Signal(range(cnt_max + 1))  # bytes incl. FCS, saturating: only < min_frame matters
+        sr = [Signal(8, name=f"sr{k}") for k in range(DELAY)]  # sr[0] newest
+        err, ovf = Signal(), Signal()
+
+        def bump(counter):
+            m.d.sync += counter.eq(counter + 1)
+
+        with m.FSM():
+            with m.State("IDLE"):
+                with m.If(self.rx_dv):
+                    m.d.sync += err.eq(self.rx_er)
+                    with m.If(self.rxd == SFD):
+                        m.next = "DATA"
+                    with m.Elif(self.rxd == PREAMBLE):
+                        m.next = "PRE"
+                    with m.Else():
+                        m.next = "BAD"
+                m.d.sync += [crc.eq(CRC_INIT), cnt.eq(0), ovf.eq(0)]
+            with m.State("PRE"):
+                m.d.sync += err.eq(err | self.rx_er)
+                with m.If(~self.rx_dv):
+                    bump(self.rx_error)  # carrier without an SFD
+                    m.next = "IDLE"
+                with m.Elif(self.rxd == SFD):
+                    m.next = "DATA"
+                with m.Elif(self.rxd != PREAMBLE):
+                    m.next = "BAD"
+            with m.State("BAD"), m.If(~self.rx_dv):
+                bump(self.rx_error)
+                m.next = "IDLE"
+            with m.State("DATA"):
+                full = cnt >= DELAY  # sr holds DELAY bytes: the oldest is a data byte
+                with m.If(self.rx_dv):
+                    m.d.sync += [
+                        crc.eq(crc32_next(crc, self.rxd)),
+                        err.eq(err | self.rx_er),
+                        sr[0].eq(self.rxd),
+                        *[sr[k].eq(sr[k - 1]) for k in range(1, DELAY)],
+                    ]
+                    with m.If(cnt < cnt_max):
+                        m.d.sync += cnt.eq(cnt + 1)
+                    with m.If(full):
+                        m.d.comb += [
+                            fifo.w_data.eq(sr[DELAY - 1]),
+                            fifo.w_last.eq(0),
+                            fifo.w_en.eq(1),
+                        ]
+                        with m.If(~fifo.room):
+                            m.d.sync += ovf.eq(1)
+                with m.Else():
+                    m.next = "IDLE"
+                    with m.If(err):
+                        bump(self.rx_error)
+                        m.d.comb += fifo.rewind.eq(1)
+                    with m.Elif(cnt < self.min_frame):
+                        bump(self.rx_runt)
+                        m.d.comb += fifo.rewind.eq(1)
+                    with m.Elif(crc != CRC_RESIDUE):
+                        bump(self.rx_bad_fcs)
+                        m.d.comb += fifo.rewind.eq(1)
+                    with m.Elif(ovf | ~fifo.room):
+                        bump(self.rx_overflow)
+                        m.d.comb += fifo.rewind.eq(1)
+                    with m.Else():
+                        bump(self.rx_good)
+                        m.d.comb += [
+                            fifo.w_data.eq(sr[DELAY - 1]),
+                            fifo.w_last.eq(1),
+                            fifo.w_en.eq(1),
+                            fifo.commit.eq(1),
+                        ]
+        return m
