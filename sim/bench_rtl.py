@@ -24,6 +24,7 @@ BLOCKS = (
     "gather_buffer",
     "block_divider",
     "dequantizer",
+    "rgmii_mac",
 )
 CHAINS = ("encode_packetize", "gather_decode")
 
