@@ -134,7 +134,8 @@ class TcEstimator(wiring.Component):
                         dev_n.eq(dev + ((abs_err - dev) >> p.tc_dev_shift)),
                     ]
                 m.d.comb += tc_w.eq(mean_n + dev_n * p.tc_dev_mult)
-                tc_c = Mux(tc_w < 1, 1, Mux(tc_w > self.t_b, self.t_b, tc_w))
+                lo = self.p.t_c_min_us  # the model clamps at t_c_min, not 1
+                tc_c = Mux(tc_w < lo, lo, Mux(tc_w > self.t_b, self.t_b, tc_w))
                 m.d.sync += [
                     mean.eq(mean_n),
                     dev.eq(dev_n),

@@ -81,11 +81,11 @@ def test_phase_timer_matches_phase_tracker_due():
     _run(dut, bench, clock=False)
 
 
-@pytest.mark.parametrize("world", [2, 5, 8])
-def test_tc_estimator_and_median_match_the_model(world):
-    rng = np.random.default_rng(world)
+@pytest.mark.parametrize(("world", "t_c_min"), [(2, 1), (5, 1), (8, 1), (5, 300)])
+def test_tc_estimator_and_median_match_the_model(world, t_c_min):
+    rng = np.random.default_rng(world * 1000 + t_c_min)
     t_b = int(rng.choice([500, 1000]))
-    p = NicParams(p=16, b=64, c=256, n_max=8, t_b_us=t_b)
+    p = NicParams(p=16, b=64, c=256, n_max=8, t_b_us=t_b, t_c_min_us=t_c_min)
     rank = int(rng.integers(world))
     est = TcEstimator(p)
     table = np.full(world, p.t_c_init, dtype=np.int64)
@@ -101,6 +101,10 @@ def test_tc_estimator_and_median_match_the_model(world):
             v = int(rng.choice([1, t_b, (1 << 32) - 1, int(rng.integers(1, 30)),
                                 int(rng.integers(1, 2 * t_b))]))  # fmt: skip
             ops.append(("update", r, v, at))
+    if t_c_min > 1:  # small samples first: the floor must hold t_C at t_c_min
+        ops = [("sample", s, k) for k, s in enumerate((0, 1, 3, 2, 7))] + [
+            (op[0], *op[1:-1], op[-1] + 5) for op in ops
+        ]
     dut = TcEstimatorHw(p)
 
     async def wait_idle(ctx):

@@ -1,0 +1,561 @@
+"""Phase 2 at every receiver: which gather packets count, and when the gather phase ends.
+
+Models, for phase 2 only, what `host/nic_model.py: NicModel` does with each op's
+`p2` (`host/deadline.py: PhaseTracker`), the phase-2 `TcEstimator` and
+`agreed_timeout` (hw/tc_estimator.py, a second instance), the gather duplicate and
+late drops of `_accept`, the peers-gone rule of `_peer_progress` and the end of
+`_end_phase2`. The payloads are the gather buffer's business (hw/gather_buffer.py):
+this block says which packets it may write (`verdict`), and when an op's phase 2 is
+over (`end_*`, then the top drains the buffer).
+
+Expected packets of op j from rank s: the slots s owns, len(range(s, n_packets, N))
+= q + (s < rem) with (q, rem) = divmod(n_packets, N), none from this rank (it placed
+its own means). A packet of op j from rank s (scatter or gather) proves s finished
+every op <= j - K: what s still owes those ops will never come.
+
+Events. One ordered stream `ev`; each event carries `at`, the tick at which the
+model handles it. Before it takes an event the block advances its clock `now` to
+`at` (NicModel.advance: every phase due on the way ends, earliest (end tick, op id)
+first); with no event waiting it advances to the `time` input. Kinds:
+
+  GATHER     a gather frame that passed checks 1-28 (docs/protocol.md): sender,
+             op_id, op_len, pkt_index, last, t_c. The sender's phase-2 t_C enters the
+             table, peer progress, then late (phase 2 over) / duplicate (slot already
+             in) / accepted: one `verdict_valid` strobe, then the op's phase 2 ends if due
+  SCATTER    a scatter frame that passed checks 1-28: only sender, op_id (peer progress)
+  START      the host starts op_id (op_len): makes the op's context, if no frame did
+  PHASE1_END the aggregator ended phase 1 of op_id at tick `at`; `p1_start` is the op's
+             start tick and `t1` the phase-1 T in force then (aggregator `end_timeout`).
+             Phase 2 begins at `at`, anchored at max(at, p1_start + t1).
+
+Every event names op_id and op_len (the op's context is made from them if absent).
+
+Ordering contract (the top's job): events in the model's order, `at` non-decreasing,
+a PHASE1_END stamped with its end tick; `time` never ahead of a phase-1 end not yet
+on `ev`. With the aggregator: stamp frames and STARTs with the aggregator's `now`
+when it takes them, push its end strobes as PHASE1_END in the same FIFO, and drive
+`time` with the aggregator's `now` of the last cycle its `ev.ready` was high (then
+every phase-1 end up to that tick is already in the FIFO). A frame whose `at` is
+below `now` is handled at `now`.
+
+Exact but for one corner the block cannot see: at one tick, the model ends the
+phases of the ops its advance() and _peer_progress() walk in its own order (op id, or
+dict order), ending a phase 2 that is over at its very begin in between; here such
+ends (they never give a t_C sample, so T and every other result are the same) may
+come in another order within that tick.
+
+Outputs: `verdict_valid` (one cycle per GATHER) with `verdict` (ACCEPT, DUPLICATE,
+LATE), `verdict_op`, `verdict_index`; `end_valid` (one cycle per phase-2 end) with
+op, reason, end tick, T at the end, received/expected packets (OpStats.phase2_*,
+p2_received/p2_expected); `own_tc` (this node's phase-2 t_C: what its gather frames
+carry), `timeout` (the live phase-2 T); counters rx_gather / duplicate / late for
+gather frames.
+
+Not done here (documented gaps): NicModel.exclude (a dead peer reported by the
+driver) and the start-time purge of an op whose peers used another exponent or
+length (start_op); the top must do them or they stay with the host.
+
+Structure: one FSM; per-op contexts in registers (n_ctx = smallest power of two
+>= 2K, op j in context j mod n_ctx), a per-sender table (rcv, flagged, gone) and a
+slot bitmap in memories, both cleared when an op claims its context.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from amaranth import Array, Cat, Const, Module, Mux, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from optireduce.hw.deadline import TICK_BITS, PhaseTimer, Reason, idle_gap
+from optireduce.hw.tc_estimator import TC_BITS, TcEstimator
+from optireduce.params import NicParams
+
+
+class Kind(enum.IntEnum):
+    GATHER = 0
+    SCATTER = 1
+    START = 2
+    PHASE1_END = 3
+
+
+class Verdict(enum.IntEnum):
+    ACCEPT = 0
+    DUPLICATE = 1
+    LATE = 2
+
+
+def event_layout(p: NicParams) -> data.StructLayout:
+    return data.StructLayout(
+        {
+            "kind": Kind,
+            "op_id": 32,
+            "op_len": range(p.c + 1),
+            "sender": range(p.n_max),
+            "pkt_index": range(p.c // p.p),
+            "last": 1,
+            "t_c": TC_BITS,
+            "at": TICK_BITS,
+            "p1_start": TICK_BITS,
+            "t1": 32,
+        }
+    )
+
+
+def _bits(n: int) -> int:
+    """Bits to index n items (at least 1)."""
+    return max(1, (n - 1).bit_length())
+
+
+class GatherTracker(wiring.Component):
+    """Receiver-side phase 2 of up to n_ctx ops in flight (see the module docstring).
+
+    LATENCY: cycles from taking a GATHER event (ev.valid & ev.ready) to its verdict
+    strobe, no context to claim and no phase due: n_ctx + 7 (11 at K = 2); the next
+    event is taken 3 cycles later (n_ctx + 10 cycles per event). The first event of an
+    op claims its context: max(n_max, c/p) + about 10 cycles more.
+    MODEL: host/nic_model.py NicModel phase 2 (_accept, _peer_progress, _end_phase2).
+    """
+
+    MODEL = "optireduce.host.nic_model.NicModel (phase 2: p2, tc[1], _peer_progress)"
+
+    def __init__(self, p: NicParams) -> None:
+        self.p = p
+        self.n_ctx = 1 << _bits(p.rx_window)
+        self.npk_max = p.c // p.p
+        self.own_max = -(-self.npk_max // 2)  # world >= 2
+        self.LATENCY = self.n_ctx + 7
+        super().__init__(
+            {
+                # configuration (static while ops run)
+                "rank": In(range(p.n_max)),
+                "world": In(range(p.n_max + 1)),
+                "t_b": In(32),
+                "alpha_q8": In(9),
+                # time: the latest tick the block may advance to
+                "time": In(TICK_BITS),
+                "now": Out(TICK_BITS),
+                "ev": In(stream.Signature(event_layout(p))),
+                # per gather packet
+                "verdict_valid": Out(1),
+                "verdict": Out(Verdict),
+                "verdict_op": Out(32),
+                "verdict_index": Out(range(self.npk_max)),
+                # phase ends
+                "end_valid": Out(1),
+                "end_op": Out(32),
+                "end_reason": Out(Reason),
+                "end_tick": Out(TICK_BITS),
+                "end_timeout": Out(32),
+                "end_received": Out(range(self.npk_max + 1)),
+                "end_expected": Out(range(self.npk_max + 1)),
+                # status
+                "timeout": Out(32),
+                "own_tc": Out(TC_BITS),
+                "cnt_rx": Out(32),
+                "cnt_duplicate": Out(32),
+                "cnt_late": Out(32),
+            }
+        )
+
+    def elaborate(self, platform):
+        p = self.p
+        m = Module()
+        n_ctx, n_max, npk = self.n_ctx, p.n_max, self.npk_max
+        cb, sb, ib = _bits(n_ctx), _bits(n_max), _bits(npk)
+        K = p.ops_in_flight
+        n_cnt = range(n_max + 1)
+        tot = range(npk + 1)
+
+        now = Signal(TICK_BITS)
+        m.d.comb += self.now.eq(now)
+
+        # ---- t_C and T of phase 2 -----------------------------------------------------
+        m.submodules.tc = tc = TcEstimator(p)
+        m.d.comb += [tc.world.eq(self.world), tc.rank.eq(self.rank), tc.t_b.eq(self.t_b)]
+        T = tc.timeout
+        idle = idle_gap(m, self.alpha_q8, T)
+        m.d.comb += [self.timeout.eq(T), self.own_tc.eq(tc.own_tc)]
+
+        # ---- per-op contexts ------------------------------------------------------------
+        def regs(name, shape):
+            return Array(Signal(shape, name=f"{name}{k}") for k in range(n_ctx))
+
+        c_valid, c_begun, c_ended = regs("valid", 1), regs("begun", 1), regs("ended", 1)
+        c_op = regs("op", 32)
+        c_q, c_rem = regs("q", tot), regs("rem", n_cnt)  # divmod(n_packets, world)
+        c_start, c_anchor = regs("start", TICK_BITS), regs("anchor", TICK_BITS)
+        c_has_arr, c_last_arr = regs("has_arr", 1), regs("last_arr", TICK_BITS)
+        c_last_gone = regs("last_gone", TICK_BITS)
+        c_recv, c_exp = regs("recv", tot), regs("exp", tot)
+        c_unflag, c_owing = regs("unflag", n_cnt), regs("owing", n_cnt)
+
+        def exp_of(k, s):
+            """Packets context k expects from rank s (0 from this rank)."""
+            return Mux(s == self.rank, 0, c_q[k] + (s < c_rem[k]))
+
+        due = Array(Signal(name=f"due{k}") for k in range(n_ctx))
+        due_end = Array(Signal(TICK_BITS, name=f"due_end{k}") for k in range(n_ctx))
+        due_reason = Array(Signal(Reason, name=f"due_reason{k}") for k in range(n_ctx))
+        for k in range(n_ctx):
+            pt = PhaseTimer()
+            m.submodules[f"timer{k}"] = pt
+            m.d.comb += [
+                pt.active.eq(c_valid[k] & c_begun[k] & ~c_ended[k]),
+                pt.start.eq(c_start[k]),
+                pt.anchor.eq(c_anchor[k]),
+                pt.has_arrival.eq(c_has_arr[k]),
+                pt.last_arrival.eq(c_last_arr[k]),
+                pt.last_gone.eq(c_last_gone[k]),
+                pt.all_in.eq(c_recv[k] == c_exp[k]),
+                pt.in_or_gone.eq(c_owing[k] == 0),
+                pt.all_flagged.eq(c_unflag[k] == 0),
+                pt.timeout.eq(T),
+                pt.idle.eq(idle),
+                pt.floor.eq(tc.floor),
+                pt.now.eq(now),
+            ]
+            m.d.sync += [due[k].eq(pt.due), due_end[k].eq(pt.end_tick), due_reason[k].eq(pt.reason)]
+
+        # ---- memories: per-sender state and the slot bitmap, per context ------------------
+        peer_layout = data.StructLayout({"rcv": range(self.own_max + 1), "flagged": 1, "gone": 1})
+        m.submodules.peers = pm = Memory(shape=peer_layout, depth=n_ctx << sb, init=[])
+        pm_rd, pm_wr = pm.read_port(), pm.write_port()
+        m.submodules.have = hv = Memory(shape=1, depth=n_ctx << ib, init=[])
+        hv_rd, hv_wr = hv.read_port(), hv.write_port()
+
+        # ---- the event being handled ----------------------------------------------------
+        ev = Signal(event_layout(p))
+        ev_now = Signal(TICK_BITS)
+        c = Signal(cb)
+        m.d.comb += c.eq(ev.op_id[:cb])
+
+        cnt_rx, cnt_dup, cnt_late = Signal(32), Signal(32), Signal(32)
+        m.d.comb += [
+            self.cnt_rx.eq(cnt_rx),
+            self.cnt_duplicate.eq(cnt_dup),
+            self.cnt_late.eq(cnt_late),
+        ]
+        m.d.sync += [self.end_valid.eq(0), self.verdict_valid.eq(0)]
+
+        # divider (restoring, one quotient bit per cycle): n_packets divmod world
+        qbits = _bits(npk + 1)
+        div_num = Signal(qbits)
+        div_rem = Signal(qbits + 1)
+        div_q = Signal(qbits)
+        div_k = Signal(range(qbits + 1))
+        div_busy = Signal()
+
+        n_pk = Signal(range(npk + 1))
+        m.d.comb += n_pk.eq(
+            ((ev.op_len + (p.b - 1)) >> p.log2_b) << (p.log2_b - (p.p.bit_length() - 1))
+        )
+
+        with m.If(div_busy):
+            rem2 = Cat(div_num[qbits - 1], div_rem[:qbits])
+            ge = rem2 >= self.world
+            m.d.sync += [
+                div_rem.eq(Mux(ge, rem2 - self.world, rem2)),
+                div_q.eq(Cat(ge, div_q[: qbits - 1])),
+                div_num.eq(div_num << 1),
+                div_k.eq(div_k - 1),
+            ]
+            with m.If(div_k == 1):
+                m.d.sync += div_busy.eq(0)
+
+        # selection of the next phase to end: by (end tick, op) among the due, or by op
+        # among the due ops <= ev.op_id - K (the ones the event's sender is done with)
+        def pick(eligible, by_time):
+            found = Const(0)
+            best = Const(0, cb)
+            best_t = Const(0, TICK_BITS)
+            best_op = Const(0, 32)
+            for k in range(n_ctx):
+                if by_time:
+                    better = (
+                        ~found
+                        | (due_end[k] < best_t)
+                        | ((due_end[k] == best_t) & (c_op[k] < best_op))
+                    )
+                else:
+                    better = ~found | (c_op[k] < best_op)
+                f2 = Signal(name=f"pf{int(by_time)}_{k}")
+                b2 = Signal(cb, name=f"pb{int(by_time)}_{k}")
+                t2 = Signal(TICK_BITS, name=f"pt{int(by_time)}_{k}")
+                o2 = Signal(32, name=f"po{int(by_time)}_{k}")
+                m.d.comb += [f2.eq(found), b2.eq(best), t2.eq(best_t), o2.eq(best_op)]
+                with m.If(eligible(k) & better):
+                    m.d.comb += [f2.eq(1), b2.eq(k), t2.eq(due_end[k]), o2.eq(c_op[k])]
+                found, best, best_t, best_op = f2, b2, t2, o2
+            return found, best
+
+        idle_found, idle_pick = pick(lambda k: due[k], True)
+        post_found, post_pick = pick(lambda k: due[k] & ((c_op[k] + K) <= ev.op_id), False)
+
+        fire_c = Signal(cb)
+        ret_post = Signal()
+        settle = Signal()  # the registered end evaluation reflects the current state
+        post_b = Signal()  # the older ops are done; next, the event's own op
+        accepted = Signal()
+        gone_c = Signal(range(n_ctx + 1))
+        n_clear = max(n_max, npk)
+        clr = Signal(range(n_clear + 1))
+        target = Signal(TICK_BITS)
+        m.d.comb += target.eq(Mux(self.ev.valid, self.ev.payload.at, self.time))
+
+        with m.FSM() as fsm:
+            with m.State("IDLE"):
+                with m.If(idle_found):
+                    m.d.sync += [fire_c.eq(idle_pick), ret_post.eq(0)]
+                    m.next = "FIRE"
+                with m.Elif(now < target):
+                    # NicModel.advance(target): ends come out in (end tick, op) order
+                    m.d.sync += [now.eq(target), settle.eq(0)]
+                    m.next = "SETTLE"
+                with m.Elif(self.ev.valid):
+                    m.d.sync += [ev.eq(self.ev.payload), ev_now.eq(now), post_b.eq(0),
+                                 accepted.eq(0)]  # fmt: skip
+                    m.next = "LOOKUP"
+
+            with m.State("LOOKUP"):
+                with m.If(~c_valid[c] | (c_op[c] != ev.op_id)):
+                    # claim the context: the op it held is done (the receive window)
+                    m.d.sync += [
+                        c_valid[c].eq(1),
+                        c_op[c].eq(ev.op_id),
+                        c_begun[c].eq(0),
+                        c_ended[c].eq(0),
+                        c_has_arr[c].eq(0),
+                        c_last_arr[c].eq(0),
+                        c_last_gone[c].eq(0),
+                        c_start[c].eq(0),
+                        c_anchor[c].eq(0),
+                        c_recv[c].eq(0),
+                        clr.eq(0),
+                        div_num.eq(n_pk),
+                        div_rem.eq(0),
+                        div_k.eq(qbits),
+                        div_busy.eq(1),
+                    ]
+                    m.next = "CLEAR"
+                with m.Else():
+                    m.next = "DISPATCH"
+
+            with m.State("CLEAR"):
+                m.d.comb += [
+                    pm_wr.addr.eq(Cat(clr[:sb], c)),
+                    pm_wr.en.eq(clr < n_max),
+                    pm_wr.data.eq(0),
+                    hv_wr.addr.eq(Cat(clr[:ib], c)),
+                    hv_wr.en.eq(clr < npk),
+                    hv_wr.data.eq(0),
+                ]
+                m.d.sync += clr.eq(clr + 1)
+                with m.If(clr == n_clear - 1):
+                    m.next = "EXPECT"
+
+            with m.State("EXPECT"), m.If(~div_busy):
+                q, rem = div_q, div_rem[:qbits]
+                own = q + (self.rank < rem)
+                nsend = Mux(n_pk < self.world, n_pk, self.world)
+                senders = nsend - (self.rank < n_pk)
+                m.d.sync += [
+                    c_q[c].eq(q),
+                    c_rem[c].eq(rem),
+                    c_exp[c].eq(n_pk - own),
+                    c_unflag[c].eq(senders),
+                    c_owing[c].eq(senders),
+                ]
+                m.next = "DISPATCH"
+
+            with m.State("DISPATCH"), m.Switch(ev.kind):
+                with m.Case(Kind.GATHER):
+                    m.next = "TC"
+                with m.Case(Kind.SCATTER):
+                    m.d.sync += gone_c.eq(0)
+                    m.next = "GONE_RD"
+                with m.Case(Kind.START):
+                    m.d.sync += settle.eq(0)
+                    m.next = "POST"
+                with m.Case(Kind.PHASE1_END):
+                    anchor = ev.p1_start + ev.t1
+                    m.d.sync += [
+                        c_begun[c].eq(1),
+                        c_start[c].eq(ev_now),
+                        c_anchor[c].eq(Mux(anchor > ev_now, anchor, ev_now)),
+                        settle.eq(0),
+                    ]
+                    m.next = "POST"
+
+            with m.State("TC"):  # the sender's piggybacked phase-2 t_C
+                m.d.comb += [
+                    tc.update.valid.eq(1),
+                    tc.update.payload.rank.eq(ev.sender),
+                    tc.update.payload.value.eq(ev.t_c),
+                    tc.update.payload.at.eq(ev_now),
+                ]
+                with m.If(tc.update.ready):
+                    m.d.sync += gone_c.eq(0)
+                    m.next = "GONE_RD"
+
+            # peer progress: the sender has finished every op <= ev.op_id - K
+            gk = gone_c[:cb]
+            gone_hit = Signal()
+            m.d.comb += gone_hit.eq(
+                (gone_c < n_ctx)
+                & c_valid[gk]
+                & ~c_ended[gk]
+                & (exp_of(gk, ev.sender) != 0)
+                & ((c_op[gk] + K) <= ev.op_id)
+            )
+            with m.State("GONE_RD"):
+                m.d.comb += pm_rd.addr.eq(Cat(ev.sender[:sb], gk))
+                with m.If(gone_c == n_ctx):
+                    with m.If(ev.kind == Kind.GATHER):
+                        m.next = "LATE"
+                    with m.Else():
+                        m.d.sync += settle.eq(0)
+                        m.next = "POST"
+                with m.Elif(gone_hit):
+                    m.next = "GONE_WR"
+                with m.Else():
+                    m.d.sync += gone_c.eq(gone_c + 1)
+            with m.State("GONE_WR"):
+                old = pm_rd.data
+                with m.If(~old.gone):
+                    m.d.comb += [
+                        pm_wr.addr.eq(Cat(ev.sender[:sb], gk)),
+                        pm_wr.en.eq(1),
+                        pm_wr.data.rcv.eq(old.rcv),
+                        pm_wr.data.flagged.eq(old.flagged),
+                        pm_wr.data.gone.eq(1),
+                    ]
+                    m.d.sync += c_last_gone[gk].eq(ev_now)
+                    with m.If(old.rcv < exp_of(gk, ev.sender)):
+                        m.d.sync += c_owing[gk].eq(c_owing[gk] - 1)
+                m.d.sync += gone_c.eq(gone_c + 1)
+                m.next = "GONE_RD"
+
+            with m.State("LATE"):
+                m.d.comb += [
+                    hv_rd.addr.eq(Cat(ev.pkt_index[:ib], c)),
+                    pm_rd.addr.eq(Cat(ev.sender[:sb], c)),
+                ]
+                with m.If(c_ended[c]):
+                    m.d.sync += [
+                        cnt_late.eq(cnt_late + 1),
+                        self.verdict_valid.eq(1),
+                        self.verdict.eq(Verdict.LATE),
+                        self.verdict_op.eq(ev.op_id),
+                        self.verdict_index.eq(ev.pkt_index),
+                        settle.eq(0),
+                    ]
+                    m.next = "POST"
+                with m.Else():
+                    m.next = "SLOT"
+
+            with m.State("SLOT"):
+                m.d.sync += [
+                    self.verdict_valid.eq(1),
+                    self.verdict_op.eq(ev.op_id),
+                    self.verdict_index.eq(ev.pkt_index),
+                    settle.eq(0),
+                ]
+                with m.If(hv_rd.data):
+                    m.d.sync += [cnt_dup.eq(cnt_dup + 1), self.verdict.eq(Verdict.DUPLICATE)]
+                with m.Else():
+                    old = pm_rd.data
+                    rcv1 = old.rcv + 1
+                    m.d.comb += [
+                        hv_wr.addr.eq(Cat(ev.pkt_index[:ib], c)),
+                        hv_wr.en.eq(1),
+                        hv_wr.data.eq(1),
+                        pm_wr.addr.eq(Cat(ev.sender[:sb], c)),
+                        pm_wr.en.eq(1),
+                        pm_wr.data.rcv.eq(rcv1),
+                        pm_wr.data.flagged.eq(old.flagged | ev.last),
+                        pm_wr.data.gone.eq(old.gone),
+                    ]
+                    m.d.sync += [
+                        self.verdict.eq(Verdict.ACCEPT),
+                        accepted.eq(1),
+                        cnt_rx.eq(cnt_rx + 1),
+                        c_recv[c].eq(c_recv[c] + 1),
+                        c_last_arr[c].eq(ev_now),
+                        c_has_arr[c].eq(1),
+                    ]
+                    with m.If(ev.last & ~old.flagged):
+                        m.d.sync += c_unflag[c].eq(c_unflag[c] - 1)
+                    with m.If((rcv1 == exp_of(c, ev.sender)) & ~old.gone):
+                        m.d.sync += c_owing[c].eq(c_owing[c] - 1)
+                m.next = "POST"
+
+            # end what the event made due, in the model's order: the ops its sender is done
+            # with (_peer_progress, op order), then the event's own op (_progress after an
+            # accepted gather frame or the phase-1 end), the rest in IDLE (advance)
+            own_due = c_valid[c] & (c_op[c] == ev.op_id) & due[c]
+            own_ok = (ev.kind == Kind.PHASE1_END) | ((ev.kind == Kind.GATHER) & accepted)
+            peer_ev = (ev.kind == Kind.SCATTER) | (ev.kind == Kind.GATHER)
+            with m.State("POST"):
+                with m.If(tc.busy):
+                    m.d.sync += settle.eq(0)
+                with m.Elif(~settle):
+                    m.d.sync += settle.eq(1)
+                with m.Elif(~post_b):
+                    with m.If(peer_ev & post_found):
+                        m.d.sync += [fire_c.eq(post_pick), ret_post.eq(1)]
+                        m.next = "FIRE"
+                    with m.Else():
+                        m.d.sync += post_b.eq(1)
+                with m.Elif(own_ok & own_due):
+                    m.d.sync += [fire_c.eq(c), ret_post.eq(1)]
+                    m.next = "FIRE"
+                with m.Else():
+                    m.next = "IDLE"
+
+            with m.State("FIRE"):
+                f = fire_c
+                reason = due_reason[f]
+                end_t = due_end[f]
+                m.d.sync += [
+                    c_ended[f].eq(1),
+                    self.end_valid.eq(1),
+                    self.end_op.eq(c_op[f]),
+                    self.end_reason.eq(reason),
+                    self.end_tick.eq(end_t),
+                    self.end_timeout.eq(T),
+                    self.end_received.eq(c_recv[f]),
+                    self.end_expected.eq(c_exp[f]),
+                    settle.eq(0),
+                ]
+                # the completion-time sample for t_C (PhaseTracker.finish)
+                sample = Signal(TICK_BITS)
+                has_sample = Signal()
+                with m.If(reason == Reason.DEADLINE):
+                    m.d.comb += [has_sample.eq(1), sample.eq(end_t - c_start[f])]
+                with m.Elif(c_has_arr[f] & (c_last_arr[f] > c_start[f])):
+                    m.d.comb += [has_sample.eq(1), sample.eq(c_last_arr[f] - c_start[f])]
+                m.d.comb += [
+                    tc.sample.valid.eq(has_sample),
+                    tc.sample.payload.value.eq(sample),
+                    tc.sample.payload.at.eq(end_t),
+                ]
+                with m.If(ret_post):
+                    m.next = "POST"
+                with m.Else():
+                    m.next = "SETTLE"
+
+            with m.State("SETTLE"):  # the end evaluation catches up (T, then due)
+                with m.If(tc.busy):
+                    m.d.sync += settle.eq(0)
+                with m.Elif(~settle):
+                    m.d.sync += settle.eq(1)
+                with m.Else():
+                    m.next = "IDLE"
+
+        m.d.comb += self.ev.ready.eq(
+            fsm.ongoing("IDLE") & ~idle_found & (now >= self.ev.payload.at)
+        )
+        return m
