@@ -109,6 +109,68 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cluster(args: argparse.Namespace) -> int:
+    import os
+
+    from optireduce.sim.cluster import ALGOS, ClusterConfig, link_spec, run_cluster, summarize
+
+    algos = tuple(args.algos.split(",")) if args.algos else ALGOS
+    for a in algos:
+        if a not in ALGOS:
+            raise ValueError(f"--algos: {a!r} is not one of {','.join(ALGOS)}")
+    link = link_spec(args.tail, args.median_us, args.loss, args.gbps)
+    jobs = args.jobs or os.cpu_count() or 1
+
+    def config(workers: int) -> ClusterConfig:
+        return ClusterConfig(
+            workers=workers, link=link, ops=args.ops, bucket_bytes=args.bucket_kib * 1024,
+            p=args.packet, b=args.block, warmup=args.warmup, compute_us=args.compute_us,
+            rto_us=args.rto_us, seed=args.seed,
+        )  # fmt: skip
+
+    if args.sweep_workers:
+        from optireduce.sim.cluster_plots import plot_sweep
+
+        sweep = {}
+        for n in args.sweep_workers:
+            print(f"cluster: {n} workers, tail {args.tail}", file=sys.stderr)
+            cfg = config(n)
+            sweep[n] = summarize(cfg, run_cluster(cfg, algos, jobs))
+        p99 = {n: {a: s[a]["p99_ms"] for a in algos} for n, s in sweep.items()}
+        plot_sweep(p99, args.sweep_plot, f"P99 vs world size, tail {link.name}")
+        print(f"cluster: P99 vs world size plotted to {args.sweep_plot}", file=sys.stderr)
+        out = {"sweep": {str(n): s for n, s in sweep.items()}}
+    else:
+        cfg = config(args.workers)
+        res = run_cluster(cfg, algos, jobs)
+        out = summarize(cfg, res)
+        if args.plot:
+            from optireduce.sim.cluster_plots import plot_cdfs
+
+            title = f"{cfg.workers} workers, {link.name}, median {link.median_us:g} us"
+            plot_cdfs({a: r.latency_us for a, r in res.items()}, args.plot, title)
+            print(f"cluster: latency CDFs plotted to {args.plot}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        rows = out["sweep"] if "sweep" in out else {str(args.workers): out}
+        table = Table(title=f"cluster simulator, tail {link.name}")
+        for col in ("workers", "algorithm", "p50 ms", "p99 ms", "entries lost"):
+            table.add_column(col, justify="right")
+        for n, s in rows.items():
+            for a in algos:
+                table.add_row(n, a, f"{s[a]['p50_ms']:.3f}", f"{s[a]['p99_ms']:.3f}",
+                              f"{s[a]['entries_lost']:.4%}")  # fmt: skip
+        Console().print(table)
+        for n, s in rows.items():
+            if "ratios" in s:
+                print(f"{n} workers: ratios {json.dumps(s['ratios'])}")
+    return 0
+
+
 def cmd_protocol(args: argparse.Namespace) -> int:
     from optireduce.host.ubt_lua import lua_dissector
 
@@ -196,6 +258,34 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-o", "--output", help="pcap of the NIC's output frames")
     r.add_argument("--json", action="store_true", help="print the counters as JSON")
     r.set_defaults(func=cmd_replay)
+
+    def _sizes(text: str) -> list[int]:
+        try:
+            return [int(v) for v in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: e.g. 8,16,32") from None
+
+    cl = sub.add_parser("cluster", help="SimPy cluster: ring, TAR and OptiReduce on the same links")
+    cl.add_argument("--workers", type=int, default=8, choices=range(2, 65), metavar="N")
+    cl.add_argument("--tail", default="3", help="P99/P50 of the per-packet delay, or 'cloud'")
+    cl.add_argument("--ops", type=int, default=100, help="measured ops per algorithm")
+    cl.add_argument("--median-us", type=float, default=100.0, help="median per-packet delay")
+    cl.add_argument("--loss", type=float, default=0.0, help="per-packet loss rate")
+    cl.add_argument("--gbps", type=float, default=10.0, help="link bandwidth")
+    cl.add_argument("--bucket-kib", type=int, default=1024, help="bytes of one op (KiB)")
+    cl.add_argument("--packet", type=int, default=1024, help="P: elements per packet")
+    cl.add_argument("--block", type=int, default=4096, help="B: Hadamard block")
+    cl.add_argument("--warmup", type=int, default=5, help="OptiReduce calibration ops")
+    cl.add_argument("--compute-us", type=int, default=0, help="compute time between ops")
+    cl.add_argument("--rto-us", type=int, default=1000, help="reliable baselines' RTO")
+    cl.add_argument("--seed", type=int, default=0)
+    cl.add_argument("--algos", default="", help="comma-separated subset (default: all)")
+    cl.add_argument("--jobs", type=int, default=0, help="processes (default: all cores)")
+    cl.add_argument("--plot", default="", help="PNG of the latency CDFs")
+    cl.add_argument("--sweep-workers", type=_sizes, default=None, help="e.g. 8,16,32")
+    cl.add_argument("--sweep-plot", default="cluster-p99-vs-workers.png", help="sweep PNG")
+    cl.add_argument("--json", action="store_true", help="print JSON")
+    cl.set_defaults(func=cmd_cluster)
 
     p = sub.add_parser("protocol", help="the UBT v1 header, or its Wireshark dissector")
     p.add_argument("--lua", action="store_true", help="print the Lua dissector")
