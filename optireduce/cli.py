@@ -171,6 +171,53 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_loss_tolerance(args: argparse.Namespace) -> int:
+    import time
+
+    from optireduce.sim.loss_tolerance import LossToleranceConfig, plot, run_all, summarize
+
+    if args.steps < 2 or args.workers < 2 or not args.seeds:
+        raise ValueError("loss-tolerance: need --steps >= 2, --workers >= 2 and a seed")
+    cfg = LossToleranceConfig(
+        workers=args.workers, steps=args.steps, batch=args.batch, lr=args.lr,
+        seeds=tuple(args.seeds), losses=args.losses, p=args.packet, b=args.block,
+        c=args.chunk, t_b_us=args.t_b_us,
+    )  # fmt: skip
+    total = len(cfg.seeds) * (1 + 2 * len(cfg.losses))
+    done = 0
+    t0 = time.monotonic()
+
+    def progress(r: object) -> None:
+        nonlocal done
+        done += 1
+        print(f"loss-tolerance: {done}/{total} runs, {time.monotonic() - t0:.0f} s",
+              file=sys.stderr)  # fmt: skip
+
+    out = summarize(cfg, run_all(cfg, args.jobs, progress))
+    out["settings"]["wall_s"] = round(time.monotonic() - t0, 1)
+    if args.plot:
+        plot(out, args.plot)
+        print(f"loss-tolerance: accuracy vs loss plotted to {args.plot}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=f"final test accuracy (reference {out['reference_acc']:.2%})")
+        for col in ("loss", "rht: worker 0", "rht: mean", "rht: diverg.", "no_rht: worker 0",
+                    "no_rht: mean", "no_rht: diverg."):  # fmt: skip
+            table.add_column(col, justify="right")
+        for loss in out["rht"]:
+            a, b = out["rht"][loss], out["no_rht"][loss]
+            table.add_row(f"{float(loss):.0%}", f"{a['final_acc']:.2%}",
+                          f"{a['mean_worker_acc']:.2%}", f"{a['divergence']:.1e}",
+                          f"{b['final_acc']:.2%}", f"{b['mean_worker_acc']:.2%}",
+                          f"{b['divergence']:.1e}")  # fmt: skip
+        Console().print(table)
+    return 0
+
+
 def cmd_protocol(args: argparse.Namespace) -> int:
     from optireduce.host.ubt_lua import lua_dissector
 
@@ -286,6 +333,22 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("--sweep-plot", default="cluster-p99-vs-workers.png", help="sweep PNG")
     cl.add_argument("--json", action="store_true", help="print JSON")
     cl.set_defaults(func=cmd_cluster)
+
+    lt = sub.add_parser("loss-tolerance", help="training accuracy vs packet loss, +/- the RHT")
+    lt.add_argument("--workers", type=int, default=8, choices=range(2, 65), metavar="N")
+    lt.add_argument("--steps", type=int, default=250, help="SGD steps per run")
+    lt.add_argument("--batch", type=int, default=32, help="minibatch per worker")
+    lt.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (momentum 0.9)")
+    lt.add_argument("--seeds", type=_sizes, default=[0, 1, 2, 3, 4], help="e.g. 0,1,2")
+    lt.add_argument("--losses", type=_losses, default=(0.0, 0.01, 0.02, 0.05, 0.1))
+    lt.add_argument("--packet", type=int, default=64, help="P: elements per packet")
+    lt.add_argument("--block", type=int, default=1024, help="B: Hadamard block")
+    lt.add_argument("--chunk", type=int, default=16384, help="C: elements per op")
+    lt.add_argument("--t-b-us", type=int, default=2000, help="fixed t_B (no calibration)")
+    lt.add_argument("--jobs", type=int, default=0, help="processes (default: all cores)")
+    lt.add_argument("--plot", default="", help="PNG of accuracy vs loss rate")
+    lt.add_argument("--json", action="store_true", help="print JSON")
+    lt.set_defaults(func=cmd_loss_tolerance)
 
     p = sub.add_parser("protocol", help="the UBT v1 header, or its Wireshark dissector")
     p.add_argument("--lua", action="store_true", help="print the Lua dissector")
