@@ -9,8 +9,12 @@ EtherType 0x88B5 (IEEE local experimental), then a 20-byte header, network order
 
 kinds: CONFIG (JSON: params, rank, world), START (first fragment of an op's float32
 chunk, n elements in all), DATA (a further fragment), RESULT (a fragment of the
-op's float32 result), STATS (JSON of the op's OpStats). Fragments carry at most
-FRAGMENT elements (8 KiB of payload: a jumbo frame).
+op's float32 result), STATS (the op's statistics record: STATS_FIELDS, then the
+contributor histogram, 32-bit words). Fragments carry at most FRAGMENT elements
+(8 KiB of payload: a jumbo frame).
+
+The NIC core's host port carries the same things as stream words (docs/nic_core.md):
+the STATS record is defined here once, for the model, the RTL and the board.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from optireduce.host.deadline import COMPLETE, DEADLINE, EARLY
+from optireduce.host.op_stats import OpStats
 from optireduce.params import NicParams
 
 ETHERTYPE = 0x88B5
@@ -28,6 +34,7 @@ VERSION = 1
 HEADER = struct.Struct("!BBHIIIb3x")
 CONFIG, START, DATA, RESULT, STATS = 0, 1, 2, 3, 4
 KINDS = {CONFIG: "config", START: "start", DATA: "data", RESULT: "result", STATS: "stats"}
+WORD_KINDS = (START, DATA, RESULT, STATS)  # payload of 32-bit words, `count` of them
 FRAGMENT = 2048
 HOST_MAC = bytes.fromhex("024f52ffffff")
 NIC_MAC = bytes.fromhex("024f52fffffe")
@@ -44,7 +51,7 @@ class HostFrame:
 
     @property
     def count(self) -> int:
-        return len(self.payload) // 4 if self.kind in (START, DATA, RESULT) else 0
+        return len(self.payload) // 4 if self.kind in WORD_KINDS else 0
 
 
 def build(f: HostFrame, *, to_nic: bool) -> bytes:
@@ -65,8 +72,8 @@ def parse(frame: bytes) -> HostFrame:
     if version != VERSION or kind not in KINDS:
         raise ValueError(f"host frame: version {version}, kind {kind} unknown")
     payload = frame[14 + HEADER.size :]
-    if kind in (START, DATA, RESULT) and len(payload) != 4 * count:
-        raise ValueError(f"host frame: {len(payload)} payload bytes for {count} elements")
+    if kind in WORD_KINDS and len(payload) != 4 * count:
+        raise ValueError(f"host frame: {len(payload)} payload bytes for {count} words")
     return HostFrame(kind, op_id, offset, n, exponent, payload)
 
 
@@ -86,8 +93,57 @@ def chunk_frames(kind: int, op_id: int, data: np.ndarray, exponent: int) -> list
     return out
 
 
-def stats_frame(op_id: int, stats: dict) -> bytes:
-    return build(HostFrame(STATS, op_id, payload=json.dumps(stats).encode()), to_nic=False)
+# The STATS record: one 32-bit word per field, in this order, then world + 1 words of
+# the contributor histogram ([0] = reduced packets missing). Ticks are their low 32
+# bits; the exponent is sign-extended; reasons are REASON_CODES (hw/deadline.py Reason).
+STATS_FIELDS = (
+    "op_id", "n", "exponent", "start_us", "phase1_end_us", "end_us",
+    "phase1_reason", "phase2_reason", "phase1_timeout_us", "phase2_timeout_us",
+    "p1_expected", "p1_received", "p2_expected", "p2_received",
+    "sat_quantize", "sat_transform", "sat_output", "nonfinite",
+    "t_c_phase1_us", "t_c_phase2_us", "world",
+)  # fmt: skip
+REASON_CODES = {"": 0, COMPLETE: 1, EARLY: 2, DEADLINE: 3}
+_MASK = 0xFFFF_FFFF
+
+
+def stats_words(st: OpStats) -> list[int]:
+    """The STATS record of one op, as the NIC core emits it on its host port."""
+    v = {f: getattr(st, f, None) for f in STATS_FIELDS}
+    v["phase1_reason"] = REASON_CODES[st.phase1_reason]
+    v["phase2_reason"] = REASON_CODES[st.phase2_reason]
+    v["t_c_phase1_us"], v["t_c_phase2_us"] = st.t_c_us
+    words = [int(v[f]) & _MASK for f in STATS_FIELDS]
+    hist = list(st.contributor_hist) or [0] * (st.world + 1)
+    if len(hist) != st.world + 1:
+        raise ValueError(f"stats: histogram of {len(hist)} entries for world {st.world}")
+    return words + [int(h) & _MASK for h in hist]
+
+
+def stats_from_words(words: list[int]) -> dict:
+    """A STATS record back to named fields (reasons by name, exponent signed)."""
+    nf = len(STATS_FIELDS)
+    if len(words) < nf:
+        raise ValueError(f"stats: {len(words)} words, the record has at least {nf + 3}")
+    d = dict(zip(STATS_FIELDS, (int(w) for w in words[:nf]), strict=True))
+    if len(words) != nf + d["world"] + 1:
+        raise ValueError(f"stats: {len(words)} words for world {d['world']}")
+    names = {c: r for r, c in REASON_CODES.items()}
+    for f in ("phase1_reason", "phase2_reason"):
+        if d[f] not in names:
+            raise ValueError(f"stats: {f} code {d[f]} unknown")
+        d[f] = names[d[f]]
+    d["exponent"] = d["exponent"] - (1 << 32) if d["exponent"] >> 31 else d["exponent"]
+    d["contributor_hist"] = [int(w) for w in words[nf:]]
+    return d
+
+
+def stats_frame(words: list[int]) -> bytes:
+    """The STATS host frame of a record (stats_words)."""
+    d = stats_from_words(words)
+    payload = np.asarray(words, dtype=">u4").tobytes()
+    f = HostFrame(STATS, d["op_id"], 0, d["n"], d["exponent"], payload)
+    return build(f, to_nic=False)
 
 
 class ChunkAssembler:

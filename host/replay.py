@@ -71,7 +71,7 @@ def replay(frames: list[Frame], backend: str = "model") -> ReplayResult:
                 (now, f)
                 for f in host_port.chunk_frames(host_port.RESULT, r.op_id, r.data, r.stats.exponent)
             ]
-            res.frames.append((now, host_port.stats_frame(r.op_id, r.stats.to_dict())))
+            res.frames.append((now, host_port.stats_frame(host_port.stats_words(r.stats))))
 
     for tick, frame in frames:
         if host_port.is_host_frame(frame):

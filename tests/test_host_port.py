@@ -1,0 +1,72 @@
+"""Host-port frames: the binary STATS record round-trips every field of OpStats."""
+
+import numpy as np
+import pytest
+
+from optireduce.host import host_port
+from optireduce.host.op_stats import OpStats
+from optireduce.host.replay import replay
+from optireduce.host.trace import make_trace
+
+
+def _stats() -> OpStats:
+    return OpStats(
+        op_id=7, rank=1, world=3, n=1000, exponent=-20, start_us=5, end_us=(1 << 32) + 9,
+        phase1_reason="early", phase2_reason="deadline", phase1_timeout_us=400,
+        phase2_timeout_us=390, phase1_end_us=77, p1_expected=8, p1_received=7,
+        p2_expected=10, p2_received=9, contributor_hist=[1, 0, 3, 6], sat_quantize=2,
+        sat_transform=3, sat_output=4, nonfinite=5, t_c_us=(61, 62),
+    )  # fmt: skip
+
+
+def test_stats_record_round_trip():
+    st = _stats()
+    words = host_port.stats_words(st)
+    assert len(words) == len(host_port.STATS_FIELDS) + st.world + 1
+    d = host_port.stats_from_words(words)
+    assert d["exponent"] == -20 and d["end_us"] == 9  # ticks are their low 32 bits
+    assert (d["phase1_reason"], d["phase2_reason"]) == ("early", "deadline")
+    assert (d["t_c_phase1_us"], d["t_c_phase2_us"]) == (61, 62)
+    assert d["contributor_hist"] == [1, 0, 3, 6]
+    for f in ("op_id", "n", "start_us", "phase1_end_us", "p1_received", "p2_expected",
+              "sat_quantize", "sat_transform", "sat_output", "nonfinite", "world"):  # fmt: skip
+        assert d[f] == getattr(st, f), f
+    frame = host_port.stats_frame(words)
+    f = host_port.parse(frame)
+    assert (f.kind, f.op_id, f.n, f.exponent, f.count) == (
+        host_port.STATS,
+        7,
+        1000,
+        -20,
+        len(words),
+    )
+    assert np.frombuffer(f.payload, ">u4").tolist() == words
+
+
+def test_bad_stats_records():
+    words = host_port.stats_words(_stats())
+    with pytest.raises(ValueError, match="world 3"):
+        host_port.stats_from_words(words[:-1])
+    bad = list(words)
+    bad[host_port.STATS_FIELDS.index("phase1_reason")] = 9
+    with pytest.raises(ValueError, match="code 9"):
+        host_port.stats_from_words(bad)
+    st = _stats()
+    st.contributor_hist = [1, 2]
+    with pytest.raises(ValueError, match="histogram"):
+        host_port.stats_words(st)
+
+
+def test_replay_stats_frames_match_the_results():
+    res = replay(make_trace("clean", 3))
+    stats = [
+        host_port.stats_from_words(np.frombuffer(host_port.parse(f).payload, ">u4").tolist())
+        for _, f in res.frames
+        if host_port.is_host_frame(f) and host_port.parse(f).kind == host_port.STATS
+    ]
+    assert sorted(s["op_id"] for s in stats) == sorted(res.results)
+    for s in stats:
+        assert s["n"] == len(res.results[s["op_id"]])
+        assert s["phase1_reason"] == s["phase2_reason"] == "complete"  # clean: nothing lost
+        assert s["p1_received"] == s["p1_expected"] and s["p2_received"] == s["p2_expected"]
+        assert s["contributor_hist"][0] == 0 and s["contributor_hist"][-1] > 0
