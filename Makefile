@@ -34,8 +34,18 @@ demo: install
 test: install tools
 	$(PY) -m pytest -n 2 -q
 
+# every `optireduce bench` group that is installed, one JSON file (also printed)
 bench: install
-	$(VENV)/bin/optireduce bench all --json
+	$(VENV)/bin/optireduce bench all --json -o bench.json
+
+# board bitstreams (yowasp, no programmer): one board, or all of them (not in `make test`)
+BOARD ?= colorlight
+.PHONY: bitstream bitstream-all
+bitstream: install
+	$(VENV)/bin/optireduce build bitstream --board $(BOARD)
+
+bitstream-all: install
+	$(VENV)/bin/optireduce bench fpga --json
 
 lint: install
 	$(VENV)/bin/ruff check .

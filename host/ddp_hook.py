@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from optireduce.host.control import ControlPlane
-from optireduce.host.driver import SoftwareNic, select_nic
+from optireduce.host.driver import Nic, select_nic
 from optireduce.host.impairment import ImpairmentSpec
 from optireduce.host.transport import UdpTransport, addresses_from_store
 from optireduce.params import NicParams
@@ -112,7 +112,7 @@ class OptiReduceState:
         self.iteration = 0
         self.step = StepStats(0)
         self.history: list[StepStats] = []
-        self._nic: SoftwareNic | None = None
+        self._nic: Nic | None = None
         self._driver: _Driver | None = None
         self._group = None
         self._control = None
@@ -148,6 +148,14 @@ class OptiReduceState:
         self._nic = select_nic(p, rank, world, transport=transport, agree=agree)
         self._driver = _Driver()
 
+    @property
+    def nic(self) -> Nic:
+        """This rank's NIC, built on first use (collective: every rank at the same point,
+        as the hook's first call does)."""
+        if self._driver is None:
+            self._start()
+        return self._nic
+
     def _calibrate(self) -> None:
         """End of warm-up: t_B = configured, or 2 x P95 of the warm-up phases (max of ranks)."""
         if self.t_b_us is None:
@@ -161,8 +169,8 @@ class OptiReduceState:
 
     def _note_gone(self) -> None:
         """Peers that missed a control exchange are dead to the NIC too; say so once."""
-        for r in sorted(self._control.gone - self._nic.nic.gone):
-            self._nic.nic.exclude(self._nic.now_us(), r)
+        for r in sorted(self._control.gone - self._nic.gone):
+            self._nic.exclude(r)
             self.step.faults.append(r)
             log.error("optireduce: rank %d missed a bounded exchange; excluded from now on", r)
 
@@ -304,7 +312,9 @@ def _check_replicas(state: OptiReduceState, params: list[torch.Tensor]) -> None:
     for p in params:
         dist.broadcast(p.data, src=0, group=state._group)
     state.step.resynced = True
-    log.warning("optireduce: replicas drifted; resynced every parameter from rank 0")
+    # Every rank sees the drift; one line per resync is enough (step.resynced has it all).
+    level = logging.WARNING if dist.get_rank() == 0 else logging.DEBUG
+    log.log(level, "optireduce: replicas drifted; resynced every parameter from rank 0")
 
 
 def _end_bucket(state: OptiReduceState, bucket: dist.GradBucket) -> None:

@@ -2,13 +2,15 @@
 
 Backends, best first: `board` (an FPGA NIC), `sim` (the Verilated RTL, live) and
 `software` (the bit-exact model over UDP). select_nic() takes the best one that
-is available and logs one line saying which and why. All of them give the same
+is available and logs one line saying which and why; `sim` only when asked for
+(prefer=, or OPTIREDUCE_NIC=sim: host/cosim_nic.py). All of them give the same
 results bit for bit.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol, Union
@@ -35,8 +37,13 @@ ExponentAgreement = Callable[[list[int]], list[int]]
 
 class Nic(Protocol):
     backend: str
+    gone: set[int]  # peers excluded: nothing more is awaited from them
 
     def allreduce(self, x: np.ndarray) -> tuple[np.ndarray, list[OpStats]]: ...
+
+    def exclude(self, rank: int) -> None: ...
+
+    def counters(self) -> dict[str, int]: ...
 
     def close(self) -> None: ...
 
@@ -80,6 +87,17 @@ class SoftwareNic:
 
     def now_us(self) -> int:
         return int((time.monotonic() - self._t0) * 1e6)
+
+    @property
+    def gone(self) -> set[int]:
+        return self.nic.gone
+
+    def exclude(self, rank: int) -> None:
+        """The driver learnt that `rank` is dead: stop waiting for it."""
+        self.nic.exclude(self.now_us(), rank)
+
+    def counters(self) -> dict[str, int]:
+        return dict(self.nic.counters)
 
     def set_t_b(self, t_b_us: int) -> None:
         """A calibrated hard bound for every later phase."""
@@ -165,8 +183,18 @@ def _board() -> Nic:
     raise BackendUnavailable("no FPGA board found (board tops arrive with the boards issue)")
 
 
-def _sim() -> Nic:
-    raise BackendUnavailable("the live co-simulation backend is not built yet (issue 4)")
+def _sim(p: NicParams, rank: int, world: int, transport: UdpTransport,
+         agree: ExponentAgreement) -> Nic:  # fmt: skip
+    from optireduce.host.cosim_nic import SimNic
+
+    return SimNic(p, rank, world, transport, agree)
+
+
+def default_backends() -> tuple[str, ...]:
+    """board, then software; the co-simulation only when asked for, e.g. with the
+    environment OPTIREDUCE_NIC=sim (a comma list; software is always the last resort)."""
+    env = [b.strip() for b in os.environ.get("OPTIREDUCE_NIC", "").split(",") if b.strip()]
+    return (*env, "software") if env else ("board", "software")
 
 
 def select_nic(
@@ -176,16 +204,17 @@ def select_nic(
     *,
     transport: UdpTransport,
     agree: ExponentAgreement,
-    prefer: Sequence[str] = ("board", "sim", "software"),
+    prefer: Sequence[str] | None = None,
 ) -> Nic:
-    """The best available backend, with one log line saying which and why."""
+    """The best available backend (of `prefer`, default default_backends()), with one
+    log line saying which and why."""
     reasons = []
-    for name in prefer:
+    for name in dict.fromkeys(prefer or default_backends()):
         try:
             if name == "board":
                 nic = _board()
             elif name == "sim":
-                nic = _sim()
+                nic = _sim(p, rank, world, transport, agree)
             elif name == "software":
                 nic = SoftwareNic(p, rank, world, transport, agree)
             else:

@@ -6,22 +6,34 @@ does); every other frame is network input. Ticks come from the trace's
 timestamps. After the last frame the NIC's timers run out (every phase ends by its
 deadline). A malformed frame is input, counted, never an error; an unreadable
 file is an error.
+
+Both backends see the same events at the same ticks: every timer due before an
+input fires at its own tick first, and a queued START is taken at the tick the
+window opens. Output frames are put in a canonical order, by (tick, frame bytes):
+the order of frames within one microsecond is the pipeline's business, not the
+protocol's. The `rtl` backend runs the Verilated NIC core in the C++ harness
+(sim/cosim/nic_harness.cpp, docs/cosim.md).
 """
 
 from __future__ import annotations
 
 import json
+import struct
+import subprocess
+import tempfile
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from optireduce.host import host_port
-from optireduce.host.nic_model import NicModel
+from optireduce.host.nic_model import COUNTERS, NicModel
 from optireduce.host.trace import Frame
 from optireduce.params import NicParams
 
 BACKENDS = ("model", "rtl")
+_TIMER_STEPS = 1_000_000  # bound on timer firings after the last frame
 
 
 class ReplayError(RuntimeError):
@@ -33,85 +45,264 @@ class ReplayResult:
     frames: list[Frame] = field(default_factory=list)  # network and host output, by tick
     counters: dict[str, int] = field(default_factory=dict)
     results: dict[int, np.ndarray] = field(default_factory=dict)
+    sim: dict[str, int] = field(default_factory=dict)  # rtl: cycles and ticks simulated
 
     def summary(self) -> dict:
-        return {
+        out = {
             "frames_out": len(self.frames),
             "ops_completed": len(self.results),
             "counters": self.counters,
         }
+        if self.sim:
+            out["sim"] = self.sim
+        return out
 
 
-def replay(frames: list[Frame], backend: str = "model") -> ReplayResult:
-    if backend == "rtl":
-        raise ReplayError(
-            "the rtl replay backend needs the Verilated NIC core, which is not built yet "
-            "(issue 4); use --backend model"
-        )
-    if backend != "model":
-        raise ReplayError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
-    res = ReplayResult()
-    nic: NicModel | None = None
+@dataclass
+class Events:
+    """A trace as NIC inputs: the configuration, then (tick, kind, what) in trace order,
+    kind "net" (a frame) or "start" ((op_id, exponent, float32 chunk))."""
+
+    params: NicParams
+    rank: int
+    world: int
+    inputs: list[tuple[int, str, object]]
+    host_malformed: int
+
+
+def events(frames: list[Frame]) -> Events:
+    """Parse the host frames of a trace (ReplayError if it has no usable CONFIG)."""
+    cfg = None
     chunks = host_port.ChunkAssembler()
-    pending: deque = deque()  # whole chunks waiting for room in the op window
+    inputs: list[tuple[int, str, object]] = []
     host_drops = 0
-
-    def admit(now: int) -> None:
-        """The host port queues START commands; an op starts when the window has room."""
-        while pending and pending[0][0] < nic.base + nic.p.ops_in_flight:
-            op_id, exponent, data = pending.popleft()
-            nic.start_op(now, op_id, data, exponent)
-
-    def drain(now: int) -> None:
-        for tx in nic.poll_tx():
-            res.frames.append((tx.time_us, tx.frame))
-        for r in nic.poll_results():
-            res.results[r.op_id] = r.data
-            res.frames += [
-                (now, f)
-                for f in host_port.chunk_frames(host_port.RESULT, r.op_id, r.data, r.stats.exponent)
-            ]
-            res.frames.append((now, host_port.stats_frame(host_port.stats_words(r.stats))))
-
     for tick, frame in frames:
         if host_port.is_host_frame(frame):
             try:
                 f = host_port.parse(frame)
                 if f.kind == host_port.CONFIG:
-                    cfg = json.loads(f.payload)
-                    nic = NicModel(NicParams(**cfg["params"]), cfg["rank"], cfg["world"])
+                    c = json.loads(f.payload)
+                    cfg = (NicParams(**c["params"]), int(c["rank"]), int(c["world"]))
                 elif f.kind in (host_port.START, host_port.DATA):
-                    if nic is None:
+                    if cfg is None:
                         raise ReplayError("the trace starts an op before its CONFIG frame")
                     whole = chunks.add(f)
                     if whole is not None:
-                        pending.append(whole)
+                        inputs.append((tick, "start", whole))
                 else:
                     host_drops += 1  # results are the NIC's output, not input
             except (ValueError, KeyError, TypeError):
                 host_drops += 1
-        elif nic is None:
+        elif cfg is None:
             raise ReplayError("the trace has network frames before its CONFIG frame")
         else:
-            nic.receive(tick, frame)
-        if nic is not None:
-            nic.advance(tick)
-            drain(tick)
-            admit(tick)
-            drain(tick)
-    if nic is None:
+            inputs.append((tick, "net", frame))
+    if cfg is None:
         raise ReplayError("the trace has no CONFIG frame")
-    # Let every timer run out: each phase ends by its deadline, so this ends.
-    for _ in range(100_000):
-        t = nic.next_timer()
-        if t is None:
-            break
-        nic.advance(t)
-        drain(t)
-        admit(t)
-        drain(t)
+    return Events(*cfg, inputs, host_drops)
+
+
+def replay(frames: list[Frame], backend: str = "model", *, backpressure: int = 0) -> ReplayResult:
+    """Replay `frames` through the model or the RTL. backpressure=k (rtl only): the
+    core's outputs are ready one cycle in k + 1, at random, to exercise flow control."""
+    if backend not in BACKENDS:
+        raise ReplayError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+    ev = events(frames)
+    res = _replay_rtl(ev, backpressure=backpressure) if backend == "rtl" else _replay_model(ev)
+    res.counters["host_malformed"] = ev.host_malformed
+    res.frames.sort(key=lambda e: (e[0], e[1]))
+    return res
+
+
+def _replay_model(ev: Events) -> ReplayResult:
+    res = ReplayResult()
+    nic = NicModel(ev.params, ev.rank, ev.world)
+    pending: deque = deque()  # whole chunks waiting for room in the op window
+
+    def step(now: int) -> None:
+        """Collect the outputs; start queued ops while the window has room."""
+        while True:
+            for tx in nic.poll_tx():
+                res.frames.append((tx.time_us, tx.frame))
+            for r in nic.poll_results():
+                res.results[r.op_id] = r.data
+                res.frames += _host_frames(r.op_id, r.data, host_port.stats_words(r.stats), now)
+            if not (pending and pending[0][0] < nic.base + nic.p.ops_in_flight):
+                return
+            op_id, exponent, data = pending.popleft()
+            nic.start_op(now, op_id, data, exponent)
+
+    def timers_until(limit: float) -> None:
+        """Fire each timer due at or before `limit` at its own tick, in order."""
+        for _ in range(_TIMER_STEPS):
+            t = nic.next_timer()
+            if t is None or t > limit:
+                return
+            nic.advance(t)
+            step(t)
+        raise ReplayError(f"the model's timers did not run out in {_TIMER_STEPS} steps")
+
+    for tick, kind, what in ev.inputs:
+        timers_until(tick)
+        if kind == "net":
+            nic.receive(tick, what)
+        else:
+            pending.append(what)
+        step(tick)
+    timers_until(float("inf"))
     res.counters = dict(nic.counters)
-    res.counters["host_malformed"] = host_drops
-    order = sorted(range(len(res.frames)), key=lambda k: (res.frames[k][0], k))
-    res.frames = [res.frames[k] for k in order]
+    return res
+
+
+def _host_frames(op_id: int, data: np.ndarray, stats: list[int], tick: int) -> list[Frame]:
+    """An op's RESULT fragments and its STATS frame, as the host sees them."""
+    exponent = host_port.stats_from_words(stats)["exponent"]
+    out = [(tick, f) for f in host_port.chunk_frames(host_port.RESULT, op_id, data, exponent)]
+    return [*out, (tick, host_port.stats_frame(stats))]
+
+
+# ---- rtl: the record files of the C++ harness (docs/cosim.md) ----------------------------
+MAGIC = b"ORCR"
+REC = struct.Struct("<BQI")  # type, tick, length
+REC_CSR_WRITE, REC_NET, REC_START, REC_CSR_READ, REC_HOST, REC_LIMITS, REC_SUMMARY = range(1, 8)
+
+
+def _describe(t: int, f: bytes) -> str:
+    if host_port.is_host_frame(f):
+        h = host_port.parse(f)
+        return f"tick {t}: host {host_port.KINDS[h.kind]} op {h.op_id} offset {h.offset}"
+    return f"tick {t}: network frame of {len(f)} bytes {f[:64].hex()}"
+
+
+def differences(a: ReplayResult, b: ReplayResult, limit: int = 8) -> list[str]:
+    """What differs between two replays (empty: identical): output frames byte for byte
+    at their ticks, in the canonical order; counters; results bit for bit."""
+    bad = [
+        f"frame {k}: {_describe(*x)} != {_describe(*y)}"
+        for k, (x, y) in enumerate(zip(a.frames, b.frames, strict=False))
+        if x != y
+    ][:limit]
+    if len(a.frames) != len(b.frames):
+        bad.append(f"{len(a.frames)} frames != {len(b.frames)}")
+    bad += [
+        f"counter {k}: {a.counters.get(k)} != {b.counters.get(k)}"
+        for k in sorted(set(a.counters) | set(b.counters))
+        if a.counters.get(k) != b.counters.get(k)
+    ]
+    if sorted(a.results) != sorted(b.results):
+        bad.append(f"ops completed {sorted(a.results)} != {sorted(b.results)}")
+    bad += [
+        f"op {op}: results differ"
+        for op, x in b.results.items()
+        if op in a.results and not np.array_equal(a.results[op].view(np.uint32), x.view(np.uint32))
+    ]
+    return bad
+
+
+def config_writes(p: NicParams, rank: int, world: int) -> list[tuple[int, int]]:
+    """(offset, value) of every configuration register for this NIC, from hw/csr.py."""
+    from optireduce.hw.csr import register_map
+
+    out = []
+    for blk in register_map(p):
+        for r in blk.regs:
+            if r.kind == "config":
+                v = {"rank": rank, "world": world}.get(r.name, r.reset)
+                out.append((r.offset, int(v) & 0xFFFF_FFFF))
+    return out
+
+
+def counter_offsets(p: NicParams) -> dict[str, int]:
+    from optireduce.hw.csr import register_map
+
+    regs = {r.name: r.offset for blk in register_map(p) for r in blk.regs if r.kind == "counter"}
+    return {name: regs[name] for name in COUNTERS}
+
+
+def write_records(path: Path, ev: Events, *, backpressure: int = 0) -> None:
+    p = ev.params
+    recs: list[tuple[int, int, bytes]] = []
+    starts = sum(1 for _, k, _ in ev.inputs if k == "start")
+    # After the last input every op ends by its deadlines: 2 t_B per op, queued ops
+    # one after another, with room to spare.
+    extra = (starts + 2) * 4 * p.t_b_us + 10_000
+    idle_bound = 200 * p.c + 200_000  # cycles: an op's whole datapath, many times over
+    recs.append((REC_LIMITS, 0, struct.pack("<QQI", extra, idle_bound, backpressure)))
+    recs += [(REC_CSR_WRITE, 0, struct.pack("<II", a, v)) for a, v in
+             config_writes(p, ev.rank, ev.world)]  # fmt: skip
+    for tick, kind, what in ev.inputs:
+        if kind == "net":
+            recs.append((REC_NET, tick, bytes(what)))
+        else:
+            op_id, exponent, data = what
+            head = struct.pack("<IIi", op_id, len(data), exponent)
+            recs.append((REC_START, tick, head + np.asarray(data, "<f4").tobytes()))
+    recs += [(REC_CSR_READ, 0, struct.pack("<I", a)) for a in counter_offsets(p).values()]
+    with open(path, "wb") as f:
+        f.write(MAGIC + struct.pack("<I", 1))
+        for typ, tick, data in recs:
+            f.write(REC.pack(typ, tick, len(data)) + data)
+
+
+def read_records(path: Path) -> list[tuple[int, int, bytes]]:
+    buf = Path(path).read_bytes()
+    if buf[:4] != MAGIC:
+        raise ReplayError(f"{path}: not a harness record file")
+    out, off = [], 8
+    while off < len(buf):
+        typ, tick, n = REC.unpack_from(buf, off)
+        off += REC.size
+        out.append((typ, tick, buf[off : off + n]))
+        off += n
+    return out
+
+
+def host_record(words: list[int], world: int) -> tuple[int, np.ndarray, list[int]]:
+    """One op's host_o words: (op_id, float32 results, STATS record)."""
+    nstats = len(host_port.STATS_FIELDS) + world + 1
+    n = len(words) - nstats
+    if n < 1:
+        raise ReplayError(f"host_o record of {len(words)} words: shorter than its STATS")
+    stats = [int(w) for w in words[n:]]
+    d = host_port.stats_from_words(stats)
+    if d["n"] != n:
+        raise ReplayError(f"host_o record: {n} result words, STATS says n={d['n']}")
+    return d["op_id"], np.asarray(words[:n], dtype=np.uint32).view(np.float32), stats
+
+
+def _replay_rtl(ev: Events, *, backpressure: int = 0, timeout_s: float = 600) -> ReplayResult:
+    from optireduce.sim.cosim_build import harness_path
+    from optireduce.sim.toolchain import ToolchainError
+
+    try:
+        exe = harness_path(ev.params)
+    except ToolchainError as e:
+        raise ReplayError(f"the rtl backend needs Verilator: {e}") from e
+    res = ReplayResult()
+    offsets = {v: k for k, v in counter_offsets(ev.params).items()}
+    with tempfile.TemporaryDirectory(prefix="optireduce-replay-") as tmp:
+        rin, rout = Path(tmp) / "in.rec", Path(tmp) / "out.rec"
+        write_records(rin, ev, backpressure=backpressure)
+        try:
+            r = subprocess.run([str(exe), "replay", str(rin), str(rout)], capture_output=True,
+                               text=True, timeout=timeout_s, check=False)  # fmt: skip
+        except subprocess.TimeoutExpired as e:
+            raise ReplayError(f"the rtl harness did not finish within {timeout_s} s") from e
+        if r.returncode != 0:
+            raise ReplayError(f"the rtl harness failed: {r.stderr.strip()[-2000:]}")
+        for typ, tick, data in read_records(rout):
+            if typ == REC_NET:
+                res.frames.append((tick, data))
+            elif typ == REC_HOST:
+                words = np.frombuffer(data, "<u4").tolist()
+                op_id, x, stats = host_record(words, ev.world)
+                res.results[op_id] = x
+                res.frames += _host_frames(op_id, x, stats, tick)
+            elif typ == REC_CSR_READ:
+                addr, value = struct.unpack("<II", data)
+                res.counters[offsets[addr]] = value
+            elif typ == REC_SUMMARY:
+                keys = ("cycles", "ticks", "core_now", "ops_started", "ops_done")
+                res.sim = dict(zip(keys, struct.unpack("<5Q", data), strict=True))
+    res.counters = {k: res.counters[k] for k in COUNTERS}
     return res

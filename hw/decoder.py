@@ -26,19 +26,21 @@ from optireduce.params import NicParams
 CTX_DEPTH = 4  # ops whose decode may be in flight between the DRAIN and the output
 
 
-def decode_command_layout(p: NicParams) -> data.StructLayout:
+def decode_command_layout(p: NicParams, slots: int | None = None) -> data.StructLayout:
     """A gather-buffer command plus the op context the decode needs."""
     return data.StructLayout(
-        {"gather": command_layout(p), "seed": 32, "op_id": 32, "exponent": signed(8)}
+        {"gather": command_layout(p, slots), "seed": 32, "op_id": 32, "exponent": signed(8)}
     )
 
 
 class Decoder(wiring.Component):
     MODEL = "optireduce.host.codec.decode"
 
-    def __init__(self, p: NicParams) -> None:
+    def __init__(self, p: NicParams, slots: int | None = None) -> None:
+        """`slots`: ops the gather buffer holds (default p.ops_in_flight)."""
         self.p = p
-        self.gather = GatherBuffer(p)
+        self.gather = GatherBuffer(p, slots)
+        self.n_slots = self.gather.n_slots
         if p.rht:
             self.fwht = Fwht(p, p.w_wire)
             self.divider = BlockDivider(p, self.fwht.width_out)
@@ -50,15 +52,19 @@ class Decoder(wiring.Component):
         super().__init__(
             {
                 "i": In(element_stream(p.w_wire, p.lanes)),
-                "slot": In(range(p.ops_in_flight)),
+                "slot": In(range(self.n_slots)),
                 "pkt_index": In(32),
                 "contributors": In(p.n_max.bit_length()),
                 "duplicate": Out(1),
                 "out_of_range": Out(1),
-                "cmd": In(stream.Signature(decode_command_layout(p))),
+                "cmd": In(stream.Signature(decode_command_layout(p, self.n_slots))),
                 "o": Out(float_stream(p.lanes)),
                 "clear": In(1),
                 "sat_output": Out(32),
+                # the gather buffer's histogram read port (GatherBuffer.hist_*)
+                "hist_slot": In(range(self.n_slots)),
+                "hist_addr": In(range(p.n_max + 1)),
+                "hist_data": Out(range(self.gather.n_pkts + 1)),
             }
         )
 
@@ -75,6 +81,9 @@ class Decoder(wiring.Component):
             self.out_of_range.eq(g.out_of_range),
             self.deq.clear.eq(self.clear),
             self.sat_output.eq(self.deq.saturated),
+            g.hist_slot.eq(self.hist_slot),
+            g.hist_addr.eq(self.hist_addr),
+            self.hist_data.eq(g.hist_data),
         ]
 
         # One context FIFO per consumer, all written when a DRAIN is taken.
@@ -103,7 +112,7 @@ class Decoder(wiring.Component):
             ]
 
         def head(name):
-            return data.View(decode_command_layout(p), fifos[name].r_data)
+            return data.View(decode_command_layout(p, self.n_slots), fifos[name].r_data)
 
         def take_on_first(name, port):
             m.d.comb += fifos[name].r_en.eq(port.valid & port.ready & port.payload.first)

@@ -4,8 +4,9 @@ Model: `host/gather_buffer.py: GatherBuffer` (place, have, histogram) and the wa
 `host/codec.py: decode` reads it (missing packets are zeros; k = received packets
 per block of b).
 
-Slots: the buffer holds `p.ops_in_flight` ops (K slots of c elements each, one BRAM
-array of K * c elements), chosen by the `slot` port. The driver maps op ids to
+Slots: the buffer holds `slots` ops (default K = p.ops_in_flight; the NIC core uses
+2K, its whole receive window; slots of c elements each, one BRAM array of
+slots * c elements), chosen by the `slot` port. The driver maps op ids to
 slots (op_id mod K): a slot is cleared before its op starts receiving and drained
 when its phase 2 ends, so the next op's packets land in another slot while one is
 drained.
@@ -50,8 +51,8 @@ class GatherOp(enum.Enum, shape=1):
     CLEAR = 1
 
 
-def command_layout(p: NicParams) -> data.StructLayout:
-    return data.StructLayout({"op": GatherOp, "slot": range(p.ops_in_flight), "n": 32})
+def command_layout(p: NicParams, slots: int | None = None) -> data.StructLayout:
+    return data.StructLayout({"op": GatherOp, "slot": range(slots or p.ops_in_flight), "n": 32})
 
 
 class GatherBuffer(wiring.Component):
@@ -60,22 +61,25 @@ class GatherBuffer(wiring.Component):
     LATENCY = 2  # DRAIN command accepted -> first beat on o (address, then BRAM read)
     MODEL = "optireduce.host.gather_buffer.GatherBuffer + codec.decode (z, have, k per block)"
 
-    def __init__(self, p: NicParams) -> None:
+    def __init__(self, p: NicParams, slots: int | None = None) -> None:
         self.p = p
+        self.n_slots = slots or p.ops_in_flight
+        if self.n_slots < 1:
+            raise ValueError(f"GatherBuffer: slots={slots} must be at least 1")
         self.n_pkts = p.c // p.p  # packets per slot
         ppb = p.packets_per_block
         super().__init__(
             {
                 "i": In(element_stream(p.w_wire, p.lanes)),
-                "slot": In(range(p.ops_in_flight)),
+                "slot": In(range(self.n_slots)),
                 "pkt_index": In(32),
                 "contributors": In(p.n_max.bit_length()),
                 "duplicate": Out(1),
                 "out_of_range": Out(1),
-                "cmd": In(stream.Signature(command_layout(p))),
+                "cmd": In(stream.Signature(command_layout(p, self.n_slots))),
                 "o": Out(element_stream(p.w_wire, p.lanes)),
                 "k": Out(stream.Signature(range(ppb + 1))),
-                "hist_slot": In(range(p.ops_in_flight)),
+                "hist_slot": In(range(self.n_slots)),
                 "hist_addr": In(range(p.n_max + 1)),
                 "hist_data": Out(range(self.n_pkts + 1)),
             }
@@ -84,7 +88,7 @@ class GatherBuffer(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         p = self.p
-        lanes, n_slots, n_pkts = p.lanes, p.ops_in_flight, self.n_pkts
+        lanes, n_slots, n_pkts = p.lanes, self.n_slots, self.n_pkts
         ppb = p.packets_per_block
         bpp = p.p // lanes  # beats per packet
         beats_per_slot = p.c // lanes

@@ -19,6 +19,64 @@ def _losses(text: str) -> tuple[float, ...]:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if args.numerics:
+        return _demo_numerics(args)
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from optireduce.host.demo import cosim_status, demo_config, train_demo
+    from optireduce.host.train import plot as plot_train
+
+    cfg = demo_config(steps=args.steps, seed=args.seed)
+    console = Console(width=max(Console().width, 110))
+    with console.status("co-simulated NIC: checking (a first run builds it: minutes)"):
+        usable, why = (False, "--no-cosim") if args.no_cosim else cosim_status(cfg)
+    if usable:
+        cfg = demo_config(steps=args.steps, seed=args.seed, cosim_rank=0)
+    console.print(
+        f"[bold]OptiReduce demo[/]: {cfg.world} processes on loopback train an MLP on "
+        f"sklearn's digits to {cfg.target_acc:.0%}, with gloo and with OptiReduce, under the "
+        f"same tail (one straggler per step, median {cfg.straggler_median_ms:g} ms, "
+        f"P99/P50 {cfg.tail:g}; per-packet delay median {cfg.packet_median_us:g} us)"
+    )
+    if usable:
+        console.print("co-simulated NIC: rank 0 of the OptiReduce run (Verilated RTL)")
+    else:
+        console.print(f"co-simulated NIC: unavailable ({why}); all ranks software")
+    with Progress(console=console, transient=True) as prog:
+        tasks = {m: prog.add_task(f"{m:>10}", total=cfg.steps) for m in cfg.methods}
+        out = train_demo(cfg, progress=lambda m, s: prog.update(tasks[m], completed=s))
+    exact = out["optireduce"].get("cosim_bit_exact")
+    if usable and exact is None:
+        console.print("co-simulated NIC: rank 0 fell back to software (see the log line above)")
+    table = Table(title=f"time to {cfg.target_acc:.0%} test accuracy under the same tail")
+    cols = ("method", "time to accuracy", "final acc.", "P99 op latency", "entries lost",
+            "co-simulated NIC bit-exact")  # fmt: skip
+    for col in cols:
+        table.add_column(col, justify="left" if col == "method" else "right")
+    for m in cfg.methods:
+        r = out[m]
+        tta = "not reached" if r["tta_s"] is None else f"{r['tta_s']:.2f} s"
+        table.add_row(m, tta, f"{r['final_acc']:.2%}", f"{r['op_p99_ms']:.1f} ms",
+                      f"{r['entries_lost']:.3%}", "n/a" if m != "optireduce" or exact is None
+                      else ("yes" if exact else "NO"))  # fmt: skip
+    console.print(table)
+    ratio = out["ratios"]["tta_optireduce_over_gloo"]
+    gap = out["ratios"]["final_acc_gap_points"]
+    if ratio is not None:
+        met = "met" if ratio <= 0.6 else "not met"
+        console.print(f"time to accuracy, OptiReduce / gloo: {ratio:.2f} (target <= 0.6: {met})")
+    console.print(f"final accuracy, gloo - OptiReduce: {gap:+.2f} points (target <= 0.5)")
+    if args.plot:
+        plot_train(out, out["curves"], args.plot)
+        console.print(f"accuracy vs wall time plotted to [bold]{args.plot}[/]")
+    if args.json:
+        print(json.dumps({k: v for k, v in out.items() if k != "curves"}, indent=2))
+    return 0
+
+
+def _demo_numerics(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
@@ -59,31 +117,59 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+# `optireduce bench GROUP`: name -> (module, function). `all` runs every group whose
+# module is installed and says which ran; a group's function takes whichever of
+# quick/area/progress it declares.
+BENCH_GROUPS: dict[str, tuple[str, str]] = {
+    "model": ("optireduce.host.bench_model", "bench_model"),
+    "rtl": ("optireduce.sim.bench_rtl", "bench_rtl"),
+    "collective": ("optireduce.host.bench_collective", "bench_collective"),
+    "cosim": ("optireduce.sim.bench_cosim", "bench_cosim"),
+    "fpga": ("optireduce.sim.bench_fpga", "bench_fpga"),
+}
+
+
+def _bench_group(name: str, args: argparse.Namespace) -> dict:
+    import importlib
+    import inspect
+
+    from rich.console import Console
+
+    module, func = BENCH_GROUPS[name]
+    fn = getattr(importlib.import_module(module), func)
+    with Console(stderr=True).status(f"bench {name}") as status:
+        offer = {
+            "quick": args.quick,
+            "area": not args.no_area,
+            "progress": lambda n: status.update(f"bench {name}: {n}"),
+        }
+        accepted = inspect.signature(fn).parameters
+        return fn(**{k: v for k, v in offer.items() if k in accepted})
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
-    from optireduce.host.bench_model import bench_model
+    import importlib.util
 
-    results = {}
-    if args.what in ("model", "all"):
-        results["model"] = bench_model(quick=args.quick)
-    if args.what in ("rtl", "all"):
-        from rich.console import Console
+    def present(name: str) -> bool:
+        return importlib.util.find_spec(BENCH_GROUPS[name][0]) is not None
 
-        from optireduce.sim.bench_rtl import bench_rtl
+    if args.what != "all":
+        if not present(args.what):
+            raise ValueError(f"bench {args.what}: {BENCH_GROUPS[args.what][0]} is not installed")
+        out = _bench_group(args.what, args)
+    else:
+        ran = [g for g in BENCH_GROUPS if present(g)]
+        missing = [g for g in BENCH_GROUPS if g not in ran]
+        print(f"bench all: running {', '.join(ran)}"
+              + (f"; not present: {', '.join(missing)}" if missing else ""),
+              file=sys.stderr)  # fmt: skip
+        out = {g: _bench_group(g, args) for g in ran}
+        out["groups"] = {"ran": ran, "missing": missing}
+    if args.output:
+        from pathlib import Path
 
-        err = Console(stderr=True)
-        with err.status("measuring") as status:
-            results["rtl"] = bench_rtl(
-                area=not args.no_area, progress=lambda n: status.update(f"measuring {n}")
-            )
-    if args.what in ("collective", "all"):
-        from rich.console import Console
-
-        from optireduce.host.bench_collective import bench_collective
-
-        err = Console(stderr=True)
-        with err.status("starting 4 workers on loopback") as status:
-            results["collective"] = bench_collective(quick=args.quick, progress=status.update)
-    out = results[args.what] if args.what != "all" else results
+        Path(args.output).write_text(json.dumps(out, indent=2) + "\n")
+        print(f"bench: written to {args.output}", file=sys.stderr)
     if args.json:
         print(json.dumps(out, indent=2))
     else:
@@ -218,6 +304,71 @@ def cmd_loss_tolerance(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from optireduce.host.train import TrainConfig, run_train, write_outputs
+
+    cfg = TrainConfig(
+        world=args.world, steps=args.steps, target_acc=args.target, seed=args.seed,
+        tail=args.tail, straggler_median_ms=args.straggler_ms,
+        packet_median_us=args.packet_delay_us, tc_dev_mult=args.tc_dev_mult,
+        methods=tuple(args.methods.split(",")),
+    )  # fmt: skip
+    err = Console(stderr=True)
+    with Progress(console=err, transient=True) as prog:
+        tasks = {m: prog.add_task(f"{m}: {cfg.world} processes", total=cfg.steps)
+                 for m in cfg.methods}  # fmt: skip
+        out, curves = run_train(
+            cfg, work=str(Path(args.output) / "raw"),
+            progress=lambda m, s: prog.update(tasks[m], completed=s),
+        )  # fmt: skip
+    js, png = write_outputs(out, curves, args.output)
+    err.print(f"train: {js} and accuracy vs wall time in {png}")
+    if args.json:
+        print(json.dumps({k: v for k, v in out.items() if k != "settings"}, indent=2))
+    else:
+        from rich.table import Table
+
+        table = Table(title=f"time to {cfg.target_acc:.0%} test accuracy, same injected tail")
+        for col in ("method", "time to accuracy", "final acc.", "entries lost", "step"):
+            table.add_column(col, justify="right")
+        for m in cfg.methods:
+            r = out[m]
+            tta = "not reached" if r["tta_s"] is None else f"{r['tta_s']:.2f} s"
+            table.add_row(m, tta, f"{r['final_acc']:.2%}", f"{r['entries_lost']:.3%}",
+                          f"{r['step_ms']:.1f} ms")  # fmt: skip
+        Console().print(table)
+        if "ratios" in out:
+            print(f"ratios: {json.dumps(out['ratios'])}")
+    return 0
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from optireduce.sim.bitstream import build_bitstream, timing_met
+
+    err = Console(stderr=True)
+    with err.status(f"bitstream {args.board}") as status:
+        res = build_bitstream(args.board, progress=status.update)
+    if args.json:
+        print(json.dumps(res, indent=2))
+    else:
+        if not res["fits"]:
+            print(f"{args.board}: the design does not fit {res['device']} (no timing)")
+        for dom, f in res["fmax_mhz"].items():
+            print(f"{dom:>10}: Fmax {f:7.2f} MHz (target {res['target_mhz'].get(dom, 0):.2f})")
+        cap = res["capacity"]
+        for k in ("luts", "ffs", "brams", "dsps"):
+            print(f"{k:>10}: {res[k]} of {cap[k]}")
+        print(f"bitstream: {res['bitstream']}")
+    return 0 if timing_met(res) else 1
+
+
 def cmd_protocol(args: argparse.Namespace) -> int:
     from optireduce.host.ubt_lua import lua_dissector
 
@@ -267,7 +418,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
 
-    d = sub.add_parser("demo", help="AllReduce error with and without the Hadamard transform")
+    d = sub.add_parser("demo", help="training under tail: OptiReduce vs gloo (--numerics: the "
+                       "AllReduce error with and without the transform)")  # fmt: skip
+    d.add_argument("--numerics", action="store_true", help="the error table of the transform")
+    d.add_argument("--steps", type=int, default=120, help="training steps of each method")
+    d.add_argument("--no-cosim", action="store_true", help="every rank software")
     d.add_argument("--workers", type=int, default=8, choices=range(2, 65), metavar="N")
     d.add_argument("--loss", type=_losses, default=(0.0, 0.01, 0.05), help="e.g. 0,0.01,0.05")
     d.add_argument("--seed", type=int, default=0)
@@ -276,7 +431,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     b = sub.add_parser("bench", help="benchmarks, as ratios against baselines in the same run")
-    b.add_argument("what", choices=("model", "rtl", "collective", "all"), help="which figures")
+    b.add_argument("what", choices=(*BENCH_GROUPS, "all"), help="which figures")
+    b.add_argument("-o", "--output", default="", help="also write the JSON to this file")
     b.add_argument("--json", action="store_true", help="print JSON")
     b.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
     b.add_argument("--no-area", action="store_true", help="rtl: skip yosys synthesis")
@@ -349,6 +505,29 @@ def build_parser() -> argparse.ArgumentParser:
     lt.add_argument("--plot", default="", help="PNG of accuracy vs loss rate")
     lt.add_argument("--json", action="store_true", help="print JSON")
     lt.set_defaults(func=cmd_loss_tolerance)
+
+    tr = sub.add_parser("train", help="time-to-accuracy: DDP with OptiReduce vs gloo, same tail")
+    tr.add_argument("--world", type=int, default=4, choices=range(2, 17), metavar="N")
+    tr.add_argument("--steps", type=int, default=150, help="SGD steps of every method")
+    tr.add_argument("--target", type=float, default=0.93, help="target test accuracy")
+    tr.add_argument("--tail", type=float, default=3.0, help="P99/P50 of the injected delays")
+    tr.add_argument("--straggler-ms", type=float, default=20.0, help="straggler delay median")
+    tr.add_argument("--packet-delay-us", type=float, default=200.0, help="per-packet median")
+    tr.add_argument("--tc-dev-mult", type=int, default=4, help="t_C = mean + mult * dev")
+    tr.add_argument("--methods", default="gloo,optireduce", help="comma-separated")
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("-o", "--output", default="train-out", help="directory of JSON and plot")
+    tr.add_argument("--json", action="store_true", help="print {METHOD: {tta_s, ...}}")
+    tr.set_defaults(func=cmd_train)
+
+    from optireduce.sim.bitstream import BOARDS
+
+    bd = sub.add_parser("build", help="board bitstreams with yowasp (no programmer needed)")
+    bsub = bd.add_subparsers(dest="build_cmd", required=True)
+    bb = bsub.add_parser("bitstream", help="build one board's bitstream; Fmax and utilization")
+    bb.add_argument("--board", required=True, choices=BOARDS)
+    bb.add_argument("--json", action="store_true", help="print JSON")
+    bb.set_defaults(func=cmd_build)
 
     p = sub.add_parser("protocol", help="the UBT v1 header, or its Wireshark dissector")
     p.add_argument("--lua", action="store_true", help="print the Lua dissector")

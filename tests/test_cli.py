@@ -62,7 +62,8 @@ def test_bad_arguments_exit_2_with_a_message():
 
 def test_demo_table_shows_the_transform_argument(tmp_path):
     png = tmp_path / "demo.png"
-    r = run("demo", "--workers", "4", "--loss", "0,0.05", "--json", "--plot", str(png))
+    r = run("demo", "--numerics", "--workers", "4", "--loss", "0,0.05", "--json", "--plot",
+            str(png))  # fmt: skip
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout[r.stdout.index("[\n") :])
     by = {(row["config"], row["loss"]): row for row in rows}
@@ -101,3 +102,51 @@ def test_package_installs_as_a_wheel(tmp_path):
     assert not any(n.startswith(("tests/", "hw/", "host/")) for n in names)
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "optireduce = optireduce.cli:main" in zipfile.ZipFile(whl).read(entry).decode()
+
+
+def fake_bench(quick: bool) -> dict:
+    """A bench group for the registry test (the real ones take minutes)."""
+    return {"quick": quick}
+
+
+def test_bench_all_runs_the_groups_present_and_names_the_missing(tmp_path, monkeypatch, capsys):
+    from optireduce import cli
+
+    monkeypatch.setattr(cli, "BENCH_GROUPS", {
+        "fake": ("tests.test_cli", "fake_bench"), "ghost": ("optireduce.sim.no_such", "f"),
+    })  # fmt: skip
+    path = tmp_path / "bench.json"
+    assert main(["bench", "all", "--quick", "--json", "-o", str(path)]) == 0
+    cap = capsys.readouterr()
+    out = json.loads(cap.out)
+    assert out == json.loads(path.read_text())
+    assert out["fake"] == {"quick": True} and "ghost" not in out
+    assert out["groups"] == {"ran": ["fake"], "missing": ["ghost"]}
+    assert "running fake; not present: ghost" in cap.err
+    assert main(["bench", "ghost"]) == 2  # asked for by name: a clear error, no traceback
+    assert "optireduce.sim.no_such is not installed" in capsys.readouterr().err
+
+
+def test_demo_table_falls_back_to_software_and_plots(tmp_path, monkeypatch, capsys):
+    """The demo's rendering: the one-line co-simulation fallback, the table with n/a, the
+    ratio against the target, the plot (the training itself: tests/test_train.py)."""
+    from optireduce.host import demo
+
+    curve = {"steps": [0, 5, 10], "times": [0.0, 0.5, 1.0], "acc": [0.1, 0.8, 0.95]}
+    summ = {"tta_s": 1.0, "final_acc": 0.95, "entries_lost": 0.0, "op_p99_ms": 12.5}
+    fake = {
+        "gloo": dict(summ, tta_s=2.0), "optireduce": dict(summ, entries_lost=0.001),
+        "ratios": {"tta_optireduce_over_gloo": 0.5, "final_acc_gap_points": 0.0},
+        "settings": {"world": 4, "steps": 10, "straggler_median_ms": 20.0, "tail": 3.0,
+                     "target_acc": 0.93},
+        "curves": {"gloo": curve, "optireduce": curve},
+    }  # fmt: skip
+    monkeypatch.setattr(demo, "train_demo", lambda cfg, progress=None: fake)
+    monkeypatch.setattr(demo, "cosim_status", lambda cfg=None: (False, "no toolchain here"))
+    png = tmp_path / "demo.png"
+    assert main(["demo", "--plot", str(png)]) == 0
+    text = capsys.readouterr().out
+    assert "co-simulated NIC: unavailable (no toolchain here); all ranks software" in text
+    assert "n/a" in text and "0.100%" in text and "12.5 ms" in text
+    assert "OptiReduce / gloo: 0.50 (target <= 0.6: met)" in text
+    assert png.read_bytes()[:4] == b"\x89PNG"

@@ -1,0 +1,435 @@
+"""Time-to-accuracy (issue 7, item 2): DDP with the OptiReduce hook against plain DDP on
+gloo, real processes on loopback, under the same injected tail.
+
+Task: the loss-tolerance experiment's (`optireduce.sim.loss_tolerance`: scikit-learn's
+digits, shipped in the package; the MLP 64-32-10 on one flat parameter vector, its
+initial weights, shards and minibatch order; SGD with momentum). Here the workers are
+`world` processes (torch.multiprocessing, spawn; FileStore; gloo on `lo`; one thread
+each) training one `DistributedDataParallel` model, for a fixed number of steps.
+
+The tail, the same for every method:
+- **straggler delays**: in step t one rank r, drawn uniformly, straggles by d[t] drawn
+  from a lognormal with median `straggler_median_ms` and P99/P50 = `tail` (seeded by the
+  config only, so every method gets the same array). It models the network being slow
+  for that rank's traffic in that step.
+  - gloo: rank r sleeps d[t] before the step's forward pass, so its allreduce starts
+    d late and every rank waits (a reliable collective must deliver all data). That is
+    the least a d-late link can cost gloo: a ring crossing it pays d at every step.
+  - optireduce: rank r's datagrams sent during step t carry d[t] extra delay on the
+    transport (its link is late), its compute is not delayed. The deadlines decide what
+    arrives in time; what does not is lost.
+- **per-packet delay** (optireduce only, we own the transport): each datagram gets a
+  lognormal delay of median `packet_median_us` and the same P99/P50 (`host/impairment.py`).
+  gloo's TCP cannot be impaired from here.
+
+Op latency: OptiReduce's from the NICs' statistics (start of the op to its result, at
+each rank); gloo's from a comm hook around torch's own allreduce hook (hand-off of the
+bucket to its result, at each rank). Both include the wait for a straggler.
+
+Before training, every OptiReduce rank runs one lossless check op on fixed inputs; the
+parent compares each result with `simulate_allreduce` bit for bit (`verify_bit_exact`).
+With `cosim_rank`, that rank's NIC is the co-simulated RTL (the driver's `sim` backend):
+its harness owns its socket, so its sends carry no injected delay and the straggler is
+drawn from the other ranks (for both methods); `cosim_bit_exact` is its check.
+
+Measured: every `eval_every` steps rank 0 keeps (step, wall seconds since the start,
+its parameters); after the run the parent evaluates them on the held-out test split.
+Time-to-accuracy is the first kept time whose accuracy reaches `target_acc`; final
+accuracy is at the last step; entries lost is the fraction of reduced packets the NICs
+missed (phase-2 loss: the entries a rank decoded without their sum), over every rank
+and op of the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from optireduce.host.impairment import Impairment, ImpairmentSpec
+from optireduce.sim import loss_tolerance as lt
+
+METHODS = ("gloo", "optireduce")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    world: int = 4
+    steps: int = 150
+    batch: int = 32  # per worker
+    lr: float = 0.1
+    momentum: float = 0.9
+    eval_every: int = 5
+    target_acc: float = 0.93
+    seed: int = 0
+    tail: float = 3.0  # P99/P50 of both the straggler and the per-packet delays
+    straggler_median_ms: float = 20.0
+    packet_median_us: float = 200.0
+    p: int = 64  # NicParams of the hook: 2410 parameters are one op of 48 packets
+    b: int = 1024
+    c: int = 16384
+    t_c_min_us: int = 2000  # floor of t_C: a rank descheduled on 2 busy cores is not a tail
+    tc_dev_mult: int = 4  # t_C = mean + mult * deviation of the completion times (NicParams)
+    warmup_iters: int = 5
+    checksum_every: int = 10
+    policy: str = "accept"
+    methods: tuple[str, ...] = METHODS
+    cosim_rank: int | None = None  # optireduce: this rank's NIC is the co-simulated RTL
+    test_size: int = 450
+    timeout_s: float = 600.0  # per method: the workers are killed past it
+
+    def __post_init__(self) -> None:
+        if self.world < 2 or self.steps < 2 or self.eval_every < 1:
+            raise ValueError("train: need world >= 2, steps >= 2 and eval_every >= 1")
+        if not 0 < self.target_acc <= 1:
+            raise ValueError(f"train: target_acc={self.target_acc}: not in (0, 1]")
+        if self.cosim_rank is not None and not 0 <= self.cosim_rank < self.world:
+            raise ValueError(f"train: cosim_rank={self.cosim_rank} is not a rank")
+        for m in self.methods:
+            if m not in METHODS:
+                raise ValueError(f"train: method {m!r} is not one of {','.join(METHODS)}")
+
+    def nic_params(self):
+        from optireduce.params import NicParams
+
+        return NicParams(
+            n_max=max(8, self.world), p=self.p, b=self.b, c=self.c, t_c_min_us=self.t_c_min_us,
+            tc_dev_mult=self.tc_dev_mult,
+        )  # fmt: skip
+
+
+def straggler_delays(cfg: TrainConfig) -> np.ndarray:
+    """[steps, world] seconds: each step one rank, drawn uniformly, straggles by a delay
+    drawn from the lognormal; the others by 0. Depends on the config only, never on the
+    method."""
+    spec = ImpairmentSpec(median_us=cfg.straggler_median_ms * 1e3, p99_ratio=cfg.tail)
+    rng = np.random.default_rng([cfg.seed, 7])
+    if cfg.cosim_rank is None:
+        who = rng.integers(0, cfg.world, cfg.steps)
+    else:  # the co-simulated NIC sends on its own socket: it cannot be delayed
+        who = rng.integers(0, cfg.world - 1, cfg.steps)
+        who += who >= cfg.cosim_rank
+    d = spec.median_us * 1e-6 * np.exp(spec.sigma * rng.standard_normal(cfg.steps))
+    out = np.zeros((cfg.steps, cfg.world))
+    out[np.arange(cfg.steps), who] = d
+    return out
+
+
+class StepDelayImpairment(Impairment):
+    """The transport's impairment plus a per-step extra delay of every copy (a late link)."""
+
+    def __init__(self, spec: ImpairmentSpec, seed: int) -> None:
+        super().__init__(spec, seed)
+        self.extra_us = 0.0
+
+    def fates(self) -> list[float]:
+        return [d + self.extra_us for d in super().fates()]
+
+
+def verification_inputs(cfg: TrainConfig) -> list[np.ndarray]:
+    """One gradient-sized vector per rank for the lossless check op run before training."""
+    rng = np.random.default_rng([cfg.seed, 11])
+    return [rng.standard_normal(lt.n_params()).astype(np.float32) for _ in range(cfg.world)]
+
+
+def _batches(cfg: TrainConfig) -> np.ndarray:
+    """[steps, world, batch] train indices: the loss-tolerance experiment's shards."""
+    ltc = lt.LossToleranceConfig(workers=cfg.world, steps=cfg.steps, batch=cfg.batch)
+    n_train = len(lt.load_data(cfg.test_size)[1])
+    return lt._batches(ltc, cfg.seed, n_train)
+
+
+def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{out}/store", rank=rank, world_size=cfg.world
+    )
+    xtr, ytr, _, _ = lt.load_data(cfg.test_size)
+    xtr_t, ytr_t = torch.from_numpy(xtr), torch.from_numpy(ytr)
+    batches = torch.from_numpy(_batches(cfg)[:, rank])
+    delays = straggler_delays(cfg)[:, rank]
+    _, logits = lt._model()
+
+    class FlatMlp(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.theta = torch.nn.Parameter(torch.from_numpy(lt._init(cfg.seed)))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return logits(self.theta, x)
+
+    model = FlatMlp()
+    ddp = DDP(model)
+    state = imp = None
+    ops: list = []
+    if method == "optireduce":
+        from optireduce import OptiReduceState, optireduce_hook
+
+        sim = rank == cfg.cosim_rank
+        if sim:
+            os.environ["OPTIREDUCE_NIC"] = "sim"  # the driver's backend choice (host/driver.py)
+        spec = ImpairmentSpec(median_us=cfg.packet_median_us, p99_ratio=cfg.tail)
+        state = OptiReduceState(
+            cfg.nic_params(), warmup_iters=cfg.warmup_iters, policy=cfg.policy,
+            checksum_every=cfg.checksum_every, impairment=None if sim else spec, seed=cfg.seed,
+        )  # fmt: skip
+        ddp.register_comm_hook(state, optireduce_hook)
+        # Build the NIC now (every rank, same point) to put the step delay on its
+        # transport and to keep every op's statistics.
+        nic = state.nic
+        dist.barrier()  # a co-simulated NIC may build its harness first: minutes, not t_B
+        if not sim:
+            imp = nic.transport.impairment = StepDelayImpairment(spec, cfg.seed * 1000 + rank)
+        # Op 0: a lossless check (no loss, t_B of the warm-up: every phase completes); the
+        # parent compares every rank's result with simulate_allreduce bit for bit.
+        with nic.transport.reliable():
+            verify, _ = nic.allreduce(verification_inputs(cfg)[rank])
+        counters = nic.counters()
+        rx_verify = counters["rx_gather"]  # the check op's: not part of the training run
+        allreduce = nic.allreduce
+
+        def recording(x):
+            res, st = allreduce(x)
+            ops.extend(st)
+            return res, st
+
+        nic.allreduce = recording
+    else:
+        # gloo's own allreduce, timed from the bucket's hand-off to its result (this rank)
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        def timed_allreduce(pg, bucket):
+            t_start = time.perf_counter()
+
+            def done(fut):
+                ops.append(time.perf_counter() - t_start)
+                return fut.value()
+
+            return allreduce_hook(pg, bucket).then(done)
+
+        ddp.register_comm_hook(None, timed_allreduce)
+    opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    kept_steps, kept_times, kept_theta = [0], [0.0], [model.theta.detach().numpy().copy()]
+    dist.barrier()
+    t0 = time.perf_counter()
+    for t in range(cfg.steps):
+        if method == "gloo":
+            time.sleep(delays[t])  # a straggler: its allreduce starts late, all wait
+        elif imp is not None:
+            imp.extra_us = delays[t] * 1e6  # a late link: this step's datagrams
+        idx = batches[t]
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(xtr_t[idx]), ytr_t[idx]).backward()
+        opt.step()
+        if (t + 1) % cfg.eval_every == 0 or t + 1 == cfg.steps:
+            kept_times.append(time.perf_counter() - t0)
+            kept_steps.append(t + 1)
+            kept_theta.append(model.theta.detach().numpy().copy())
+            if rank == 0:
+                Path(out, "progress").write_text(str(t + 1))
+    res = {
+        "steps": kept_steps, "times": kept_times, "theta": np.stack(kept_theta),
+        "final_theta": kept_theta[-1],
+    }  # fmt: skip
+    if state is None:
+        res["op_ms"] = 1e3 * np.array(ops)
+    else:
+        nic = state.nic
+        res["p2_expected"] = np.array([s.p2_expected for s in ops])
+        res["p2_received"] = np.array([s.p2_received for s in ops])
+        res["p1_expected"] = np.array([s.p1_expected for s in ops])
+        res["p1_received"] = np.array([s.p1_received for s in ops])
+        res["n_packets"] = np.array([cfg.nic_params().packets_for(s.n) for s in ops])  # padded
+        res["op_ms"] = np.array([s.elapsed_us / 1e3 for s in ops])
+        res["deadline_phases"] = np.array(
+            [(s.phase1_reason == "deadline") + (s.phase2_reason == "deadline") for s in ops]
+        )
+        counters = nic.counters()
+        res["rx_gather"] = np.array(counters["rx_gather"] - rx_verify)
+        res["verify"] = verify
+        res["backend"] = np.array(nic.backend)
+        res["t_b_us"] = np.array(state.t_b_us)
+        res["step_lost"] = np.array([s.lost_fraction for s in state.history])
+        res["resyncs"] = np.array(sum(s.resynced for s in state.history))
+        state.close()
+    np.savez(f"{out}/rank{rank}.npz", **res)
+    dist.barrier()
+    del ddp
+    dist.destroy_process_group()
+
+
+def _spawn(cfg: TrainConfig, method: str, out: str, tick: Callable[[int], None]) -> None:
+    """cfg.world workers; every wait bounded (all are killed past cfg.timeout_s)."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(
+        _worker, args=(cfg, method, out), nprocs=cfg.world, join=False, start_method="spawn"
+    )
+    deadline = time.monotonic() + cfg.timeout_s
+    progress = Path(out, "progress")
+    while not ctx.join(timeout=0.5):
+        if progress.exists():
+            txt = progress.read_text()
+            if txt:
+                tick(int(txt))
+        if time.monotonic() > deadline:
+            for proc in ctx.processes:
+                proc.kill()
+            raise TimeoutError(
+                f"train: {method} workers did not finish within {cfg.timeout_s} s "
+                "(raise TrainConfig.timeout_s on a slower machine)"
+            )
+    tick(cfg.steps)
+
+
+def accuracy(theta: np.ndarray, x: np.ndarray, y: np.ndarray) -> float:
+    """Test accuracy of the MLP with flat parameters theta (the model's own logits)."""
+    import torch
+
+    _, logits = lt._model()
+    with torch.no_grad():
+        pred = logits(torch.from_numpy(np.asarray(theta, dtype=np.float32)), torch.from_numpy(x))
+    return float((pred.argmax(1).numpy() == y).mean())
+
+
+def run_method(
+    cfg: TrainConfig, method: str, work: str, tick: Callable[[int], None] = lambda s: None
+) -> dict:
+    """Train with one method; the summary plus the curve and the raw per-rank results."""
+    out = Path(work, method)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("store", "progress", *(f"rank{r}.npz" for r in range(cfg.world))):
+        (out / stale).unlink(missing_ok=True)  # a FileStore left over would break rendezvous
+    _spawn(cfg, method, str(out), tick)
+    ranks = [dict(np.load(out / f"rank{r}.npz")) for r in range(cfg.world)]
+    _, _, xte, yte = lt.load_data(cfg.test_size)
+    r0 = ranks[0]
+    accs = [accuracy(th, xte, yte) for th in r0["theta"]]
+    times = [float(v) for v in r0["times"]]
+    tta = next((tm for tm, a in zip(times, accs, strict=True) if a >= cfg.target_acc), None)
+    summary: dict = {"tta_s": tta, "final_acc": accs[-1], "entries_lost": 0.0}
+    summary["wall_s"] = times[-1]
+    summary["step_ms"] = 1e3 * times[-1] / cfg.steps
+    if method == "optireduce":
+        missed = sum(int((r["p2_expected"] - r["p2_received"]).sum()) for r in ranks)
+        packets = sum(int(r["n_packets"].sum()) for r in ranks)
+        summary["entries_lost"] = missed / packets
+        summary["contributions_lost"] = sum(
+            int((r["p1_expected"] - r["p1_received"]).sum()) for r in ranks
+        ) / max(1, sum(int(r["p1_expected"].sum()) for r in ranks))
+        summary["deadline_phases"] = int(sum(r["deadline_phases"].sum() for r in ranks))
+        summary["t_b_us"] = int(r0["t_b_us"])
+        summary["resyncs"] = int(r0["resyncs"])
+        summary["backends"] = [str(r["backend"]) for r in ranks]
+        # The check op against the model on the virtual cluster: same inputs, op 0,
+        # lossless, the warm-up's NicParams (t_B changes no result bit, only timing).
+        from optireduce.host.ddp_hook import WARMUP_T_B_US
+        from optireduce.host.virtual_cluster import simulate_allreduce
+
+        ref, _ = simulate_allreduce(
+            verification_inputs(cfg), params=cfg.nic_params().replace(t_b_us=WARMUP_T_B_US),
+            calibrate=False,
+        )  # fmt: skip
+        summary["verify_bit_exact"] = [
+            bool(np.array_equal(r["verify"].view(np.uint32), ref[i].view(np.uint32)))
+            for i, r in enumerate(ranks)
+        ]
+        c = cfg.cosim_rank
+        summary["cosim_bit_exact"] = (
+            summary["verify_bit_exact"][c] if c is not None and ranks[c]["backend"] == "sim"
+            else None
+        )  # fmt: skip
+    op_ms = np.concatenate([r["op_ms"] for r in ranks])  # every rank's ops
+    summary["op_p50_ms"] = float(np.percentile(op_ms, 50))
+    summary["op_p99_ms"] = float(np.percentile(op_ms, 99))
+    summary["final_acc_per_rank"] = [accuracy(r["final_theta"], xte, yte) for r in ranks]
+    curve = {"steps": [int(s) for s in r0["steps"]], "times": times, "acc": accs}
+    return {"summary": summary, "curve": curve, "ranks": ranks}
+
+
+def run_train(
+    cfg: TrainConfig,
+    work: str | None = None,
+    progress: Callable[[str, int], None] | None = None,
+) -> tuple[dict, dict]:
+    """Every method of cfg in turn (never two at once: they would share the cores).
+
+    Returns ({METHOD: summary}, {METHOD: curve}) plus "ratios" and "settings" entries in
+    the first.
+    """
+    results, curves = {}, {}
+    with tempfile.TemporaryDirectory(prefix="optireduce-train-") as tmp:
+        for m in cfg.methods:
+            tick = (lambda s, m=m: progress(m, s)) if progress else (lambda s: None)
+            r = run_method(cfg, m, work or tmp, tick)
+            results[m], curves[m] = r["summary"], r["curve"]
+    out: dict = dict(results)
+    if "gloo" in results and "optireduce" in results:
+        g, o = results["gloo"], results["optireduce"]
+        out["ratios"] = {
+            "tta_optireduce_over_gloo": (o["tta_s"] / g["tta_s"])
+            if o["tta_s"] and g["tta_s"]
+            else None,
+            "tta_target": 0.6,
+            "final_acc_gap_points": 100 * (g["final_acc"] - o["final_acc"]),
+            "final_acc_gap_target": 0.5,
+        }
+    settings = asdict(cfg)
+    settings["n_params"] = lt.n_params()
+    settings["straggler_mean_ms"] = float(1e3 * straggler_delays(cfg).max(axis=1).mean())
+    out["settings"] = settings
+    return out, curves
+
+
+def plot(summary: dict, curves: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    colors = {"gloo": "tab:orange", "optireduce": "tab:blue"}
+    for m, c in curves.items():
+        s = summary[m]
+        tta = "not reached" if s["tta_s"] is None else f"{s['tta_s']:.1f} s"
+        ax.plot(c["times"], [100 * a for a in c["acc"]], "o-", ms=3, color=colors.get(m),
+                label=f"{m}: time to target {tta}, final {100 * s['final_acc']:.1f} %")  # fmt: skip
+        if s["tta_s"] is not None:
+            ax.axvline(s["tta_s"], color=colors.get(m), ls=":", alpha=0.7)
+    st = summary["settings"]
+    ax.axhline(100 * st["target_acc"], color="k", ls="--", lw=1, label="target")
+    ax.set_ylim(max(0, 100 * st["target_acc"] - 30), 100)
+    ax.set_xlabel("wall time (s)")
+    ax.set_ylabel("test accuracy, rank 0 (%)")
+    ax.set_title(
+        f"digits MLP, {st['world']} processes, {st['steps']} steps; straggler median "
+        f"{st['straggler_median_ms']:g} ms, P99/P50 {st['tail']:g}",
+        fontsize=9,
+    )
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_outputs(summary: dict, curves: dict, out_dir: str) -> tuple[Path, Path]:
+    """DIR/train.json (summary and curves) and DIR/train.png next to it."""
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    js, png = d / "train.json", d / "train.png"
+    js.write_text(json.dumps({**summary, "curves": curves}, indent=2))
+    plot(summary, curves, str(png))
+    return js, png

@@ -1,0 +1,62 @@
+"""Colorlight 5A-75B (rev. 7.0, LFE5U-25F-6BG256): two Broadcom B50612D GbE PHYs.
+
+Port 0 (the RJ45 next to the power jack, eth_rgmii 0) goes to the host, port 1 to the
+network: a bump-in-the-wire NIC. The two PHYs share one reset, MDC and MDIO pin, so the
+second port's resource here lists only its data and clock pins. The one LED is on while
+both PHYs deliver an RX clock and blinks with traffic. Params: see docs/boards.md (the
+25F's 56 DP16KD hold C = 2048 elements, not 16K).
+"""
+
+from __future__ import annotations
+
+from amaranth import Module, Signal
+from amaranth.build import Attrs, Pins, Resource, Subsignal
+from amaranth_boards.colorlight_5a75b_r7_0 import Colorlight_5A75B_R70Platform
+
+from optireduce.hw.board_top import Board
+from optireduce.params import NicParams
+
+PARAMS = NicParams(n_max=8, p=256, b=1024, c=2048)
+
+
+class ColorlightPlatform(Colorlight_5A75B_R70Platform):
+    """The amaranth-boards platform with port 1 freed of the shared PHY pins; builds need
+    no programmer (openFPGALoader is only for flashing, docs/boards.md)."""
+
+    resources = [  # noqa: RUF012 (amaranth-boards declares it so)
+        *(r for r in Colorlight_5A75B_R70Platform.resources
+          if not (r.name == "eth_rgmii" and r.number == 1)),
+        Resource("eth_rgmii", 1,
+            Subsignal("tx_clk",  Pins("M12", dir="o")),
+            Subsignal("tx_ctl",  Pins("R15", dir="o")),
+            Subsignal("tx_data", Pins("T14 R12 R13 R14", dir="o")),
+            Subsignal("rx_clk",  Pins("M16", dir="i")),
+            Subsignal("rx_ctl",  Pins("L15", dir="i")),
+            Subsignal("rx_data", Pins("P13 N13 P14 M15", dir="i")),
+            Attrs(IO_TYPE="LVCMOS33"),
+        ),
+    ]  # fmt: skip
+
+    @property
+    def required_tools(self):
+        return [t for t in super().required_tools if t != "openFPGALoader"]
+
+
+def _leds(platform, m: Module, status: dict) -> None:
+    led = platform.request("led", 0)
+    links = status["link"][0] & status["link"][1]
+    busy = status["activity"][0] | status["activity"][1]
+    phase = Signal(23)  # blinks at 125 MHz / 2^23 = 15 Hz
+    m.d.sync += phase.eq(phase + 1)
+    m.d.comb += led.o.eq(links & ~(busy & phase[-1]))
+
+
+BOARD = Board(
+    name="colorlight",
+    platform=ColorlightPlatform,
+    params=PARAMS,
+    pll=(1, 5, 5),  # 25 MHz -> 125 MHz (yowasp-ecppll -i 25 -o 125)
+    eth=(0, 1),
+    leds=_leds,
+    description="Colorlight 5A-75B r7.0, LFE5U-25F-6, two GbE ports (host, network)",
+)

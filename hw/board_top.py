@@ -1,0 +1,231 @@
+"""The board top: a thin shell around the NIC core (docs/boards.md).
+
+  clk pin -> EHXPLLL -> sync (125 MHz, reset until the PLL locks) -> tick (1 per us)
+  eth port 0 (host)    <-> RgmiiMac <-> HostAdapter <-> core host_cmd / host_i / host_o, CSR bus
+  eth port 1 (network) <-> RgmiiMac <-> Widen / Narrow <-> core net_rx / net_tx
+
+On a board with one Ethernet port both share it: received frames are split by EtherType
+(host-port frames, 0x88B5, to the adapter; the rest to the core) and the two senders
+take turns a frame at a time (hw/board_frames.py). Each MAC's receiver runs on its PHY's
+RX clock (domain `eth<k>_rx`). LEDs show, per port, link (the PHY's RX clock is running)
+and activity (a frame in either direction in the last ~30 ms).
+
+A board (hw/board_colorlight.py, hw/board_ecpix5.py, hw/board_butterstick.py) is a
+`Board`: its amaranth-boards platform, PLL dividers, Ethernet resources, LEDs and the
+NicParams chosen to fit it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+from amaranth import ClockDomain, Elaboratable, Instance, Module, Signal
+from amaranth.lib import io, wiring
+from amaranth.lib.cdc import FFSynchronizer, ResetSynchronizer
+
+from optireduce.hw.board_frames import EtherTypeDemux, FrameMux, Narrow, Widen
+from optireduce.hw.host_adapter import HostAdapter
+from optireduce.hw.rgmii_mac import RgmiiMac
+from optireduce.params import NicParams
+
+SYNC_MHZ = 125  # one byte per cycle on the RGMII side is 1 Gb/s
+PHY_RESET_BITS = 20  # PHYs held in reset for 2^20 cycles (8.4 ms) after the PLL locks
+ACTIVITY_BITS = 22  # activity LEDs stay on 2^22 cycles (34 ms) after a frame
+
+
+@dataclass(frozen=True)
+class Board:
+    """What a board module declares. `pll` = (CLKI_DIV, CLKFB_DIV, CLKOP_DIV) from
+    `yowasp-ecppll -i <clk MHz> -o 125`; `eth` = eth_rgmii resource numbers, host port
+    first (one entry: host and network share it); `leds(platform, m, status)` drives the
+    LEDs from status = {"link": [per port], "activity": [per port], "locked": Signal}."""
+
+    name: str
+    platform: Callable[[], object]
+    params: NicParams
+    pll: tuple[int, int, int]
+    eth: tuple[int, ...]
+    leds: Callable[[object, Module, dict], None]
+    description: str = ""
+
+
+def rgmii_pads(pads) -> SimpleNamespace:
+    """The subsignals RgmiiDdrBuffers uses, whatever the platform calls CTL (ECPIX-5: ctrl)."""
+    return SimpleNamespace(
+        tx_clk=pads.tx_clk,
+        tx_ctl=getattr(pads, "tx_ctl", None) or pads.tx_ctrl,
+        tx_data=pads.tx_data,
+        rx_ctl=getattr(pads, "rx_ctl", None) or pads.rx_ctrl,
+        rx_data=pads.rx_data,
+    )
+
+
+class BoardTop(Elaboratable):
+    """The top of `board`; `core` builds the core from NicParams (default: NicCore)."""
+
+    def __init__(self, board: Board, core: Callable[[NicParams], wiring.Component] | None = None):
+        self.board = board
+        if core is None:
+            from optireduce.hw.nic_core import NicCore
+
+            core = NicCore
+        self.core = core
+
+    def elaborate(self, platform):
+        m = Module()
+        b = self.board
+        p = b.params
+
+        # ---- clocks: PLL to 125 MHz, reset until locked ---------------------------------
+        clk_in = platform.request(platform.default_clk, dir="i").i
+        f_in = platform.default_clk_frequency
+        clki_div, clkfb_div, clkop_div = b.pll
+        f_out = f_in * clkfb_div / clki_div
+        if abs(f_out - SYNC_MHZ * 1e6) > 1e3:
+            raise ValueError(f"{b.name}: PLL gives {f_out / 1e6:.3f} MHz, not {SYNC_MHZ}")
+        locked = Signal()
+        m.domains.sync = cd_sync = ClockDomain("sync")
+        clk_pll = cd_sync.clk
+        m.submodules.pll = Instance(
+            "EHXPLLL",
+            a_FREQUENCY_PIN_CLKI=f"{f_in / 1e6:g}",
+            a_FREQUENCY_PIN_CLKOP=f"{SYNC_MHZ}",
+            a_ICP_CURRENT="12",
+            a_LPF_RESISTOR="8",
+            a_MFG_ENABLE_FILTEROPAMP="1",
+            a_MFG_GMCREF_SEL="2",
+            p_PLLRST_ENA="DISABLED",
+            p_INTFB_WAKE="DISABLED",
+            p_STDBY_ENABLE="DISABLED",
+            p_DPHASE_SOURCE="DISABLED",
+            p_OUTDIVIDER_MUXA="DIVA",
+            p_OUTDIVIDER_MUXB="DIVB",
+            p_OUTDIVIDER_MUXC="DIVC",
+            p_OUTDIVIDER_MUXD="DIVD",
+            p_CLKI_DIV=clki_div,
+            p_CLKOP_ENABLE="ENABLED",
+            p_CLKOP_DIV=clkop_div,
+            p_CLKOP_CPHASE=2,
+            p_CLKOP_FPHASE=0,
+            p_FEEDBK_PATH="CLKOP",
+            p_CLKFB_DIV=clkfb_div,
+            i_RST=0,
+            i_STDBY=0,
+            i_CLKI=clk_in,
+            o_CLKOP=clk_pll,
+            i_CLKFB=clk_pll,
+            i_PHASESEL0=0,
+            i_PHASESEL1=0,
+            i_PHASEDIR=1,
+            i_PHASESTEP=1,
+            i_PHASELOADREG=1,
+            i_PLLWAKESYNC=0,
+            i_ENCLKOP=0,
+            o_LOCK=locked,
+        )
+        # nextpnr derives sync's 125 MHz constraint from the PLL; the PHY clocks: lpf_preferences
+        m.submodules.rst_sync = ResetSynchronizer(~locked, domain="sync")
+
+        # ---- the microsecond tick ---------------------------------------------------------
+        tick = Signal()
+        div = Signal(range(SYNC_MHZ))
+        m.d.sync += [div.eq(div + 1), tick.eq(div == SYNC_MHZ - 1)]
+        with m.If(div == SYNC_MHZ - 1):
+            m.d.sync += div.eq(0)
+
+        # ---- PHY reset --------------------------------------------------------------------
+        phy_wait = Signal(PHY_RESET_BITS + 1)
+        with m.If(~phy_wait[-1]):
+            m.d.sync += phy_wait.eq(phy_wait + 1)
+        phy_in_reset = ~phy_wait[-1]
+
+        # ---- MACs ---------------------------------------------------------------------------
+        macs = []
+        links, acts = [], []
+        for k, number in enumerate(b.eth):
+            pads = platform.request("eth_rgmii", number, dir="-")
+            dom = f"eth{k}_rx"
+            m.domains += (cd := ClockDomain(dom))
+            m.submodules[f"eth{k}_rx_clk"] = rx_clk = io.Buffer("i", pads.rx_clk)
+            m.d.comb += cd.clk.eq(rx_clk.i)
+            m.submodules[f"eth{k}_rx_rst"] = ResetSynchronizer(phy_in_reset, domain=dom)
+            if hasattr(pads, "rst"):  # PHYs that share a reset pin list it on one port only
+                m.submodules[f"eth{k}_phy_rst"] = phy_rst = io.Buffer("o", pads.rst)
+                m.d.comb += phy_rst.o.eq(phy_in_reset)
+            mac = RgmiiMac(p, pads=rgmii_pads(pads), rx_domain=dom)
+            m.submodules[f"eth{k}_mac"] = mac
+            macs.append(mac)
+            links.append(self._clock_alive(m, dom, k))
+            acts.append(self._activity(m, mac, k))
+
+        # ---- core, host adapter, frame plumbing --------------------------------------------
+        m.submodules.core = core = self.core(p)
+        m.submodules.host = host = HostAdapter(p)
+        m.submodules.widen = widen = Widen(8)
+        m.submodules.narrow = narrow = Narrow(8)
+        m.d.comb += core.tick.eq(tick)
+        wiring.connect(m, host.host_cmd, core.host_cmd)
+        wiring.connect(m, host.host_i, core.host_i)
+        wiring.connect(m, core.host_o, host.host_o)
+        m.d.comb += [
+            core.csr_addr.eq(host.csr_addr),
+            core.csr_w_en.eq(host.csr_w_en),
+            core.csr_w_data.eq(host.csr_w_data),
+            core.csr_r_en.eq(host.csr_r_en),
+            host.csr_r_data.eq(core.csr_r_data),
+        ]
+        wiring.connect(m, widen.o, core.net_rx)
+        wiring.connect(m, core.net_tx, narrow.i)
+        if len(macs) == 2:
+            host_mac, net_mac = macs
+            wiring.connect(m, host_mac.o, host.i)
+            wiring.connect(m, host.o, host_mac.i)
+            wiring.connect(m, net_mac.o, widen.i)
+            wiring.connect(m, narrow.o, net_mac.i)
+        else:
+            (mac,) = macs
+            m.submodules.demux = demux = EtherTypeDemux()
+            m.submodules.tx_mux = tx_mux = FrameMux()
+            wiring.connect(m, mac.o, demux.i)
+            wiring.connect(m, demux.host, host.i)
+            wiring.connect(m, demux.net, widen.i)
+            wiring.connect(m, host.o, tx_mux.a)
+            wiring.connect(m, narrow.o, tx_mux.b)
+            wiring.connect(m, tx_mux.o, mac.i)
+
+        b.leds(platform, m, {"link": links, "activity": acts, "locked": locked})
+        return m
+
+    def lpf_preferences(self) -> str:
+        """LPF lines for the PHY RX clocks, constrained at their pins (net names do not
+        survive synthesis; the sync constraint is derived from the PLL by nextpnr)."""
+        return "\n".join(
+            f'FREQUENCY PORT "eth_rgmii_{n}__rx_clk__io" {SYNC_MHZ} MHZ;' for n in self.board.eth
+        )
+
+    @staticmethod
+    def _clock_alive(m: Module, dom: str, k: int) -> Signal:
+        """High while the PHY's RX clock runs: its divided toggle keeps changing in sync."""
+        slow = Signal(8, name=f"eth{k}_rx_div")
+        m.d[dom] += slow.eq(slow + 1)
+        seen = Signal(name=f"eth{k}_rx_msb")
+        m.submodules[f"eth{k}_alive_sync"] = FFSynchronizer(slow[-1], seen)
+        prev = Signal(name=f"eth{k}_rx_prev")
+        quiet = Signal(12, name=f"eth{k}_quiet")  # 4096 sync cycles >> 256 rx cycles
+        m.d.sync += prev.eq(seen)
+        with m.If(seen != prev):
+            m.d.sync += quiet.eq(0)
+        with m.Elif(~quiet[-1]):
+            m.d.sync += quiet.eq(quiet + 1)
+        return ~quiet[-1]
+
+    @staticmethod
+    def _activity(m: Module, mac: RgmiiMac, k: int) -> Signal:
+        hold = Signal(ACTIVITY_BITS, name=f"eth{k}_act")
+        with m.If((mac.o.valid & mac.o.ready) | (mac.i.valid & mac.i.ready)):
+            m.d.sync += hold.eq(~0)
+        with m.Elif(hold != 0):
+            m.d.sync += hold.eq(hold - 1)
+        return hold != 0

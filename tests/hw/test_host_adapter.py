@@ -1,0 +1,387 @@
+"""HostAdapter against host/host_port.py, bit for bit (amaranth.sim).
+
+Frames in are built with host_port.build; what reaches the core must equal what
+host_port.ChunkAssembler makes of the good frames. Frames out must equal
+host_port.build(RESULT fragments) and host_port.stats_frame(stats_words(...)).
+Every side runs with random idle and backpressure. The frame plumbing that feeds the
+adapter on a board (hw/board_frames.py) is checked byte for byte at the end.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from amaranth.sim import Simulator
+
+from optireduce.host import host_port
+from optireduce.host.host_port import DATA, START, HostFrame
+from optireduce.host.op_stats import OpStats
+from optireduce.hw.csr import register_map
+from optireduce.hw.host_adapter import COUNTERS, HostAdapter, reg_reply, reg_request
+from optireduce.params import NicParams
+
+P = NicParams(p=16, b=64, c=1024, n_max=8)
+FRAG = 96  # words per frame in and out (small, so ops span several frames)
+MAX_CYCLES = 400_000
+
+
+def _frame(kind: int, op: int, off: int, n: int, e: int, words: np.ndarray) -> bytes:
+    payload = np.asarray(words, ">f4").tobytes()
+    return host_port.build(HostFrame(kind, op, off, n, e, payload), to_nic=True)
+
+
+def _chunk(op: int, data: np.ndarray, e: int, frag: int = FRAG) -> list[bytes]:
+    return [
+        _frame(START if off == 0 else DATA, op, off, len(data), e, data[off : off + frag])
+        for off in range(0, len(data), frag)
+    ]
+
+
+def _stats(op: int, n: int, e: int, world: int, rng: random.Random) -> list[int]:
+    st = OpStats(
+        op_id=op, rank=0, world=world, n=n, exponent=e, start_us=rng.randrange(1 << 40),
+        end_us=rng.randrange(1 << 40), phase1_reason="early", phase2_reason="deadline",
+        phase1_timeout_us=400, phase2_timeout_us=390, phase1_end_us=77, p1_expected=8,
+        p1_received=7, p2_expected=10, p2_received=9,
+        contributor_hist=[rng.randrange(100) for _ in range(world + 1)], sat_quantize=2,
+        sat_transform=3, sat_output=4, nonfinite=5, t_c_us=(61, 62),
+    )  # fmt: skip
+    return host_port.stats_words(st)
+
+
+def _run(
+    dut: HostAdapter,
+    frames_in,
+    messages,
+    regs=None,
+    seed=0,
+    max_cycles=MAX_CYCLES,
+    messages_after: int | None = None,
+):
+    """Drive frames into `i` and messages into `host_o` (`messages_after` cycles after the
+    last frame went in, if given); collect everything out."""
+    rng = random.Random(seed)
+    regs = dict(regs or {})
+    out = {"cmd": [], "words": [], "frames": [], "writes": [], "counters": {}}
+    done = {"in": False, "msg": False}
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+
+    async def drive_frames(ctx):
+        for fr in frames_in:
+            for k, b in enumerate(fr):
+                while rng.random() < 0.2:
+                    await ctx.tick()
+                ctx.set(dut.i.valid, 1)
+                ctx.set(dut.i.payload.data[0], b)
+                ctx.set(dut.i.payload.keep, 1)
+                ctx.set(dut.i.payload.last, k == len(fr) - 1)
+                await ctx.tick().until(dut.i.ready)
+                ctx.set(dut.i.valid, 0)
+        done["in"] = True
+
+    async def drive_host_o(ctx):
+        if messages_after is not None:
+            while not done["in"]:
+                await ctx.tick()
+            await ctx.tick().repeat(messages_after)
+        for words in messages:
+            for k, w in enumerate(words):
+                while rng.random() < 0.2:
+                    await ctx.tick()
+                ctx.set(dut.host_o.valid, 1)
+                ctx.set(dut.host_o.payload.data, w)
+                ctx.set(dut.host_o.payload.last, k == len(words) - 1)
+                await ctx.tick().until(dut.host_o.ready)
+                ctx.set(dut.host_o.valid, 0)
+        done["msg"] = True
+
+    async def sinks(ctx):
+        frame = bytearray()
+        idle = 0
+        for _ in range(max_cycles):
+            # backpressure on every output
+            for port in (dut.o, dut.host_cmd, dut.host_i):
+                ctx.set(port.ready, rng.random() < 0.7)
+            # register bank: data valid the cycle after r_en (Csr.LATENCY = 1)
+            r_en, addr = ctx.get(dut.csr_r_en), ctx.get(dut.csr_addr)
+            if ctx.get(dut.csr_w_en):
+                out["writes"].append((addr, ctx.get(dut.csr_w_data)))
+                regs[addr] = ctx.get(dut.csr_w_data)
+            busy = False
+            if ctx.get(dut.o.valid) and ctx.get(dut.o.ready):
+                frame.append(ctx.get(dut.o.payload.data[0]))
+                if ctx.get(dut.o.payload.last):
+                    out["frames"].append(bytes(frame))
+                    frame = bytearray()
+                busy = True
+            if ctx.get(dut.host_cmd.valid) and ctx.get(dut.host_cmd.ready):
+                c = ctx.get(dut.host_cmd.payload)
+                out["cmd"].append((c.op_id, c.n, c.exponent))
+                busy = True
+            if ctx.get(dut.host_i.valid) and ctx.get(dut.host_i.ready):
+                pl = ctx.get(dut.host_i.payload)
+                out["words"].append((pl.data[0], pl.first, pl.last))
+                busy = True
+            await ctx.tick()
+            if r_en:
+                ctx.set(dut.csr_r_data, regs.get(addr, 0xDEAD0000 | addr))
+            idle = 0 if busy or not (done["in"] and done["msg"]) else idle + 1
+            if idle > 200:
+                break
+        else:
+            raise AssertionError(f"the adapter did not go idle within {max_cycles} cycles")
+        out["counters"] = {name: ctx.get(getattr(dut, name)) for name in COUNTERS}
+        out["world"] = ctx.get(dut.world)
+
+    sim.add_testbench(drive_frames, background=True)
+    sim.add_testbench(drive_host_o, background=True)
+    sim.add_testbench(sinks)
+    sim.run()
+    return out
+
+
+def _counts(**nonzero) -> dict:
+    return {name: nonzero.get(name, 0) for name in COUNTERS}
+
+
+def test_chunks_reach_the_core_as_the_model_assembles_them():
+    rng = np.random.default_rng(1)
+    ops = [(0, rng.standard_normal(250).astype(np.float32), -7), (1, np.float32([1.5]), 3),
+           (2, rng.standard_normal(1024).astype(np.float32), 120)]  # fmt: skip
+    frames = [f for op, x, e in ops for f in _chunk(op, x, e)]
+    # the model: the assembler's chunks, and the commands in order
+    asm = host_port.ChunkAssembler()
+    done = [asm.add(host_port.parse(f)) for f in frames]
+    chunks = [d for d in done if d is not None]
+    assert [c[0] for c in chunks] == [0, 1, 2]
+    dut = HostAdapter(P, rx_words=FRAG, tx_fragment=FRAG)
+    out = _run(dut, frames, [])
+    assert out["cmd"] == [(op, len(x), e) for op, x, e in ops]
+    want = np.concatenate([c[2] for c in chunks]).view(np.uint32).tolist()
+    assert [w for w, _, _ in out["words"]] == want
+    ends = np.cumsum([len(x) for _, x, _ in ops])
+    firsts = {0, *ends[:-1].tolist()}
+    assert [k for k, (_, f, _) in enumerate(out["words"]) if f] == sorted(firsts)
+    assert [k for k, (_, _, last) in enumerate(out["words"]) if last] == (ends - 1).tolist()
+    assert out["counters"] == _counts(rx_frames=len(frames))
+    assert out["frames"] == []
+
+
+def test_bad_frames_are_counted_drops_and_never_reach_the_core():
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal(200).astype(np.float32)
+    good = _chunk(0, x, 5)  # START (96), DATA (96), DATA (8)
+    start = bytearray(good[0])
+    bad = {
+        "drop_not_host": [bytes(start[:12]) + b"\x08\x00" + bytes(start[14:]), bytes(start[:30])],
+        "drop_bad_header": [bytes(start[:14]) + b"\x02" + bytes(start[15:]),
+                            bytes(start[:15]) + b"\x09" + bytes(start[16:])],
+        "drop_bad_length": [bytes(start[:-1]), bytes(start) + b"\x00\x00\x00\x00"],
+        "drop_too_long": [_frame(START, 0, 0, 200, 5, x[:FRAG + 1])],
+        "drop_bad_op": [_frame(START, 0, 0, 0, 5, x[:0]), _frame(START, 0, 0, P.c + 1, 5, x[:4]),
+                        _frame(START, 0, 8, 200, 5, x[:4]), _frame(START, 0, 0, 3, 5, x[:4])],
+        "drop_sequence": [_frame(START, 1, 0, 200, 5, x[:4]),  # op 0 is next
+                          _frame(DATA, 0, 0, 200, 5, x[:4])],  # no open op yet
+        "drop_unsupported": [host_port.config_frame(P, 0, 2),
+                             host_port.build(HostFrame(host_port.RESULT, 0, 0, 1, 0, b"\0" * 4),
+                                             to_nic=True)],
+    }  # fmt: skip
+    after_start = {
+        "drop_sequence": [_frame(DATA, 0, 0, 200, 5, x[:4]),  # offset 0 again
+                          _frame(DATA, 7, FRAG, 200, 5, x[FRAG : FRAG + 4])],  # wrong op
+    }  # fmt: skip
+    past_end = _frame(DATA, 0, 2 * FRAG, 200, 5, np.zeros(200 - 2 * FRAG + 1, np.float32))
+    frames = [f for fs in bad.values() for f in fs] + [good[0]]
+    frames += [f for fs in after_start.values() for f in fs] + [good[1], past_end, good[2]]
+    dut = HostAdapter(P, rx_words=FRAG, tx_fragment=FRAG)
+    out = _run(dut, frames, [], seed=3)
+    assert out["cmd"] == [(0, 200, 5)]
+    assert [w for w, _, _ in out["words"]] == x.view(np.uint32).tolist()
+    n_bad = {k: len(v) for k, v in bad.items()}
+    n_bad["drop_sequence"] += len(after_start["drop_sequence"]) + 1
+    assert out["counters"] == _counts(rx_frames=len(good), **n_bad)
+
+
+def test_a_start_before_the_last_words_pads_the_open_op_with_zeros():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(300).astype(np.float32)
+    y = rng.standard_normal(20).astype(np.float32)
+    frames = _chunk(0, x, 1)[:2] + _chunk(1, y, 2)  # op 0 loses its last fragment
+    dut = HostAdapter(P, rx_words=FRAG, tx_fragment=FRAG)
+    out = _run(dut, frames, [], seed=4)
+    assert out["cmd"] == [(0, 300, 1), (1, 20, 2)]
+    padded = np.concatenate([x[: 2 * FRAG], np.zeros(300 - 2 * FRAG, np.float32), y])
+    assert [w for w, _, _ in out["words"]] == padded.view(np.uint32).tolist()
+    assert [k for k, (_, _, last) in enumerate(out["words"]) if last] == [299, 319]
+    assert out["counters"] == _counts(rx_frames=3, truncated_ops=1)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_results_and_stats_leave_as_the_model_frames_them(seed):
+    rng = np.random.default_rng(seed)
+    r = random.Random(seed)
+    world = register_map(P)[0]  # the record's world must be the CSR's (reset: 2)
+    world = next(reg.reset for reg in world.regs if reg.name == "world")
+    msgs, want = [], []
+    for op, n, e in [(4, 200, -3), (3, 1, 7), (5, P.c, 0), (6, FRAG, -128)]:
+        res = rng.standard_normal(n).astype(np.float32)
+        rec = _stats(op, n, e, world, r)
+        msgs.append(res.view(np.uint32).tolist() + rec)
+        for off in range(0, n, FRAG):
+            f = HostFrame(
+                host_port.RESULT, op, off, n, e, res[off : off + FRAG].astype(">f4").tobytes()
+            )
+            want.append(host_port.build(f, to_nic=False))
+        want.append(host_port.stats_frame(rec))
+    bad_world = msgs[0][:200] + _stats(9, 200, 0, world + 1, r)  # record longer than world says
+    bad_n = msgs[1][:1] + [0] * 3 + _stats(9, 1, 0, world, r)  # n says 1, record starts at 4
+    too_long = [0] * (P.c + 30) + _stats(9, P.c + 30, 0, world, r)
+    msgs = [msgs[0], bad_world, msgs[1], bad_n, too_long, *msgs[2:]]
+    dut = HostAdapter(P, rx_words=FRAG, tx_fragment=FRAG)
+    out = _run(dut, [], msgs, seed=seed)
+    assert len(out["frames"]) == len(want)
+    for k, (got, ref) in enumerate(zip(out["frames"], want, strict=True)):
+        assert got == ref, f"frame {k}"
+    assert out["counters"] == _counts(tx_frames=len(want), bad_records=3)
+
+
+def test_register_frames_write_and_read_the_bank_and_set_the_world():
+    regs = [r for blk in register_map(P) for r in blk.regs]
+    off = {r.name: r.offset for r in regs}
+    bank = {off["param_c"]: P.c, off["rank"]: 0}
+    req = reg_request([(off["param_c"], None), (off["rank"], 3), (off["world"], 5),
+                       (off["rank"], None), (0x1F0, None)])  # fmt: skip
+    dut = HostAdapter(P, rx_words=FRAG, tx_fragment=FRAG)
+    rng = random.Random(5)
+    res = np.float32([2.5, -1.0])
+    rec = _stats(0, 2, 0, 5, rng)  # a record of world 5 now fits
+    out = _run(
+        dut, [req], [res.view(np.uint32).tolist() + rec], regs=bank, seed=5, messages_after=300
+    )
+    assert out["writes"] == [(off["rank"], 3), (off["world"], 5)]
+    after = dict(bank) | {off["rank"]: 3, off["world"]: 5, 0x1F0: 0xDEAD0000 | 0x1F0}
+    reply = reg_reply(req, after)
+    assert out["world"] == 5
+    assert reply in out["frames"]
+    f0 = HostFrame(host_port.RESULT, 0, 0, 2, 0, res.astype(">f4").tobytes())
+    want = {reply, host_port.build(f0, to_nic=False), host_port.stats_frame(rec)}
+    assert set(out["frames"]) == want and len(out["frames"]) == 3
+    assert out["counters"] == _counts(rx_frames=1, tx_frames=3)
+
+
+# ---- the frame plumbing around the adapter on a board (hw/board_frames.py) ------------
+
+
+def _stream_frames(dut_in, frames, rng, nbytes=1):
+    """A testbench coroutine that sends frames (bytes) into a frame_stream(nbytes) port."""
+
+    async def run(ctx):
+        for fr in frames:
+            beats = [fr[k : k + nbytes] for k in range(0, len(fr), nbytes)] or [b""]
+            for j, beat in enumerate(beats):
+                while rng.random() < 0.3:
+                    await ctx.tick()
+                ctx.set(dut_in.valid, 1)
+                for lane in range(nbytes):
+                    ctx.set(dut_in.payload.data[lane], beat[lane] if lane < len(beat) else 0)
+                ctx.set(dut_in.payload.keep, (1 << len(beat)) - 1)
+                ctx.set(dut_in.payload.last, j == len(beats) - 1)
+                await ctx.tick().until(dut_in.ready)
+                ctx.set(dut_in.valid, 0)
+
+    return run
+
+
+def _collect(ports: dict, rng, cycles: int, nbytes: dict) -> dict:
+    """A testbench coroutine body: frames (bytes) and beats seen on each output port."""
+    got = {name: {"frames": [], "beats": [], "cur": bytearray()} for name in ports}
+
+    async def run(ctx):
+        for _ in range(cycles):
+            for port in ports.values():
+                ctx.set(port.ready, rng.random() < 0.6)
+            for name, port in ports.items():
+                if ctx.get(port.valid) and ctx.get(port.ready):
+                    keep = ctx.get(port.payload.keep)
+                    lanes = [ctx.get(port.payload.data[k]) for k in range(nbytes[name])]
+                    last = ctx.get(port.payload.last)
+                    g = got[name]
+                    g["beats"].append((bytes(lanes), keep, last))
+                    g["cur"] += bytes(b for k, b in enumerate(lanes) if keep >> k & 1)
+                    if last:
+                        g["frames"].append(bytes(g["cur"]))
+                        g["cur"] = bytearray()
+            await ctx.tick()
+
+    return got, run
+
+
+def _rand_frames(rng: random.Random, count: int, lo: int, hi: int) -> list[bytes]:
+    return [bytes(rng.randrange(256) for _ in range(rng.randint(lo, hi))) for _ in range(count)]
+
+
+def test_widen_and_narrow_keep_every_frame_byte_for_byte():
+    from amaranth import Module
+
+    from optireduce.hw.board_frames import Narrow, Widen
+
+    rng = random.Random(7)
+    frames = _rand_frames(rng, 30, 1, 40)
+    m = Module()
+    m.submodules.w, m.submodules.n = w, n = Widen(8), Narrow(8)
+    sim = Simulator(m)
+    sim.add_clock(1e-8)
+    got_w, run_w = _collect({"w": w.o}, random.Random(8), 6000, {"w": 8})
+    got_n, run_n = _collect({"n": n.o}, random.Random(9), 6000, {"n": 1})
+    sim.add_testbench(_stream_frames(w.i, frames, rng), background=True)
+    sim.add_testbench(_stream_frames(n.i, frames, random.Random(10), nbytes=8), background=True)
+
+    sim.add_testbench(run_w)
+    sim.add_testbench(run_n)
+    sim.run()
+    # reference: the frame cut into 8-byte beats, keep marking the valid low lanes
+    ref = []
+    for fr in frames:
+        for k in range(0, len(fr), 8):
+            beat = fr[k : k + 8]
+            ref.append((len(beat), beat, k + 8 >= len(fr)))
+    beats = got_w["w"]["beats"]
+    assert [(bin(keep).count("1"), lanes[: bin(keep).count("1")], last)
+            for lanes, keep, last in beats] == ref  # fmt: skip
+    assert all(keep == (1 << bin(keep).count("1")) - 1 for _, keep, _ in beats)
+    assert got_n["n"]["frames"] == frames
+
+
+def test_ethertype_demux_and_frame_mux_route_whole_frames():
+    from amaranth import Module
+
+    from optireduce.hw.board_frames import EtherTypeDemux, FrameMux
+
+    rng = random.Random(11)
+    host = [_frame(START, k, 0, 3, 0, np.float32([k, 1, 2])) for k in range(6)]
+    other = _rand_frames(rng, 8, 14, 60) + _rand_frames(rng, 3, 1, 13)  # short ones: net
+    other = [f[:12] + b"\x08\x00" + f[14:] if len(f) >= 14 else f for f in other]
+    mixed = host + other
+    rng.shuffle(mixed)
+    m = Module()
+    m.submodules.d, m.submodules.x = d, x = EtherTypeDemux(), FrameMux()
+    sim = Simulator(m)
+    sim.add_clock(1e-8)
+    got, run = _collect({"host": d.host, "net": d.net, "mux": x.o}, random.Random(12), 8000,
+                        {"host": 1, "net": 1, "mux": 1})  # fmt: skip
+    a_frames = [b"\xaa" + f for f in _rand_frames(rng, 10, 0, 30)]  # sources tell apart
+    b_frames = [b"\xbb" + f for f in _rand_frames(rng, 10, 0, 30)]
+    sim.add_testbench(_stream_frames(d.i, mixed, rng), background=True)
+    sim.add_testbench(_stream_frames(x.a, a_frames, random.Random(13)), background=True)
+    sim.add_testbench(_stream_frames(x.b, b_frames, random.Random(14)), background=True)
+    sim.add_testbench(run)
+    sim.run()
+    assert got["host"]["frames"] == [f for f in mixed if f in host]
+    assert got["net"]["frames"] == [f for f in mixed if f not in host]
+    out = got["mux"]["frames"]
+    assert [f for f in out if f in a_frames] == a_frames  # whole frames, each source in order
+    assert [f for f in out if f in b_frames] == b_frames
+    assert len(out) == len(a_frames) + len(b_frames)
