@@ -12,8 +12,12 @@ and the in-place result is already in natural order: no bit reversal and all twi
   group of 2D go in; each of the next D beats reads its partner a, emits a + x and stores a - x;
   those D differences go out after the group. Delay lines of >= `mem_min_delay` beats are
   lib.memory.Memory, which yosys maps to BRAM when deep and to LUTRAM when shallow; shorter ones
-  are registers (default: delays 1 and 2; a memory needs >= 3, see `_sdf_stage`). At B = 4096
+  are registers (default: delays 1 and 2; a memory needs >= 4, see `_sdf_stage`). At B = 4096
   register files for the delays up to 16 would cost about 800 LUTs and 800 FFs more than LUTRAM.
+  A memory's read side is a prefetch pipeline (the memory's own register, then READ_REGS
+  more), so that on ECP5 the DP16KD's slow clock-to-out (5.6 ns at speed 6) drives one
+  flip-flop and nothing else: out of context the block meets 125 MHz (docs/gateware.md,
+  "Timing"). The prefetch changes no slot of the schedule, so LATENCY is unchanged.
 * Strides < lanes are plain butterflies across the lanes of one beat, before the output register.
 
 Flow control: the whole pipeline moves on one enable, `en = o.ready | ~o.valid`, and a beat that
@@ -57,6 +61,8 @@ class Fwht(wiring.Component):
     """
 
     MODEL = "optireduce.host.fwht.fwht_blocks"
+    # registers on a delay memory's read, the memory's own excluded (rdata is the last)
+    READ_REGS = 2
 
     def __init__(self, p: NicParams, width_in: int, *, mem_min_delay: int = 4) -> None:
         if p.lanes > p.b:
@@ -66,7 +72,8 @@ class Fwht(wiring.Component):
         self.beats = p.b // p.lanes  # beats per block
         # SDF delays in beats, largest stride first: B/2L, B/4L, ..., 1
         self.delays = [self.beats >> (k + 1) for k in range(exact_log2(self.beats))]
-        self.mem_min_delay = max(4, mem_min_delay)  # >= 3: see _sdf_stage
+        # the read pipeline of a memory needs d >= READ_REGS + 2 (see _sdf_stage)
+        self.mem_min_delay = max(self.READ_REGS + 2, mem_min_delay)
         self.LATENCY = self.beats + len(self.delays) + (1 if self.delays else 0)
         super().__init__(
             {
@@ -75,13 +82,9 @@ class Fwht(wiring.Component):
             }
         )
 
-    def _sdf_stage(self, m: Module, k: int, d: int, en, v_in, x_in, v_next, wi: int):
-        """One SDF stage of delay d beats on wi-bit lanes.
-
-        v_next is the valid of the input's next slot (what the input register loads at this
-        edge). Returns the output register (valid, data) and this slot's output valid (the next
-        stage's v_next).
-        """
+    def _sdf_stage(self, m: Module, k: int, d: int, en, v_in, x_in, wi: int):
+        """One SDF stage of delay d beats on wi-bit lanes; returns its output register
+        (valid, data)."""
         lanes, wo = self.lanes, wi + 1
         lay = data.ArrayLayout(signed(wo), lanes)
         abits = exact_log2(d)
@@ -101,6 +104,10 @@ class Fwht(wiring.Component):
         ]
         with m.If(en):
             m.d.sync += [wcnt.eq(wcnt + v_in), pend.eq(pend_n)]
+        pop = Signal(name=f"s{k}_pop")  # this slot uses rdata: the line's oldest entry goes
+        m.d.comb += pop.eq(en & (pend | (v_in & second)))
+        with m.If(pop):
+            m.d.sync += rptr.eq(Mux(rptr == d - 1, 0, rptr + 1))
 
         # data registers are reset-less: no reset-over-enable logic in front of their flip-flops
         rdata = Signal(lay, name=f"s{k}_rdata", reset_less=True)  # entry at rptr
@@ -123,27 +130,50 @@ class Fwht(wiring.Component):
                 ]
 
         if d >= self.mem_min_delay:
-            # Two registers on the read (the memory's own and rdata) keep the slow BRAM
-            # clock-to-out off the adders, so the read is addressed two slots ahead: the
-            # pointer after this slot (q0) plus whether the next slot reads. Every entry is read
-            # at least d >= 3 slots after it was written, so a read never races a write.
-            mem = Memory(shape=lay, depth=d, init=[])
+            # The delay line is a FIFO: pushes and pops both walk 0..d-1. Its read side
+            # prefetches through a chain of registers, each with a valid bit and moving when
+            # the next one can take it: the memory's own output register, READ_REGS - 1
+            # registers driven by nothing but the memory (so the slow BRAM clock-to-out
+            # drives one flip-flop and nothing else), and rdata (the head, which feeds the
+            # adders). An entry is popped >= d slots after it was pushed, and reaches the
+            # head READ_REGS + 2 cycles after its push at the latest when the entries before
+            # it have gone; d >= mem_min_delay >= READ_REGS + 2, so the head is always there
+            # when a slot pops it: the stage's schedule (and LATENCY) is that of an ideal
+            # delay line. The read never races a write: it only fetches entries pushed in an
+            # earlier cycle and not yet overwritten (at most d are in the line).
+            # no_rw_check: so yosys does not emulate a read-write collision (there is none)
+            # with a mux between the BRAM and the first register.
+            mem = Memory(shape=lay, depth=d, init=[], attrs={"no_rw_check": 1})
             m.submodules[f"s{k}_mem"] = mem
             wp, rp = mem.write_port(), mem.read_port()
-            q0 = Signal(range(d), name=f"s{k}_q0")  # rptr of the next slot
-            q1 = Signal(range(d), name=f"s{k}_q1", init=1)  # q0 + 1
+            fptr = Signal(range(d), name=f"s{k}_fptr")  # the next entry to fetch
+            avail = Signal(range(d + 1), name=f"s{k}_avail")  # pushed, not yet fetched
+            n = self.READ_REGS
+            vs = [Signal(name=f"s{k}_v{a}") for a in range(n + 1)]  # [0]: the memory's own
+            regs = [Signal(lay, name=f"s{k}_r{a}", reset_less=True) for a in range(1, n)]
+            vals = [rp.data, *regs, rdata]
+            takes = [Signal(name=f"s{k}_take{a}") for a in range(n + 1)]
+            issue, push = Signal(name=f"s{k}_issue"), Signal(name=f"s{k}_push")
             m.d.comb += [
+                takes[n].eq(~vs[n] | pop),
+                *(takes[a].eq(~vs[a] | takes[a + 1]) for a in range(n)),
+                issue.eq(takes[0] & (avail != 0)),
+                push.eq(en & we),
                 wp.addr.eq(j),
                 wp.data.eq(wdata),
-                wp.en.eq(en & we),
-                rp.addr.eq(Mux(pend_n | (v_next & second_n), q1, q0)),
-                rp.en.eq(en),
+                wp.en.eq(push),
+                rp.addr.eq(fptr),
+                rp.en.eq(issue),
             ]
-            with m.If(en):
-                m.d.sync += [rdata.eq(rp.data), rptr.eq(q0), q0.eq(rp.addr), q1.eq(rp.addr + 1)]
+            m.d.sync += avail.eq(avail + push - issue)
+            with m.If(issue):
+                m.d.sync += fptr.eq(Mux(fptr == d - 1, 0, fptr + 1))
+            with m.If(takes[0]):
+                m.d.sync += vs[0].eq(issue)
+            for a in range(1, n + 1):
+                with m.If(takes[a]):
+                    m.d.sync += [vs[a].eq(vs[a - 1]), vals[a].eq(vals[a - 1])]
         else:
-            with m.If(en & (pend | (v_in & second))):
-                m.d.sync += rptr.eq(rptr + 1)
             regs = [Signal(lay, name=f"s{k}_r{a}", reset_less=True) for a in range(d)]
             if d == 1:
                 m.d.comb += rdata.eq(regs[0])
@@ -163,7 +193,7 @@ class Fwht(wiring.Component):
         x_out = Signal(lay, name=f"s{k}_data", reset_less=True)
         with m.If(en):
             m.d.sync += [v_out.eq(v_c), x_out.eq(x_c)]
-        return v_out, x_out, v_c
+        return v_out, x_out
 
     def elaborate(self, platform):
         m = Module()
@@ -172,13 +202,12 @@ class Fwht(wiring.Component):
         m.d.comb += [en.eq(self.o.ready | ~self.o.valid), self.i.ready.eq(en)]
 
         valid, x, w = self.i.valid, self.i.payload.data, self.width_in
-        if self.delays:  # input register: the first stage must know its next slot's valid
-            v_next = valid
+        if self.delays:  # input register: the first stage starts from flip-flops
             valid, x = Signal(), Signal.like(self.i.payload.data, reset_less=True)
             with m.If(en):
                 m.d.sync += [valid.eq(self.i.valid), x.eq(self.i.payload.data)]
         for k, d in enumerate(self.delays):
-            valid, x, v_next = self._sdf_stage(m, k, d, en, valid, x, v_next, w)
+            valid, x = self._sdf_stage(m, k, d, en, valid, x, w)
             w += 1
 
         # strides below `lanes`: butterflies inside the beat

@@ -13,6 +13,7 @@ from optireduce.hw.saturate import Saturate
 from optireduce.hw.streams import element_stream
 from optireduce.params import NicParams
 from optireduce.sim.cocotb_run import run_bench
+from optireduce.sim.fmax import bram_output_sinks, ecp5_netlist
 from optireduce.sim.stream_sim import element_payload, run_stream
 
 
@@ -111,6 +112,28 @@ def test_random_ops_match_model(b, lanes, width, idle, bp, mem_min_delay):
     np.testing.assert_equal(y, fwht_blocks(x, b))
 
 
+@pytest.mark.parametrize(
+    ("scale", "idle", "bp"),
+    [(1, 0.0, 0.0), (1, 0.6, 0.0), (1, 0.0, 0.6), (2, 0.7, 0.7), (1, 0.3, 0.8)],
+)
+def test_prefetch_keeps_up_at_the_shortest_memory_delay(scale, idle, bp):
+    # the shortest memory delay line pops an entry as few slots after its push as the read
+    # pipeline needs (hw/fwht.py, _sdf_stage): the tightest case, with idle and backpressure
+    dmin = 1 << (Fwht.READ_REGS + 2 - 1).bit_length()  # smallest power of two >= R + 2
+    b = 2 * dmin * scale
+    p, w = NicParams(p=4, b=b, c=4 * b, n_max=8), 12
+    dut = Fwht(p, w)
+    assert dmin in dut.delays and dmin >= dut.mem_min_delay > dmin // 2
+    rng = np.random.default_rng(b + int(10 * idle) + int(100 * bp))
+    op_blocks = [3, 1, 4]
+    x = rng.integers(-sym_max(w), sym_max(w) + 1, sum(op_blocks) * b)
+    y, run, _ = run_fwht(p, w, x, op_blocks, idle=idle, bp=bp, seed=b, dut=dut)
+    np.testing.assert_equal(y, fwht_blocks(x, b))
+    if idle == bp == 0.0:
+        assert run.latency == dut.LATENCY == b + b.bit_length()
+        np.testing.assert_equal(np.diff(run.out_cycles), 1)
+
+
 def test_sparse_input_drains_between_beats():
     # mostly idle input: every stage keeps draining its differences between beats
     p, w = small(64, 1), 24
@@ -144,6 +167,16 @@ def test_block_4096_matches_model():
     y, _, dut = run_fwht(p, p.w_in, x, [1, 1], idle=0.05, bp=0.05, seed=3)
     assert dut.width_out == p.w_fwd
     np.testing.assert_equal(y, fwht_blocks(x, p.b))
+
+
+def test_bram_reads_drive_only_flip_flops():
+    # the timing fix (docs/gateware.md, "Timing"): after yosys synth_ecp5, every DP16KD data
+    # output drives one flip-flop and no logic (a collision-emulation mux was there before)
+    p = NicParams(p=64, b=1024, c=2048, n_max=8)
+    dut = Fwht(p, p.w_in)
+    sinks = bram_output_sinks(ecp5_netlist(dut, "fwht_b1024"), "fwht_b1024")
+    assert sinks, "no DP16KD in the synthesized FWHT: the check would be empty"
+    assert set(sinks) == {"TRELLIS_FF.DI"}, sinks
 
 
 class EncodeDecode(wiring.Component):
