@@ -32,9 +32,10 @@ from optireduce.params import NicParams
 ETHERTYPE = 0x88B5
 VERSION = 1
 HEADER = struct.Struct("!BBHIIIb3x")
-CONFIG, START, DATA, RESULT, STATS = 0, 1, 2, 3, 4
-KINDS = {CONFIG: "config", START: "start", DATA: "data", RESULT: "result", STATS: "stats"}
-WORD_KINDS = (START, DATA, RESULT, STATS)  # payload of 32-bit words, `count` of them
+CONFIG, START, DATA, RESULT, STATS, REG = 0, 1, 2, 3, 4, 5
+KINDS = {CONFIG: "config", START: "start", DATA: "data", RESULT: "result", STATS: "stats",
+         REG: "reg"}  # fmt: skip
+WORD_KINDS = (START, DATA, RESULT, STATS, REG)  # payload of 32-bit words, `count` of them
 FRAGMENT = 2048
 HOST_MAC = bytes.fromhex("024f52ffffff")
 NIC_MAC = bytes.fromhex("024f52fffffe")

@@ -21,7 +21,7 @@ start is found from its length, 22 + world words, with `world` shadowed from the
 register writes that pass through here (reset: the CSR's reset value); a message whose
 record does not say n = its start and the same world is counted in `bad_records`.
 
-REG (kind 5, not yet in host_port.KINDS): `count` words of (address | 1 << 31 for a
+REG (host_port.REG, kind 5): `count` words of (address | 1 << 31 for a
 write, data) pairs; each is applied to the register bank in order and the frame comes
 back to the host with reads' data filled in (`reg_request`, `reg_reply` are its model).
 
@@ -46,7 +46,7 @@ from optireduce.hw.nic_core import host_cmd_layout, host_word_layout
 from optireduce.hw.streams import float_stream, frame_stream
 from optireduce.params import NicParams
 
-REG = 5  # host-port kind: register access (proposed for host_port.KINDS)
+REG = host_port.REG  # register access on the board (CONFIG is the replay's JSON)
 WRITE = 1 << 31  # REG address word: bit 31 set = write
 HEAD = 14 + host_port.HEADER.size  # Ethernet header + host-port header: 34 bytes
 RECORD_FIXED = len(host_port.STATS_FIELDS)  # STATS words before the histogram
