@@ -72,6 +72,7 @@ class OptiReduceState:
         "_nic",
         "_warm_phases",
         "checksum_every",
+        "control_floor_s",
         "history",
         "impairment",
         "iteration",
@@ -97,6 +98,7 @@ class OptiReduceState:
         impairment: ImpairmentSpec | None = None,
         seed: int = 0,
         t_b_us: int | None = None,
+        control_floor_s: float = 0.0,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"OptiReduceState.policy={policy!r}: must be one of {POLICIES}")
@@ -109,6 +111,9 @@ class OptiReduceState:
         self.checksum_every, self.resync = checksum_every, resync
         self.impairment, self.seed = impairment, seed
         self.t_b_us = t_b_us  # None: calibrate from the warm-up
+        # Least wait of a control exchange: a co-simulated NIC runs far slower than its
+        # simulated microseconds, so t_B alone would exclude its rank as dead.
+        self.control_floor_s = control_floor_s
         self.iteration = 0
         self.step = StepStats(0)
         self.history: list[StepStats] = []
@@ -165,7 +170,8 @@ class OptiReduceState:
 
     def _bound(self) -> float:
         """How long a control exchange waits for a peer: t_B (warm-up: its generous bound)."""
-        return (self.t_b_us if self.iteration >= self.warmup_iters else WARMUP_T_B_US) * 1e-6
+        t_b = self.t_b_us if self.iteration >= self.warmup_iters else WARMUP_T_B_US
+        return max(t_b * 1e-6, self.control_floor_s or 0.0)
 
     def _note_gone(self) -> None:
         """Peers that missed a control exchange are dead to the NIC too; say so once."""

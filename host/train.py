@@ -56,6 +56,9 @@ from optireduce.host.impairment import Impairment, ImpairmentSpec
 from optireduce.sim import loss_tolerance as lt
 
 METHODS = ("gloo", "optireduce")
+# With a co-simulated rank, control exchanges wait at least this long: the simulator is
+# ~100x slower than its simulated time, and t_B would declare the rank dead.
+COSIM_CONTROL_FLOOR_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,7 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
         state = OptiReduceState(
             cfg.nic_params(), warmup_iters=cfg.warmup_iters, policy=cfg.policy,
             checksum_every=cfg.checksum_every, impairment=None if sim else spec, seed=cfg.seed,
+            control_floor_s=0.0 if cfg.cosim_rank is None else COSIM_CONTROL_FLOOR_S,
         )  # fmt: skip
         ddp.register_comm_hook(state, optireduce_hook)
         # Build the NIC now (every rank, same point) to put the step delay on its
