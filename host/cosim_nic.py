@@ -21,7 +21,6 @@ import numpy as np
 
 from optireduce.host import host_port
 from optireduce.host.driver import (
-    ArrayLike,
     BackendUnavailable,
     ExponentAgreement,
     SoftwareNic,
@@ -171,15 +170,7 @@ class SimNic:
 
     calibrate = SoftwareNic.calibrate
 
-    def allreduce(self, x: ArrayLike) -> tuple[ArrayLike, list[OpStats]]:
-        """Mean over the world of x, as SoftwareNic.allreduce (type and shape kept)."""
-        if type(x).__module__.startswith("torch"):
-            import torch
-
-            out, stats = self._allreduce(x.detach().cpu().numpy())
-            return torch.from_numpy(out).to(x.dtype).view_as(x), stats
-        out, stats = self._allreduce(np.asarray(x))
-        return out.reshape(np.shape(x)), stats
+    allreduce = SoftwareNic.allreduce  # type and shape kept; the ops go to _allreduce
 
     def _allreduce(self, x: np.ndarray) -> tuple[np.ndarray, list[OpStats]]:
         x = np.ascontiguousarray(x, dtype=np.float32).ravel()

@@ -77,7 +77,7 @@ def host_word_layout() -> data.StructLayout:
     return data.StructLayout({"data": 32, "last": 1})
 
 
-def stats_words(world: int) -> int:
+def stats_len(world: int) -> int:
     """Words of one STATS record for this world size."""
     return STATS_FIXED + world + 1
 
@@ -622,8 +622,8 @@ class NicCore(wiring.Component):
         h_addr_d = Signal(range(p.n_max + 2))
         h_valid_d = Signal()
         h_sum = Signal(range(npk_max + 1))
-        word = Signal(range(stats_words(p.n_max) + 1))
-        n_words = stats_words(0) + world
+        word = Signal(range(stats_len(p.n_max) + 1))
+        n_words = stats_len(0) + world
         drain_cmd = Signal()
         m.d.comb += [dec.hist_slot.eq(d_slot), dec.hist_addr.eq(h_addr)]
         m.d.sync += [h_valid_d.eq(0), h_addr_d.eq(h_addr)]

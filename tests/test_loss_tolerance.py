@@ -18,8 +18,11 @@ import pytest
 
 from optireduce.sim.loss_tolerance import LossToleranceConfig, run_one, summarize
 
-pytest.importorskip("sklearn")
-pytest.importorskip("torch")
+try:
+    import sklearn  # noqa: F401
+    import torch  # noqa: F401
+except ImportError as e:  # fail loudly with the fix, never skip
+    raise ImportError(f"{e}: run `make install` (the torch extra brings torch and sklearn)") from e
 
 CFG = LossToleranceConfig(steps=80, seeds=(0,), losses=(0.0, 0.05))
 

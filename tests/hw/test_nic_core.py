@@ -24,7 +24,7 @@ from optireduce.host import host_port
 from optireduce.host.replay import differences, replay
 from optireduce.host.trace import TRACE_PARAMS, make_trace
 from optireduce.host.trace_mutate import mutate
-from optireduce.hw.nic_core import NicCore, stats_words
+from optireduce.hw.nic_core import NicCore, stats_len
 from optireduce.sim import verilog
 from optireduce.sim.core_sim import replay_traces
 from optireduce.sim.toolchain import use_verilator
@@ -94,7 +94,7 @@ def test_scenarios_exercise_their_rules():
 def test_stats_record_length():
     """The record the core emits is the one host_port defines (STATS_FIELDS + histogram)."""
     for world in (2, 3, 8):
-        assert stats_words(world) == len(host_port.STATS_FIELDS) + world + 1
+        assert stats_len(world) == len(host_port.STATS_FIELDS) + world + 1
 
 
 def test_lanes_must_be_one():
