@@ -13,7 +13,9 @@ never raises on loss: above `loss_threshold` it follows `policy`:
   skip    zero this bucket's gradient on every rank (the step leaves it alone);
   redo    redo the bucket over the reliable path;
   stop    fail the step with a clear error.
-Every rank takes the same decision (the loss is max-reduced first). Every
+Every rank takes the same decision (the loss is max-reduced first; `accept`
+decides nothing and skips that exchange). Control exchanges wait max(t_B,
+`control_floor_s`): a rank that misses one is excluded for good. Every
 `checksum_every` iterations the replicas compare a parameter checksum over the
 reliable path; on drift they resync from rank 0 (or fail, with resync=False).
 """
@@ -44,7 +46,7 @@ class BucketStats:
     index: int
     elements: int
     mode: str  # warmup | optireduce | redo | skipped
-    lost_fraction: float = 0.0  # max over ranks of packets lost / expected
+    lost_fraction: float = 0.0  # packets lost / expected: max over ranks (accept: this rank)
     early_timeouts: int = 0
     deadline_timeouts: int = 0
     saturations: int = 0
@@ -98,7 +100,7 @@ class OptiReduceState:
         impairment: ImpairmentSpec | None = None,
         seed: int = 0,
         t_b_us: int | None = None,
-        control_floor_s: float = 0.0,
+        control_floor_s: float = 1.0,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"OptiReduceState.policy={policy!r}: must be one of {POLICIES}")
@@ -111,8 +113,9 @@ class OptiReduceState:
         self.checksum_every, self.resync = checksum_every, resync
         self.impairment, self.seed = impairment, seed
         self.t_b_us = t_b_us  # None: calibrate from the warm-up
-        # Least wait of a control exchange: a co-simulated NIC runs far slower than its
-        # simulated microseconds, so t_B alone would exclude its rank as dead.
+        # Least wait of a control exchange. Exclusion is for good, so it must mean dead,
+        # not slow: a process descheduled on a shared host (or a co-simulated NIC, far
+        # slower than its simulated microseconds) can miss t_B without being dead.
         self.control_floor_s = control_floor_s
         self.iteration = 0
         self.step = StepStats(0)
@@ -265,9 +268,12 @@ def optireduce_hook(
         out, stats = nic.allreduce(x)
         expected = sum(s.p1_expected + s.p2_expected for s in stats)
         lost = sum(s.lost_phase1 + s.lost_phase2 for s in stats)
-        # one decision on every rank: the max of the loss fractions (in parts per million)
-        ppm = state._control.max_ints([lost * 1_000_000 // max(1, expected)], state._bound())
-        state._note_gone()
+        ppm = [lost * 1_000_000 // max(1, expected)]  # parts per million
+        if state.policy != "accept":
+            # one decision on every rank: the max of the loss fractions. `accept` decides
+            # nothing, so it spares the step this exchange and keeps its own fraction.
+            ppm = state._control.max_ints(ppm, state._bound())
+            state._note_gone()
         b = BucketStats(
             idx, tensor.numel(), "optireduce", ppm[0] / 1e6,
             sum((s.phase1_reason == "early") + (s.phase2_reason == "early") for s in stats),
@@ -317,10 +323,14 @@ def _check_replicas(state: OptiReduceState, params: list[torch.Tensor]) -> None:
         raise RuntimeError(f"optireduce: replicas drifted apart (parameter checksums {every})")
     for p in params:
         dist.broadcast(p.data, src=0, group=state._group)
+    first = not any(s.resynced for s in state.history)
     state.step.resynced = True
-    # Every rank sees the drift; one line per resync is enough (step.resynced has it all).
-    level = logging.WARNING if dist.get_rank() == 0 else logging.DEBUG
-    log.log(level, "optireduce: replicas drifted; resynced every parameter from rank 0")
+    # Under loss each rank decodes with its own losses, so drift is expected: one line
+    # on rank 0 the first time; StepStats.resynced counts every one.
+    level = logging.WARNING if dist.get_rank() == 0 and first else logging.DEBUG
+    log.log(level, "optireduce: replicas drifted; resynced every parameter from rank 0 "
+            "(expected under loss: ranks decode their own losses; later resyncs are "
+            "counted in StepStats.resynced, not logged)")  # fmt: skip
 
 
 def _end_bucket(state: OptiReduceState, bucket: dist.GradBucket) -> None:

@@ -74,11 +74,12 @@ class TrainConfig:
     tail: float = 3.0  # P99/P50 of both the straggler and the per-packet delays
     straggler_median_ms: float = 20.0
     packet_median_us: float = 200.0
-    p: int = 64  # NicParams of the hook: 2410 parameters are one op of 48 packets
+    p: int = 256  # NicParams of the hook: 2410 parameters are one op of 12 packets
     b: int = 1024
     c: int = 16384
     t_c_min_us: int = 2000  # floor of t_C: a rank descheduled on 2 busy cores is not a tail
-    tc_dev_mult: int = 4  # t_C = mean + mult * deviation of the completion times (NicParams)
+    tc_dev_mult: int = 0  # t_C = mean + mult * deviation: the typical completion, not a tail
+    estimator: str = "unbiased"  # decode of missing reduced packets (NicParams)
     warmup_iters: int = 5
     checksum_every: int = 10
     policy: str = "accept"
@@ -103,7 +104,7 @@ class TrainConfig:
 
         return NicParams(
             n_max=max(8, self.world), p=self.p, b=self.b, c=self.c, t_c_min_us=self.t_c_min_us,
-            tc_dev_mult=self.tc_dev_mult,
+            tc_dev_mult=self.tc_dev_mult, estimator=self.estimator,
         )  # fmt: skip
 
 
@@ -267,6 +268,8 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
         res["t_b_us"] = np.array(state.t_b_us)
         res["step_lost"] = np.array([s.lost_fraction for s in state.history])
         res["resyncs"] = np.array(sum(s.resynced for s in state.history))
+        res["faults"] = np.array(state.faults, dtype=np.int64)  # ranks this one excluded
+        res["counters"] = np.array(json.dumps(nic.counters()))
         state.close()
     np.savez(f"{out}/rank{rank}.npz", **res)
     dist.barrier()
@@ -336,6 +339,8 @@ def run_method(
         summary["deadline_phases"] = int(sum(r["deadline_phases"].sum() for r in ranks))
         summary["t_b_us"] = int(r0["t_b_us"])
         summary["resyncs"] = int(r0["resyncs"])
+        # (rank, excluded rank): a rank that missed a bounded control exchange
+        summary["exclusions"] = [[i, int(g)] for i, r in enumerate(ranks) for g in r["faults"]]
         summary["backends"] = [str(r["backend"]) for r in ranks]
         # The check op against the model on the virtual cluster: same inputs, op 0,
         # lossless, the warm-up's NicParams (t_B changes no result bit, only timing).
@@ -404,7 +409,7 @@ def plot(summary: dict, curves: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    colors = {"gloo": "tab:orange", "optireduce": "tab:blue"}
+    colors = {"gloo": "tab:orange", "optireduce": "tab:blue", "optireduce_rtl": "tab:green"}
     for m, c in curves.items():
         s = summary[m]
         tta = "not reached" if s["tta_s"] is None else f"{s['tta_s']:.1f} s"

@@ -77,7 +77,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from optireduce.host.aggregator import reciprocal_shift, reciprocal_table
-from optireduce.hw.deadline import TICK_BITS, PhaseTimer, Reason, idle_gap
+from optireduce.hw.deadline import SETTLE, TICK_BITS, Reason, end_evaluation, pick_first
 from optireduce.hw.streams import element_stream
 from optireduce.hw.tc_estimator import TC_BITS, TcEstimator
 from optireduce.params import NicParams
@@ -183,9 +183,7 @@ class Aggregator(wiring.Component):
         # ---- t_C and T ---------------------------------------------------------------
         m.submodules.tc = tc = TcEstimator(p)
         m.d.comb += [tc.world.eq(self.world), tc.rank.eq(self.rank), tc.t_b.eq(self.t_b)]
-        T = tc.timeout
-        idle = idle_gap(m, self.alpha_q8, T)
-        m.d.comb += [self.timeout.eq(T), self.own_tc.eq(tc.own_tc)]
+        m.d.comb += self.own_tc.eq(tc.own_tc)
 
         # ---- per-op contexts (registers) ----------------------------------------------
         def regs(name, shape):
@@ -201,32 +199,21 @@ class Aggregator(wiring.Component):
         c_unflag, c_owing = regs("unflag", n_cnt), regs("owing", n_cnt)
 
         # per-context end evaluation, registered (the FSM settles after a change)
-        due = Array(Signal(name=f"due{k}") for k in range(n_ctx))
-        due_end = Array(Signal(TICK_BITS, name=f"due_end{k}") for k in range(n_ctx))
-        due_reason = Array(Signal(Reason, name=f"due_reason{k}") for k in range(n_ctx))
-        for k in range(n_ctx):
-            pt = PhaseTimer()
-            m.submodules[f"timer{k}"] = pt
-            m.d.comb += [
-                pt.active.eq(c_valid[k] & c_started[k] & ~c_ended[k]),
-                pt.start.eq(c_start[k]),
-                pt.anchor.eq(c_anchor[k]),
-                pt.has_arrival.eq(c_has_arr[k]),
-                pt.last_arrival.eq(c_last_arr[k]),
-                pt.last_gone.eq(c_last_gone[k]),
-                pt.all_in.eq(c_recv[k] == c_exp[k]),
-                pt.in_or_gone.eq(c_owing[k] == 0),
-                pt.all_flagged.eq(c_unflag[k] == 0),
-                pt.timeout.eq(T),
-                pt.idle.eq(idle),
-                pt.floor.eq(tc.floor),
-                pt.now.eq(now),
-            ]
-            m.d.sync += [
-                due[k].eq(pt.due),
-                due_end[k].eq(pt.end_tick),
-                due_reason[k].eq(pt.reason),
-            ]
+        T, due, due_end, due_reason = end_evaluation(
+            m, tc, self.alpha_q8, now, n_ctx,
+            lambda k: {
+                "active": c_valid[k] & c_started[k] & ~c_ended[k],
+                "start": c_start[k],
+                "anchor": c_anchor[k],
+                "has_arrival": c_has_arr[k],
+                "last_arrival": c_last_arr[k],
+                "last_gone": c_last_gone[k],
+                "all_in": c_recv[k] == c_exp[k],
+                "in_or_gone": c_owing[k] == 0,
+                "all_flagged": c_unflag[k] == 0,
+            },
+        )  # fmt: skip
+        m.d.comb += self.timeout.eq(T)
 
         # ---- memories ---------------------------------------------------------------
         m.submodules.acc = acc = Memory(
@@ -300,7 +287,9 @@ class Aggregator(wiring.Component):
         # firing
         fire_c = Signal(cb)
         ret_post = Signal()
-        settle = Signal()  # the registered end evaluation reflects the current state
+        # cycles the end evaluation has been stable (deadline.SETTLE: it is valid)
+        settle = Signal(range(SETTLE + 1))
+        settled = settle == SETTLE
         post_b = Signal()  # POST has done the older ops; next, the event's own op
         accepted = Signal()  # the scatter frame was added (not late, not a duplicate)
         gone_c = Signal(range(n_ctx + 1))
@@ -314,48 +303,17 @@ class Aggregator(wiring.Component):
         acc_addr = Signal(len(acc_wr.addr))
         acc_vals = Signal(data.ArrayLayout(signed(p.w_wire), lanes))
 
-        # selection of the next phase to end: IDLE by (end, op), POST by op among op <= ev's
-        def pick(eligible):
-            found = Signal(name="pick_found")
-            best = Signal(cb, name="pick_idx")
-            best_t = Signal(TICK_BITS, name="pick_t")
-            best_op = Signal(32, name="pick_op")
-            for k in range(n_ctx):
-                ok = eligible(k)
-                better = (
-                    ~found | (due_end[k] < best_t) | ((due_end[k] == best_t) & (c_op[k] < best_op))
-                )
-                f2 = Signal(name=f"pf{k}")
-                b2 = Signal(cb, name=f"pb{k}")
-                t2 = Signal(TICK_BITS, name=f"pt{k}")
-                o2 = Signal(32, name=f"po{k}")
-                m.d.comb += [f2.eq(found), b2.eq(best), t2.eq(best_t), o2.eq(best_op)]
-                with m.If(ok & better):
-                    m.d.comb += [f2.eq(1), b2.eq(k), t2.eq(due_end[k]), o2.eq(c_op[k])]
-                found, best, best_t, best_op = f2, b2, t2, o2
-            return found, best
+        # selection of the next phase to end: IDLE by (end, op); POST first the ops the
+        # event's sender has finished (op <= ev.op_id - K), as NicModel._peer_progress
+        # ends them, in op order (end ticks are all <= now there)
+        def by_time(i, j):
+            return (due_end[i] < due_end[j]) | ((due_end[i] == due_end[j]) & (c_op[i] <= c_op[j]))
 
-        idle_found, idle_pick = pick(lambda k: due[k])
-
-        # POST, first: the ops the event's sender has finished (op <= ev.op_id - K), as
-        # NicModel._peer_progress ends them, in op order (end ticks are all <= now there)
-        def pick_op():
-            found = Const(0)
-            best = Const(0, cb)
-            best_op = Const(0, 32)
-            for k in range(n_ctx):
-                ok = due[k] & ((c_op[k] + K) <= ev.op_id)
-                better = ~found | (c_op[k] < best_op)
-                f2 = Signal(name=f"qf{k}")
-                b2 = Signal(cb, name=f"qb{k}")
-                o2 = Signal(32, name=f"qo{k}")
-                m.d.comb += [f2.eq(found), b2.eq(best), o2.eq(best_op)]
-                with m.If(ok & better):
-                    m.d.comb += [f2.eq(1), b2.eq(k), o2.eq(c_op[k])]
-                found, best, best_op = f2, b2, o2
-            return found, best
-
-        post_found, post_pick = pick_op()
+        idle_found, idle_pick = pick_first(m, "pick_idle", list(due), by_time)
+        post_found, post_pick = pick_first(
+            m, "pick_post", [due[k] & ((c_op[k] + K) <= ev.op_id) for k in range(n_ctx)],
+            lambda i, j: c_op[i] <= c_op[j],
+        )  # fmt: skip
 
         # end report (one-cycle strobe)
         m.d.sync += self.end_valid.eq(0)
@@ -555,7 +513,7 @@ class Aggregator(wiring.Component):
             with m.State("PAYLOAD"):
                 m.d.comb += [in_payload.eq(1), self.i.ready.eq(1)]
                 # the context changed before the payload: the end evaluation settles meanwhile
-                m.d.sync += settle.eq(~tc.busy)
+                m.d.sync += settle.eq(Mux(tc.busy, 0, Mux(settled, settle, settle + 1)))
                 with m.If(self.i.valid):
                     m.d.sync += beat.eq(beat + 1)
                     with m.If(beat == beats - 1):
@@ -574,8 +532,8 @@ class Aggregator(wiring.Component):
             with m.State("POST"):
                 with m.If(tc.busy):
                     m.d.sync += settle.eq(0)
-                with m.Elif(~settle):
-                    m.d.sync += settle.eq(1)
+                with m.Elif(~settled):
+                    m.d.sync += settle.eq(settle + 1)
                 with m.Elif(~post_b):
                     with m.If(peer_ev & post_found):
                         m.d.sync += [fire_c.eq(post_pick), ret_post.eq(1)]
@@ -623,8 +581,13 @@ class Aggregator(wiring.Component):
                 with m.Else():
                     m.next = "SETTLE"
 
-            with m.State("SETTLE"), m.If(~tc.busy):  # the end evaluation catches up
-                m.next = "IDLE"
+            with m.State("SETTLE"):  # the end evaluation catches up
+                with m.If(tc.busy):
+                    m.d.sync += settle.eq(0)
+                with m.Elif(~settled):
+                    m.d.sync += settle.eq(settle + 1)
+                with m.Else():
+                    m.next = "IDLE"
 
         m.d.comb += self.ev.ready.eq(
             fsm.ongoing("IDLE") & ~(pend != 0) & ~idle_found & ~ro_busy & (q_n == 0)

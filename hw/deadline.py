@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import enum
 
-from amaranth import Module, Mux, Signal
+from amaranth import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -61,7 +61,10 @@ class PhaseTimer(wiring.Component):
     Outputs: `due` (the phase is over at `now`), `end_tick` (its end tick), `reason`.
     """
 
-    LATENCY = 0  # combinational
+    # Two stages, for 125 MHz: the candidate end ticks are registered from the state,
+    # then compared with the live `now`. After a change of the inputs (but `now`, which
+    # may move any time), the outputs are valid LATENCY cycles later (owners settle).
+    LATENCY = 1
 
     def __init__(self) -> None:
         t = TICK_BITS
@@ -93,23 +96,30 @@ class PhaseTimer(wiring.Component):
         m.d.comb += base.eq(
             Mux(self.has_arrival & (self.last_arrival > self.start), self.last_arrival, self.start)
         )
+        # stage 1: the candidate end ticks and the flags, registered
         deadline = Signal(t + 1)
         early = Signal(t + 1)
-        m.d.comb += [
+        base_r = Signal(t)
+        gone_end = Signal(t)
+        active, all_in, in_or_gone, flagged = Signal(), Signal(), Signal(), Signal()
+        m.d.sync += [
             deadline.eq(_max(self.anchor + self.timeout, self.floor)),
             early.eq(_max(base + self.idle, self.floor)),
+            base_r.eq(base),
+            gone_end.eq(_max(base, self.last_gone)),
+            active.eq(self.active),
+            all_in.eq(self.all_in),
+            in_or_gone.eq(self.in_or_gone),
+            flagged.eq(self.all_flagged),
         ]
-        with m.If(~self.active):
+        # stage 2: against the live clock
+        with m.If(~active):
             m.d.comb += self.reason.eq(Reason.NONE)
-        with m.Elif(self.all_in):
-            m.d.comb += [self.due.eq(1), self.end_tick.eq(base), self.reason.eq(Reason.COMPLETE)]
-        with m.Elif(self.in_or_gone):
-            m.d.comb += [
-                self.due.eq(1),
-                self.end_tick.eq(_max(base, self.last_gone)),
-                self.reason.eq(Reason.EARLY),
-            ]
-        with m.Elif(self.all_flagged & (early <= self.now) & (early < deadline)):
+        with m.Elif(all_in):
+            m.d.comb += [self.due.eq(1), self.end_tick.eq(base_r), self.reason.eq(Reason.COMPLETE)]
+        with m.Elif(in_or_gone):
+            m.d.comb += [self.due.eq(1), self.end_tick.eq(gone_end), self.reason.eq(Reason.EARLY)]
+        with m.Elif(flagged & (early <= self.now) & (early < deadline)):
             m.d.comb += [self.due.eq(1), self.end_tick.eq(early), self.reason.eq(Reason.EARLY)]
         with m.Elif(deadline <= self.now):
             m.d.comb += [
@@ -118,3 +128,71 @@ class PhaseTimer(wiring.Component):
                 self.reason.eq(Reason.DEADLINE),
             ]
         return m
+
+
+# Cycles from a change (with the t_C estimator idle) to a trustworthy end evaluation
+# and pick: T, the idle gap, the PhaseTimer's stage, the due registers, pick_first.
+PICK_LATENCY = 2  # cycles from stable `eligible` and keys to a valid `pick_first`
+SETTLE = 3 + PhaseTimer.LATENCY + PICK_LATENCY
+
+
+def end_evaluation(m: Module, tc, alpha_q8, now, n_ctx: int, state_of):
+    """Every context's phase-end evaluation, as the aggregator and the gather tracker keep
+    it: T = tc.timeout and its idle gap registered, one PhaseTimer per context, and its
+    outputs registered. `state_of(k)` gives context k's PhaseTimer inputs (active, start,
+    anchor, has_arrival, last_arrival, last_gone, all_in, in_or_gone, all_flagged).
+    Valid SETTLE cycles after the last change, with tc not busy throughout.
+
+    Returns (T, due, due_end, due_reason): T registered, the rest Arrays by context.
+    """
+    T = Signal(32)
+    idle = Signal(33)
+    m.d.sync += [T.eq(tc.timeout), idle.eq(idle_gap(m, alpha_q8, T))]
+    due = Array(Signal(name=f"due{k}") for k in range(n_ctx))
+    due_end = Array(Signal(TICK_BITS, name=f"due_end{k}") for k in range(n_ctx))
+    due_reason = Array(Signal(Reason, name=f"due_reason{k}") for k in range(n_ctx))
+    for k in range(n_ctx):
+        pt = PhaseTimer()
+        m.submodules[f"timer{k}"] = pt
+        st = state_of(k)
+        m.d.comb += [getattr(pt, name).eq(v) for name, v in st.items()]
+        m.d.comb += [pt.timeout.eq(T), pt.idle.eq(idle), pt.floor.eq(tc.floor), pt.now.eq(now)]
+        m.d.sync += [due[k].eq(pt.due), due_end[k].eq(pt.end_tick), due_reason[k].eq(pt.reason)]
+    return T, due, due_end, due_reason
+
+
+def pick_first(m: Module, name: str, eligible: list, le) -> tuple[Signal, Signal]:
+    """The first eligible context in a total order, registered (PICK_LATENCY cycles).
+
+    `le(i, j)` (i < j) says context i goes no later than j; ties go to the lower index,
+    as a serial scan keeping the first strict minimum would. Stage 1 registers every
+    pairwise order and the eligible bits (each pair one comparator, all in parallel);
+    stage 2 finds the context that goes before every other eligible one.
+    Returns (found, index).
+    """
+    n = len(eligible)
+    el = [Signal(name=f"{name}_el{k}") for k in range(n)]
+    m.d.sync += [el[k].eq(eligible[k]) for k in range(n)]
+    le_r = {}
+    for i in range(n):
+        for j in range(i + 1, n):
+            le_r[i, j] = Signal(name=f"{name}_le{i}_{j}")
+            m.d.sync += le_r[i, j].eq(le(i, j))
+
+    def before(k: int, j: int):
+        return le_r[k, j] if k < j else ~le_r[j, k]
+
+    found = Signal(name=f"{name}_found")
+    index = Signal(range(max(2, n)), name=f"{name}_index")
+    wins = []
+    for k in range(n):
+        w = el[k]
+        for j in range(n):
+            if j != k:
+                w = w & (~el[j] | before(k, j))
+        wins.append(w)
+    sel = Const(0, len(index))
+    for k in reversed(range(n)):
+        sel = Mux(wins[k], k, sel)
+    m.d.sync += [found.eq(Cat(*el).any()), index.eq(sel)]
+    return found, index

@@ -64,12 +64,12 @@ from __future__ import annotations
 
 import enum
 
-from amaranth import Array, Cat, Const, Module, Mux, Signal
+from amaranth import Array, Cat, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from optireduce.hw.deadline import TICK_BITS, PhaseTimer, Reason, idle_gap
+from optireduce.hw.deadline import SETTLE, TICK_BITS, Reason, end_evaluation, pick_first
 from optireduce.hw.tc_estimator import TC_BITS, TcEstimator
 from optireduce.params import NicParams
 
@@ -175,9 +175,7 @@ class GatherTracker(wiring.Component):
         # ---- t_C and T of phase 2 -----------------------------------------------------
         m.submodules.tc = tc = TcEstimator(p)
         m.d.comb += [tc.world.eq(self.world), tc.rank.eq(self.rank), tc.t_b.eq(self.t_b)]
-        T = tc.timeout
-        idle = idle_gap(m, self.alpha_q8, T)
-        m.d.comb += [self.timeout.eq(T), self.own_tc.eq(tc.own_tc)]
+        m.d.comb += self.own_tc.eq(tc.own_tc)
 
         # ---- per-op contexts ------------------------------------------------------------
         def regs(name, shape):
@@ -196,28 +194,22 @@ class GatherTracker(wiring.Component):
             """Packets context k expects from rank s (0 from this rank)."""
             return Mux(s == self.rank, 0, c_q[k] + (s < c_rem[k]))
 
-        due = Array(Signal(name=f"due{k}") for k in range(n_ctx))
-        due_end = Array(Signal(TICK_BITS, name=f"due_end{k}") for k in range(n_ctx))
-        due_reason = Array(Signal(Reason, name=f"due_reason{k}") for k in range(n_ctx))
-        for k in range(n_ctx):
-            pt = PhaseTimer()
-            m.submodules[f"timer{k}"] = pt
-            m.d.comb += [
-                pt.active.eq(c_valid[k] & c_begun[k] & ~c_ended[k]),
-                pt.start.eq(c_start[k]),
-                pt.anchor.eq(c_anchor[k]),
-                pt.has_arrival.eq(c_has_arr[k]),
-                pt.last_arrival.eq(c_last_arr[k]),
-                pt.last_gone.eq(c_last_gone[k]),
-                pt.all_in.eq(c_recv[k] == c_exp[k]),
-                pt.in_or_gone.eq(c_owing[k] == 0),
-                pt.all_flagged.eq(c_unflag[k] == 0),
-                pt.timeout.eq(T),
-                pt.idle.eq(idle),
-                pt.floor.eq(tc.floor),
-                pt.now.eq(now),
-            ]
-            m.d.sync += [due[k].eq(pt.due), due_end[k].eq(pt.end_tick), due_reason[k].eq(pt.reason)]
+        # per-context end evaluation, registered (the FSM settles after a change)
+        T, due, due_end, due_reason = end_evaluation(
+            m, tc, self.alpha_q8, now, n_ctx,
+            lambda k: {
+                "active": c_valid[k] & c_begun[k] & ~c_ended[k],
+                "start": c_start[k],
+                "anchor": c_anchor[k],
+                "has_arrival": c_has_arr[k],
+                "last_arrival": c_last_arr[k],
+                "last_gone": c_last_gone[k],
+                "all_in": c_recv[k] == c_exp[k],
+                "in_or_gone": c_owing[k] == 0,
+                "all_flagged": c_unflag[k] == 0,
+            },
+        )  # fmt: skip
+        m.d.comb += self.timeout.eq(T)
 
         # ---- memories: per-sender state and the slot bitmap, per context ------------------
         peer_layout = data.StructLayout({"rcv": range(self.own_max + 1), "flagged": 1, "gone": 1})
@@ -267,36 +259,20 @@ class GatherTracker(wiring.Component):
 
         # selection of the next phase to end: by (end tick, op) among the due, or by op
         # among the due ops <= ev.op_id - K (the ones the event's sender is done with)
-        def pick(eligible, by_time):
-            found = Const(0)
-            best = Const(0, cb)
-            best_t = Const(0, TICK_BITS)
-            best_op = Const(0, 32)
-            for k in range(n_ctx):
-                if by_time:
-                    better = (
-                        ~found
-                        | (due_end[k] < best_t)
-                        | ((due_end[k] == best_t) & (c_op[k] < best_op))
-                    )
-                else:
-                    better = ~found | (c_op[k] < best_op)
-                f2 = Signal(name=f"pf{int(by_time)}_{k}")
-                b2 = Signal(cb, name=f"pb{int(by_time)}_{k}")
-                t2 = Signal(TICK_BITS, name=f"pt{int(by_time)}_{k}")
-                o2 = Signal(32, name=f"po{int(by_time)}_{k}")
-                m.d.comb += [f2.eq(found), b2.eq(best), t2.eq(best_t), o2.eq(best_op)]
-                with m.If(eligible(k) & better):
-                    m.d.comb += [f2.eq(1), b2.eq(k), t2.eq(due_end[k]), o2.eq(c_op[k])]
-                found, best, best_t, best_op = f2, b2, t2, o2
-            return found, best
+        def by_time(i, j):
+            return (due_end[i] < due_end[j]) | ((due_end[i] == due_end[j]) & (c_op[i] <= c_op[j]))
 
-        idle_found, idle_pick = pick(lambda k: due[k], True)
-        post_found, post_pick = pick(lambda k: due[k] & ((c_op[k] + K) <= ev.op_id), False)
+        idle_found, idle_pick = pick_first(m, "pick_idle", list(due), by_time)
+        post_found, post_pick = pick_first(
+            m, "pick_post", [due[k] & ((c_op[k] + K) <= ev.op_id) for k in range(n_ctx)],
+            lambda i, j: c_op[i] <= c_op[j],
+        )  # fmt: skip
 
         fire_c = Signal(cb)
         ret_post = Signal()
-        settle = Signal()  # the registered end evaluation reflects the current state
+        # cycles the end evaluation has been stable: T, idle, the timer stage, due
+        settle = Signal(range(SETTLE + 1))
+        settled = settle == SETTLE
         post_b = Signal()  # the older ops are done; next, the event's own op
         accepted = Signal()
         gone_c = Signal(range(n_ctx + 1))
@@ -501,8 +477,8 @@ class GatherTracker(wiring.Component):
             with m.State("POST"):
                 with m.If(tc.busy):
                     m.d.sync += settle.eq(0)
-                with m.Elif(~settle):
-                    m.d.sync += settle.eq(1)
+                with m.Elif(~settled):
+                    m.d.sync += settle.eq(settle + 1)
                 with m.Elif(~post_b):
                     with m.If(peer_ev & post_found):
                         m.d.sync += [fire_c.eq(post_pick), ret_post.eq(1)]
@@ -550,8 +526,8 @@ class GatherTracker(wiring.Component):
             with m.State("SETTLE"):  # the end evaluation catches up (T, then due)
                 with m.If(tc.busy):
                     m.d.sync += settle.eq(0)
-                with m.Elif(~settle):
-                    m.d.sync += settle.eq(1)
+                with m.Elif(~settled):
+                    m.d.sync += settle.eq(settle + 1)
                 with m.Else():
                     m.next = "IDLE"
 

@@ -48,7 +48,7 @@ class TcEstimator(wiring.Component):
     """
 
     # not a stream block: an update is in T after at most world + 2 cycles (busy low again),
-    # a sample after world + 3
+    # a sample after world + 6
     LATENCY = 0
 
     def __init__(self, p: NicParams) -> None:
@@ -119,21 +119,30 @@ class TcEstimator(wiring.Component):
                 with m.Elif(self.sample.valid):
                     m.d.sync += [smp.eq(self.sample.payload.value), at.eq(self.sample.payload.at)]
                     m.next = "EWMA"
+            # the EWMA in registered steps (125 MHz): error, mean and deviation, t_C, clamp
+            err = Signal(signed(wide + 1))
+            abs_err = Signal(wide + 1)
+            mean_n = Signal(signed(wide))
+            dev_n = Signal(signed(wide))
             with m.State("EWMA"):
-                err = Signal(signed(wide + 1))
-                mean_n = Signal(signed(wide))
-                dev_n = Signal(signed(wide))
-                tc_w = Signal(signed(wide + 6))
-                m.d.comb += err.eq(smp - mean)
+                d = Signal(signed(wide + 1))
+                m.d.comb += d.eq(smp - mean)
+                m.d.sync += [err.eq(d), abs_err.eq(Mux(d < 0, -d, d))]
+                m.next = "EWMA_MD"
+            with m.State("EWMA_MD"):
                 with m.If(~have):
-                    m.d.comb += [mean_n.eq(smp), dev_n.eq(smp >> 1)]
+                    m.d.sync += [mean_n.eq(smp), dev_n.eq(smp >> 1)]
                 with m.Else():
-                    abs_err = Mux(err < 0, -err, err)
-                    m.d.comb += [
+                    m.d.sync += [
                         mean_n.eq(mean + (err >> p.tc_gain_shift)),
                         dev_n.eq(dev + ((abs_err - dev) >> p.tc_dev_shift)),
                     ]
-                m.d.comb += tc_w.eq(mean_n + dev_n * p.tc_dev_mult)
+                m.next = "EWMA_TC"
+            tc_w = Signal(signed(wide + 6))
+            with m.State("EWMA_TC"):
+                m.d.sync += tc_w.eq(mean_n + dev_n * p.tc_dev_mult)
+                m.next = "EWMA_CLAMP"
+            with m.State("EWMA_CLAMP"):
                 lo = self.p.t_c_min_us  # the model clamps at t_c_min, not 1
                 tc_c = Mux(tc_w < lo, lo, Mux(tc_w > self.t_b, self.t_b, tc_w))
                 m.d.sync += [

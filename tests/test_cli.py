@@ -141,12 +141,43 @@ def test_demo_table_falls_back_to_software_and_plots(tmp_path, monkeypatch, caps
                      "target_acc": 0.93},
         "curves": {"gloo": curve, "optireduce": curve},
     }  # fmt: skip
-    monkeypatch.setattr(demo, "train_demo", lambda cfg, progress=None: fake)
+    monkeypatch.setattr(demo, "train_demo", lambda cfg, rtl, progress=None: fake)
     monkeypatch.setattr(demo, "cosim_status", lambda cfg=None: (False, "no toolchain here"))
     png = tmp_path / "demo.png"
     assert main(["demo", "--plot", str(png)]) == 0
     text = capsys.readouterr().out
-    assert "co-simulated NIC: unavailable (no toolchain here); all ranks software" in text
+    assert "co-simulated NIC: unavailable (no toolchain here); no RTL run" in text
     assert "n/a" in text and "0.100%" in text and "12.5 ms" in text
     assert "OptiReduce / gloo: 0.50 (target <= 0.6: met)" in text
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_demo_table_has_the_rtl_run_with_its_bit_exactness(tmp_path, monkeypatch, capsys):
+    """With the co-simulation usable, a third row: the run with rank 0's NIC the RTL, and
+    its bit-exactness; the ratio stays the software run's against gloo."""
+    from optireduce.host import demo
+
+    curve = {"steps": [0, 5], "times": [0.0, 0.5], "acc": [0.1, 0.95]}
+    summ = {"tta_s": 1.0, "final_acc": 0.95, "entries_lost": 0.0, "op_p99_ms": 12.5}
+    fake = {
+        "gloo": dict(summ, tta_s=2.5), "optireduce": dict(summ),
+        demo.RTL: dict(summ, tta_s=9.0, cosim_bit_exact=False),
+        "ratios": {"tta_optireduce_over_gloo": 0.4, "final_acc_gap_points": 0.0},
+        "settings": {"world": 4, "steps": 5, "straggler_median_ms": 20.0, "tail": 3.0,
+                     "target_acc": 0.93},
+        "curves": {"gloo": curve, "optireduce": curve, demo.RTL: curve},
+    }  # fmt: skip
+    seen = {}
+
+    def fake_train(cfg, rtl, progress=None):
+        seen["rtl"] = rtl
+        return fake
+
+    monkeypatch.setattr(demo, "train_demo", fake_train)
+    monkeypatch.setattr(demo, "cosim_status", lambda cfg=None: (True, "rank 0"))
+    assert main(["demo", "--plot", str(tmp_path / "d.png")]) == 0
+    text = capsys.readouterr().out
+    assert seen["rtl"] is True
+    assert "optireduce, rank 0 RTL" in text and "9.00 s" in text
+    assert "NO" in text  # a mismatch is shown as such, never hidden
+    assert "OptiReduce / gloo: 0.40 (target <= 0.6: met)" in text

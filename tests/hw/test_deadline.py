@@ -69,7 +69,8 @@ def test_phase_timer_matches_phase_tracker_due():
             ctx.set(dut.idle, max(1, (alpha * timeout) >> 8))
             ctx.set(dut.floor, floor)
             ctx.set(dut.now, now)
-            await ctx.delay(1e-9)
+            for _ in range(PhaseTimer.LATENCY):
+                await ctx.tick()
             got = None
             if ctx.get(dut.due):
                 got = (ctx.get(dut.end_tick), REASON_NAMES[Reason(ctx.get(dut.reason))])
@@ -78,7 +79,7 @@ def test_phase_timer_matches_phase_tracker_due():
                 fired.add(want[1])
         assert fired == {"complete", "early", "deadline"}  # every rule was exercised
 
-    _run(dut, bench, clock=False)
+    _run(dut, bench)
 
 
 @pytest.mark.parametrize(("world", "t_c_min"), [(2, 1), (5, 1), (8, 1), (5, 300)])
@@ -145,5 +146,51 @@ def test_tc_estimator_and_median_match_the_model(world, t_c_min):
             assert ctx.get(dut.floor) == floor
             seen.add(ctx.get(dut.timeout))
         assert len(seen) >= 5  # T really moved
+
+    _run(dut, bench)
+
+
+def test_pick_first_is_the_first_strict_minimum_of_a_serial_scan():
+    """pick_first against a plain scan (keep the first strict minimum), with many ties."""
+    from amaranth import Module, Signal
+    from amaranth.lib import wiring
+    from amaranth.lib.wiring import In, Out
+
+    from optireduce.hw.deadline import PICK_LATENCY, pick_first
+
+    n = 4
+
+    class Dut(wiring.Component):
+        def __init__(self):
+            sig = {f"key{k}": In(3) for k in range(n)}
+            sig |= {f"el{k}": In(1) for k in range(n)}
+            super().__init__(sig | {"found": Out(1), "index": Out(2)})
+
+        def elaborate(self, platform):
+            m = Module()
+            keys = [getattr(self, f"key{k}") for k in range(n)]
+            f, i = pick_first(m, "t", [getattr(self, f"el{k}") for k in range(n)],
+                              lambda a, b: keys[a] <= keys[b])  # fmt: skip
+            m.d.comb += [self.found.eq(f), self.index.eq(i)]
+            return m
+
+    dut = Dut()
+    rng = np.random.default_rng(5)
+    cases = [(rng.integers(0, 3, n), rng.integers(0, 2, n)) for _ in range(400)]
+
+    async def bench(ctx):
+        for keys, el in cases:
+            for k in range(n):
+                ctx.set(getattr(dut, f"key{k}"), int(keys[k]))
+                ctx.set(getattr(dut, f"el{k}"), int(el[k]))
+            for _ in range(PICK_LATENCY):
+                await ctx.tick()
+            best = None
+            for k in range(n):
+                if el[k] and (best is None or keys[k] < keys[best]):
+                    best = k
+            assert ctx.get(dut.found) == (best is not None)
+            if best is not None:
+                assert ctx.get(dut.index) == best, (keys, el)
 
     _run(dut, bench)

@@ -325,7 +325,11 @@ def harness(prop: str, variant: str = "holds", mod=aggregator, p: NicParams = P,
     return m
 
 
-DEADLINE_BOUND = 12
+# The longest service of one event in the bound (a context claim clears its tables and
+# runs the divider), then SETTLE and FIRE: 30 cycles, well under one real tick (125
+# cycles at 125 MHz), so a phase still ends in the microsecond of its deadline. At
+# depth 32, 15 was enough: deeper traces reach the claim of a second op's context.
+DEADLINE_BOUND = 30
 # Unloaded, each solve takes 3-65 s; the bounds leave room for a busy machine.
 SOLVE_TIMEOUT_S = 900
 pytestmark = pytest.mark.timeout(2 * SOLVE_TIMEOUT_S + 300)  # two solver queues, and room
@@ -333,11 +337,13 @@ pytestmark = pytest.mark.timeout(2 * SOLVE_TIMEOUT_S + 300)  # two solver queues
 # estimator are replaced by free outputs (yosys cutpoint), an over-approximation.
 CUT_TIMING = ("overflow", "range", "duplicate")
 PROPS = ("overflow", "range", "duplicate", "deadline")
-# Bounds (cycles from reset). An event costs about 15 cycles here, the first one of an op
-# about 20 (context claim): 28 reaches the payload of a second event, 34 a second frame
-# from the same sender (the duplicate mutant needs it), 24 a phase ended by its
-# deadline a few ticks after START.
-DEPTH = {"overflow": 30, "range": 28, "duplicate": 34, "deadline": 24}
+# Bounds (cycles from reset). An event costs about 20 cycles here (the end evaluation is
+# pipelined: hw/deadline.py SETTLE), the first one of an op more (context claim): 28
+# reaches the payload of a second event, 36 its accumulation, 38 a second frame from the
+# same sender (the duplicate mutant needs it), 36 a phase ended by its deadline a few
+# ticks after START, with a second op's context claim on the way. Each (but deadline's,
+# deeper for that claim) is the least depth at which its mutant is refuted.
+DEPTH = {"overflow": 36, "range": 28, "duplicate": 38, "deadline": 36}
 
 
 # A mutant per property: the aggregator's own source with one deliberate bug (see
