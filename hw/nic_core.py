@@ -52,7 +52,7 @@ from optireduce.hw import gather_tracker as gt
 from optireduce.hw.aggregator import Aggregator
 from optireduce.hw.aggregator import Kind as AggKind
 from optireduce.hw.csr import Csr
-from optireduce.hw.deadline import TICK_BITS
+from optireduce.hw.deadline import SETTLE, TICK_BITS
 from optireduce.hw.decoder import Decoder
 from optireduce.hw.encoder import Encoder
 from optireduce.hw.gather_buffer import GatherOp
@@ -60,8 +60,11 @@ from optireduce.hw.gather_tracker import GatherTracker, Verdict
 from optireduce.hw.packetizer import Packetizer
 from optireduce.hw.parser import PARSER_REASONS, Parser
 from optireduce.hw.streams import float_stream, frame_stream
-from optireduce.hw.tc_estimator import TC_BITS
+from optireduce.hw.tc_estimator import TC_BITS, TcEstimator
 from optireduce.params import NicParams
+
+# an end's fields are held while its strobe is delayed: the next end is SETTLE cycles on
+assert TcEstimator.OWN_LATENCY < SETTLE
 
 STATS_FIXED = len(host_port.STATS_FIELDS)  # record words before the histogram
 IDLE_HOLD = 4  # cycles the no-work condition must hold: covers the blocks' inner pipelines
@@ -215,7 +218,9 @@ class NicCore(wiring.Component):
         # ---- the aggregator's event port: host side (OWN, START) or network side --------
         ev_h, ev_r = Signal(agg.ev.payload.shape()), Signal(agg.ev.payload.shape())
         ev_h_valid, ev_r_valid = Signal(), Signal()
-        end_d = Signal()  # the aggregator's end strobe, one cycle later (own_tc settled)
+        # the aggregator's end strobe, delayed until own_tc holds this end's sample
+        end_dl = Signal(TcEstimator.OWN_LATENCY)
+        end_d, end_busy = end_dl[-1], end_dl.any()
         fifo = SyncFIFO(
             width=len(Cat(Const(0, gt.event_layout(p).size), Const(0, TC_BITS))),
             depth=TRACKER_FIFO_DEPTH,
@@ -226,7 +231,7 @@ class NicCore(wiring.Component):
         m.d.comb += [
             agg.ev.payload.eq(Mux(ev_sel_host, ev_h, ev_r)),
             agg.ev.valid.eq(
-                Mux(ev_sel_host, ev_h_valid, ev_r_valid) & ~agg.end_valid & ~end_d & room
+                Mux(ev_sel_host, ev_h_valid, ev_r_valid) & ~agg.end_valid & ~end_busy & room
             ),
         ]
         ev_taken = agg.ev.valid & agg.ev.ready
@@ -442,7 +447,7 @@ class NicCore(wiring.Component):
         m.d.comb += [fifo.w_data.eq(Cat(fw.as_value(), fw_tc1)), fifo.w_en.eq(fw_en)]
         e_op, e_tick = Signal(32), Signal(TICK_BITS)
         e_timeout = Signal(32)
-        m.d.sync += end_d.eq(agg.end_valid)
+        m.d.sync += end_dl.eq(Cat(agg.end_valid, end_dl[:-1]))
         with m.If(agg.end_valid):
             es = slot_of(agg.end_op)
             m.d.sync += [
@@ -517,8 +522,9 @@ class NicCore(wiring.Component):
         # ---- phase-2 ends: record, free the window, queue the drain ----------------------
         drain_q = SyncFIFO(width=cb, depth=n_ctx)
         m.submodules.drain_queue = drain_q
-        t_end_d, t_end_slot = Signal(), Signal(cb)
-        m.d.sync += t_end_d.eq(trk.end_valid)
+        t_end_dl, t_end_slot = Signal(TcEstimator.OWN_LATENCY), Signal(cb)
+        t_end_d, t_end_busy = t_end_dl[-1], t_end_dl.any()
+        m.d.sync += t_end_dl.eq(Cat(trk.end_valid, t_end_dl[:-1]))
         incs["ops_completed"].append(trk.end_valid)
         with m.If(trk.end_valid):
             ts = slot_of(trk.end_op)
@@ -735,13 +741,13 @@ class NicCore(wiring.Component):
             & (frames_in == 0)
             & agg.ev.ready
             & ~agg.end_valid
-            & ~end_d
+            & ~end_busy
             & ~fifo.r_rdy
             & trk.ev.ready
             & (trk.now == agg.now)
             & (time == agg.now)
             & ~trk.end_valid
-            & ~t_end_d
+            & ~t_end_busy
         )
         m.d.comb += no_work.eq(
             ~self.tick

@@ -78,9 +78,9 @@ class Packetizer(wiring.Component):
         self.w_rank = _bits(p.n_max - 1)
         self.w_world = _bits(p.n_max)
         self.w_idx = _bits(self.max_packets)
-        # first input beat of a frame's packet -> first beat of the frame on `o`:
-        # beats of the packet, then buffer hand-over, header set-up and the output register.
-        self.LATENCY = self.beats + 3
+        # first input beat of a frame's packet -> first beat of the frame on `o`: beats of
+        # the packet, then buffer hand-over, checksum, header set-up and the output register.
+        self.LATENCY = self.beats + 4
         self.OWN_LATENCY = 1  # first beat of an own packet -> first beat on `own`
         super().__init__(
             {
@@ -120,8 +120,16 @@ class Packetizer(wiring.Component):
             }
         )
 
-    def _header_bytes(self, d, dst) -> list:
-        """The 74 bytes before the payload, as 8-bit values (build_frame's layout)."""
+    def _ip_checksum(self, rank, dst):
+        """The IPv4 header checksum of a frame from rank to dst: the rank-independent
+        constant plus both, one's-complement folded twice (RFC 1071), inverted."""
+        s = Const(_ip_checksum_const(self.p, self.addressing), 20) + rank + dst
+        s1 = s[:16] + s[16:]
+        return ~(s1[:16] + s1[16:])[:16]
+
+    def _header_bytes(self, d, dst, ck) -> list:
+        """The 74 bytes before the payload, as 8-bit values (build_frame's layout); `ck`
+        is `_ip_checksum(d.rank, dst)`, registered a cycle ahead (125 MHz)."""
         p, ad = self.p, self.addressing
 
         def be(value, nbytes: int) -> list:
@@ -131,10 +139,6 @@ class Packetizer(wiring.Component):
         def const(value: int, nbytes: int) -> list:
             return be(Const(value, 8 * nbytes), nbytes)
 
-        # One's-complement sum folded twice (RFC 1071), from the rank-independent constant.
-        s = Const(_ip_checksum_const(p, ad), 20) + d.rank + dst
-        s1 = s[:16] + s[16:]
-        s2 = (s1[:16] + s1[16:])[:16]
         udp_len = ubt.UDP_LEN + ubt.HEADER_LEN + 4 * p.p
         ubt_fields = {
             "version": Const(ubt.VERSION, 8),
@@ -161,7 +165,7 @@ class Packetizer(wiring.Component):
             *const(0, 2),  # id
             *const(0x4000, 2),  # DF
             *const((64 << 8) | ubt.IPPROTO_UDP, 2),  # TTL, protocol
-            *be(~s2, 2),
+            *be(ck, 2),
             *be(Const(ad.ip_base + 1, 32) + d.rank, 4),
             *be(Const(ad.ip_base + 1, 32) + dst, 4),
             *const(p.udp_port, 2),
@@ -377,15 +381,29 @@ class Packetizer(wiring.Component):
         m.d.comb += m_next.eq(k + (1 - k0))
         m.d.comb += rp.addr.eq(Cat(Mux(m_next < 0, 0, m_next)[:w_word], rd_half))
 
+        # registered a cycle ahead of their use (125 MHz): the IP checksum of the frame to
+        # rdst (PREP0 waits for it), and the next gather destination (rdst holds for the
+        # frame's nb >= 2 beats)
+        assert nb >= 2
+        ck = Signal(16)
+        m.d.sync += ck.eq(self._ip_checksum(sel.rank, rdst))
+        nd_r = Signal(w_rank)
+        nd_ok = Signal()
+        nd1 = rdst + 1
+        nd = Mux(nd1 == sel.rank, rdst + 2, nd1)
+        m.d.sync += [nd_r.eq(nd), nd_ok.eq(sel.gather & (nd < sel.world))]
+
         with m.If(self.o.ready):
             m.d.sync += self.o.valid.eq(0)
         with m.FSM(name="tx"):
             with m.State("IDLE"), m.If(Mux(rd_half, full[1], full[0])):
                 m.d.sync += rdst.eq(sel.dst)
+                m.next = "PREP0"
+            with m.State("PREP0"):
                 m.next = "PREP"
             with m.State("PREP"):
                 # header of the next frame, and the first buffer word read ahead
-                m.d.sync += hdr.eq(Cat(*self._header_bytes(sel, rdst)))
+                m.d.sync += hdr.eq(Cat(*self._header_bytes(sel, rdst, ck)))
                 m.d.comb += [rp.addr.eq(Cat(Const(0, w_word), rd_half)), rp.en.eq(1)]
                 m.next = "EMIT"
             with m.State("EMIT"):
@@ -424,11 +442,9 @@ class Packetizer(wiring.Component):
                     with m.If(k == nb - 1):
                         m.d.sync += k.eq(0)
                         # gather: the same slot to the next rank, skipping our own
-                        nd1 = rdst + 1
-                        nd = Mux(nd1 == sel.rank, rdst + 2, nd1)
-                        with m.If(sel.gather & (nd < sel.world)):
-                            m.d.sync += rdst.eq(nd)
-                            m.next = "PREP"
+                        with m.If(nd_ok):
+                            m.d.sync += rdst.eq(nd_r)
+                            m.next = "PREP0"
                         with m.Else():
                             m.d.comb += clr_full.eq(Mux(rd_half, 0b10, 0b01))
                             m.d.sync += rd_half.eq(~rd_half)

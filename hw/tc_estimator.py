@@ -50,6 +50,8 @@ class TcEstimator(wiring.Component):
     # not a stream block: an update is in T after at most world + 2 cycles (busy low again),
     # a sample after world + 6
     LATENCY = 0
+    # cycles from a taken sample to `own_tc` holding its result (the EWMA steps)
+    OWN_LATENCY = 4
 
     def __init__(self, p: NicParams) -> None:
         self.p = p
