@@ -136,29 +136,64 @@ PICK_LATENCY = 2  # cycles from stable `eligible` and keys to a valid `pick_firs
 SETTLE = 3 + PhaseTimer.LATENCY + PICK_LATENCY
 
 
-def end_evaluation(m: Module, tc, alpha_q8, now, n_ctx: int, state_of):
-    """Every context's phase-end evaluation, as the aggregator and the gather tracker keep
-    it: T = tc.timeout and its idle gap registered, one PhaseTimer per context, and its
-    outputs registered. `state_of(k)` gives context k's PhaseTimer inputs (active, start,
-    anchor, has_arrival, last_arrival, last_gone, all_in, in_or_gone, all_flagged).
-    Valid SETTLE cycles after the last change, with tc not busy throughout.
+class PhaseContexts:
+    """The per-op-context phase state that the aggregator (phase 1) and the gather
+    tracker (phase 2) both keep in registers, and its end evaluation.
 
-    Returns (T, due, due_end, due_reason): T registered, the rest Arrays by context.
+    Fields (Arrays by context): valid, begun, ended, op, start, anchor, has_arr,
+    last_arr, last_gone, recv, exp (packets received / expected), unflag (expected
+    senders whose LAST is not in), owing (senders still owing and not gone).
     """
-    T = Signal(32)
-    idle = Signal(33)
-    m.d.sync += [T.eq(tc.timeout), idle.eq(idle_gap(m, alpha_q8, T))]
-    due = Array(Signal(name=f"due{k}") for k in range(n_ctx))
-    due_end = Array(Signal(TICK_BITS, name=f"due_end{k}") for k in range(n_ctx))
-    due_reason = Array(Signal(Reason, name=f"due_reason{k}") for k in range(n_ctx))
-    for k in range(n_ctx):
-        pt = PhaseTimer()
-        m.submodules[f"timer{k}"] = pt
-        st = state_of(k)
-        m.d.comb += [getattr(pt, name).eq(v) for name, v in st.items()]
-        m.d.comb += [pt.timeout.eq(T), pt.idle.eq(idle), pt.floor.eq(tc.floor), pt.now.eq(now)]
-        m.d.sync += [due[k].eq(pt.due), due_end[k].eq(pt.end_tick), due_reason[k].eq(pt.reason)]
-    return T, due, due_end, due_reason
+
+    FIELDS = ("valid", "begun", "ended", "op", "start", "anchor", "has_arr", "last_arr",
+              "last_gone", "recv", "exp", "unflag", "owing")  # fmt: skip
+
+    def __init__(self, n_ctx: int, tot_shape, n_cnt) -> None:
+        self.n_ctx = n_ctx
+        shapes = {"op": 32, "start": TICK_BITS, "anchor": TICK_BITS, "last_arr": TICK_BITS,
+                  "last_gone": TICK_BITS, "recv": tot_shape, "exp": tot_shape,
+                  "unflag": n_cnt, "owing": n_cnt}  # fmt: skip
+        for f in self.FIELDS:
+            shape = shapes.get(f, 1)
+            setattr(self, f, Array(Signal(shape, name=f"{f}{k}") for k in range(n_ctx)))
+
+    def fields(self) -> tuple:
+        return tuple(getattr(self, f) for f in self.FIELDS)
+
+    def evaluate(self, m: Module, tc, alpha_q8, now):
+        """Every context's phase end: T = tc.timeout and its idle gap registered, one
+        PhaseTimer per context, and its outputs registered. Valid SETTLE cycles after
+        the last change, with tc not busy throughout.
+
+        Returns (T, due, due_end, due_reason): T registered, the rest Arrays by context.
+        """
+        T = Signal(32)
+        idle = Signal(33)
+        m.d.sync += [T.eq(tc.timeout), idle.eq(idle_gap(m, alpha_q8, T))]
+        n = self.n_ctx
+        due = Array(Signal(name=f"due{k}") for k in range(n))
+        due_end = Array(Signal(TICK_BITS, name=f"due_end{k}") for k in range(n))
+        due_reason = Array(Signal(Reason, name=f"due_reason{k}") for k in range(n))
+        for k in range(n):
+            pt = PhaseTimer()
+            m.submodules[f"timer{k}"] = pt
+            m.d.comb += [
+                pt.active.eq(self.valid[k] & self.begun[k] & ~self.ended[k]),
+                pt.start.eq(self.start[k]),
+                pt.anchor.eq(self.anchor[k]),
+                pt.has_arrival.eq(self.has_arr[k]),
+                pt.last_arrival.eq(self.last_arr[k]),
+                pt.last_gone.eq(self.last_gone[k]),
+                pt.all_in.eq(self.recv[k] == self.exp[k]),
+                pt.in_or_gone.eq(self.owing[k] == 0),
+                pt.all_flagged.eq(self.unflag[k] == 0),
+                pt.timeout.eq(T),
+                pt.idle.eq(idle),
+                pt.floor.eq(tc.floor),
+                pt.now.eq(now),
+            ]
+            m.d.sync += [due[k].eq(pt.due), due_end[k].eq(pt.end_tick), due_reason[k].eq(pt.reason)]
+        return T, due, due_end, due_reason
 
 
 def pick_first(m: Module, name: str, eligible: list, le) -> tuple[Signal, Signal]:

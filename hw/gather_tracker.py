@@ -69,7 +69,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from optireduce.hw.deadline import SETTLE, TICK_BITS, Reason, end_evaluation, pick_first
+from optireduce.hw.deadline import SETTLE, TICK_BITS, PhaseContexts, Reason, pick_first
 from optireduce.hw.tc_estimator import TC_BITS, TcEstimator
 from optireduce.params import NicParams
 
@@ -178,37 +178,19 @@ class GatherTracker(wiring.Component):
         m.d.comb += self.own_tc.eq(tc.own_tc)
 
         # ---- per-op contexts ------------------------------------------------------------
-        def regs(name, shape):
-            return Array(Signal(shape, name=f"{name}{k}") for k in range(n_ctx))
-
-        c_valid, c_begun, c_ended = regs("valid", 1), regs("begun", 1), regs("ended", 1)
-        c_op = regs("op", 32)
-        c_q, c_rem = regs("q", tot), regs("rem", n_cnt)  # divmod(n_packets, world)
-        c_start, c_anchor = regs("start", TICK_BITS), regs("anchor", TICK_BITS)
-        c_has_arr, c_last_arr = regs("has_arr", 1), regs("last_arr", TICK_BITS)
-        c_last_gone = regs("last_gone", TICK_BITS)
-        c_recv, c_exp = regs("recv", tot), regs("exp", tot)
-        c_unflag, c_owing = regs("unflag", n_cnt), regs("owing", n_cnt)
+        cx = PhaseContexts(n_ctx, tot, n_cnt)
+        (c_valid, c_begun, c_ended, c_op, c_start, c_anchor, c_has_arr, c_last_arr,
+         c_last_gone, c_recv, c_exp, c_unflag, c_owing) = cx.fields()  # fmt: skip
+        # divmod(n_packets, world)
+        c_q = Array(Signal(tot, name=f"q{k}") for k in range(n_ctx))
+        c_rem = Array(Signal(n_cnt, name=f"rem{k}") for k in range(n_ctx))
 
         def exp_of(k, s):
             """Packets context k expects from rank s (0 from this rank)."""
             return Mux(s == self.rank, 0, c_q[k] + (s < c_rem[k]))
 
         # per-context end evaluation, registered (the FSM settles after a change)
-        T, due, due_end, due_reason = end_evaluation(
-            m, tc, self.alpha_q8, now, n_ctx,
-            lambda k: {
-                "active": c_valid[k] & c_begun[k] & ~c_ended[k],
-                "start": c_start[k],
-                "anchor": c_anchor[k],
-                "has_arrival": c_has_arr[k],
-                "last_arrival": c_last_arr[k],
-                "last_gone": c_last_gone[k],
-                "all_in": c_recv[k] == c_exp[k],
-                "in_or_gone": c_owing[k] == 0,
-                "all_flagged": c_unflag[k] == 0,
-            },
-        )  # fmt: skip
+        T, due, due_end, due_reason = cx.evaluate(m, tc, self.alpha_q8, now)
         m.d.comb += self.timeout.eq(T)
 
         # ---- memories: per-sender state and the slot bitmap, per context ------------------

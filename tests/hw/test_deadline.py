@@ -152,7 +152,7 @@ def test_tc_estimator_and_median_match_the_model(world, t_c_min):
 
 def test_pick_first_is_the_first_strict_minimum_of_a_serial_scan():
     """pick_first against a plain scan (keep the first strict minimum), with many ties."""
-    from amaranth import Module, Signal
+    from amaranth import Module
     from amaranth.lib import wiring
     from amaranth.lib.wiring import In, Out
 

@@ -50,16 +50,22 @@ def harness(broken: bool = False) -> Module:
     ]  # fmt: skip
     due, end, reason = t.due, t.end_tick, t.reason
     claim = deadline - 1 if broken else deadline  # broken: one tick early, must be refuted
-    m.d.comb += [
-        # always over by the deadline
-        Assert(~(s["active"] & (s["now"] >= claim)) | due),
-        # never after the deadline, never in the future
-        Assert(~due | (end <= claim)),
-        Assert(~due | (end <= s["now"])),
-        # never over early without a rule that says so
-        Assert(~due | (reason == Reason.DEADLINE) | s["in_or_gone"] | s["all_flagged"]),
-        Assert(~due | s["active"]),
-    ]
+    # the timer's stage is registered: its outputs hold for the inputs LATENCY cycles on
+    # (the inputs are held here; the owners settle after every change)
+    warm = Signal(range(PhaseTimer.LATENCY + 1))
+    with m.If(warm < PhaseTimer.LATENCY):
+        m.d.sync += warm.eq(warm + 1)
+    with m.If(warm == PhaseTimer.LATENCY):
+        m.d.comb += [
+            # always over by the deadline
+            Assert(~(s["active"] & (s["now"] >= claim)) | due),
+            # never after the deadline, never in the future
+            Assert(~due | (end <= claim)),
+            Assert(~due | (end <= s["now"])),
+            # never over early without a rule that says so
+            Assert(~due | (reason == Reason.DEADLINE) | s["in_or_gone"] | s["all_flagged"]),
+            Assert(~due | s["active"]),
+        ]
     return m
 
 
@@ -73,9 +79,9 @@ class _Top(Component):
 
 
 def test_a_phase_always_ends_by_its_deadline():
-    run_sby(_Top(False), "phase_timer_deadline", mode="prove", depth=2)
+    run_sby(_Top(False), "phase_timer_deadline", mode="prove", depth=PhaseTimer.LATENCY + 2)
 
 
 def test_the_proof_can_fail():
     with pytest.raises(AssertionError, match="FAIL"):
-        run_sby(_Top(True), "phase_timer_broken", mode="bmc", depth=1)
+        run_sby(_Top(True), "phase_timer_broken", mode="bmc", depth=PhaseTimer.LATENCY + 1)
