@@ -377,9 +377,21 @@ class Packetizer(wiring.Component):
             return hdr[8 * x : 8 * x + 8]
 
         adv = ~self.o.valid | self.o.ready
-        m_next = Signal(signed(_bits(nb) + 2))
-        m.d.comb += m_next.eq(k + (1 - k0))
+        # The buffer word of beat k is read two beats ahead and registered (`word`), so
+        # the BRAM's clock-to-out only drives a flip-flop (125 MHz); the k0 header beats
+        # cover the first two reads. With a single header beat (16 lanes) it is read one
+        # beat ahead and used as the BRAM gives it.
+        ahead = 2 if k0 >= 2 else 1
+        word = Signal(len(rp.data))
+        m_next = Signal(signed(_bits(nb) + 3))
+        m.d.comb += m_next.eq(k + (ahead - k0))
         m.d.comb += rp.addr.eq(Cat(Mux(m_next < 0, 0, m_next)[:w_word], rd_half))
+        emit_adv = Signal()  # an EMIT beat goes out: the read pipeline moves
+        if ahead == 2:
+            with m.If(emit_adv):
+                m.d.sync += word.eq(rp.data)
+        else:
+            m.d.comb += word.eq(rp.data)
 
         # registered a cycle ahead of their use (125 MHz): the IP checksum of the frame to
         # rdst (PREP0 waits for it), and the next gather destination (rdst holds for the
@@ -407,7 +419,7 @@ class Packetizer(wiring.Component):
                 m.d.comb += [rp.addr.eq(Cat(Const(0, w_word), rd_half)), rp.en.eq(1)]
                 m.next = "EMIT"
             with m.State("EMIT"):
-                m.d.comb += rp.en.eq(adv)
+                m.d.comb += [rp.en.eq(adv), emit_adv.eq(adv)]
                 with m.If(adv):
                     lanes_out = []
                     for j in range(nbytes):
@@ -415,7 +427,7 @@ class Packetizer(wiring.Component):
                             src_hdr = hdr_byte(k0 * nbytes + j)
                             lanes_out.append((src_hdr, word_byte(prev, nbytes - a + j)))
                         else:
-                            lanes_out.append((None, word_byte(rp.data, j - a)))
+                            lanes_out.append((None, word_byte(word, j - a)))
                     with m.Switch(k):
                         for kk in range(k0):
                             with m.Case(kk):
@@ -431,7 +443,7 @@ class Packetizer(wiring.Component):
                                 Cat(*(w for _, w in lanes_out))
                             )
                     m.d.sync += [
-                        prev.eq(rp.data),
+                        prev.eq(word),
                         self.o.valid.eq(1),
                         self.o.payload.last.eq(k == nb - 1),
                         self.o.payload.keep.eq(Mux(k == nb - 1, last_keep, (1 << nbytes) - 1)),

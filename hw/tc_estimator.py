@@ -47,8 +47,8 @@ class TcEstimator(wiring.Component):
     t_C: `NicParams.t_c_init`.
     """
 
-    # not a stream block: an update is in T after at most world + 2 cycles (busy low again),
-    # a sample after world + 6
+    # not a stream block: an update is in T after at most world + 3 cycles (busy low again),
+    # a sample after world + 7
     LATENCY = 0
     # cycles from a taken sample to `own_tc` holding its result (the EWMA steps)
     OWN_LATENCY = 4
@@ -107,6 +107,20 @@ class TcEstimator(wiring.Component):
         def key_lt(va, ia, vb, ib):
             return (va < vb) | ((va == vb) & (ia < ib))
 
+        # the scan in two stages (125 MHz): A reads entry j, B compares and moves its rank
+        vj_r = Signal(TC_BITS)
+        rj_r = Signal(range(n))
+        jr = Signal(range(n + 1))
+        a_valid, a_ok = Signal(), Signal()
+        with m.If(a_valid & a_ok):
+            was = key_lt(old, r, vj_r, jr)  # r was below jr
+            now_ = key_lt(new, r, vj_r, jr)  # r is below jr
+            rj_n = Signal(range(n))
+            m.d.comb += rj_n.eq(rj_r + now_ - was)
+            m.d.sync += [ranks[jr].eq(rj_n), below.eq(below + key_lt(vj_r, jr, new, r))]
+            with m.If(rj_n == k_med):
+                m.d.sync += med.eq(vj_r)
+
         smp = Signal(TICK_BITS)
         with m.FSM() as fsm:
             with m.State("IDLE"):
@@ -158,24 +172,15 @@ class TcEstimator(wiring.Component):
                 m.next = "CHECK"
             with m.State("CHECK"):
                 # only a change moves the ranks and the floor (the model's _set_tc)
-                m.d.sync += [old.eq(vals[r]), j.eq(0), below.eq(0)]
+                m.d.sync += [old.eq(vals[r]), j.eq(0), below.eq(0), a_valid.eq(0)]
                 with m.If(vals[r] == new):
                     m.next = "IDLE"
                 with m.Else():
                     m.next = "SCAN"
-            with m.State("SCAN"):
-                vj = vals[j]
-                rj = ranks[j]
+            with m.State("SCAN"):  # stage A: read entry j (stage B below moves it)
+                m.d.sync += [vj_r.eq(vals[j]), rj_r.eq(ranks[j]), jr.eq(j)]
+                m.d.sync += [a_valid.eq(j < self.world), a_ok.eq((j < self.world) & (j != r))]
                 with m.If(j < self.world):
-                    with m.If(j != r):
-                        was = key_lt(old, r, vj, j)  # r was below j
-                        now_ = key_lt(new, r, vj, j)  # r is below j
-                        rj_n = Signal(range(n))
-                        m.d.comb += rj_n.eq(rj + now_ - was)
-                        m.d.sync += ranks[j].eq(rj_n)
-                        m.d.sync += below.eq(below + key_lt(vj, j, new, r))
-                        with m.If(rj_n == k_med):
-                            m.d.sync += med.eq(vj)
                     m.d.sync += j.eq(j + 1)
                 with m.Else():
                     m.next = "COMMIT"
