@@ -39,6 +39,7 @@ from optireduce.params import NicParams
 log = logging.getLogger("optireduce")
 POLICIES = ("accept", "skip", "redo", "stop")
 WARMUP_T_B_US = 30_000_000  # the bound of warm-up phases: only a dead peer reaches it
+CONTROL_FLOOR_S = 1.0  # least wait of a control exchange: exclusion must mean dead
 
 
 @dataclass
@@ -100,7 +101,7 @@ class OptiReduceState:
         impairment: ImpairmentSpec | None = None,
         seed: int = 0,
         t_b_us: int | None = None,
-        control_floor_s: float = 1.0,
+        control_floor_s: float = CONTROL_FLOOR_S,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"OptiReduceState.policy={policy!r}: must be one of {POLICIES}")

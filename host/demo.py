@@ -187,8 +187,13 @@ def train_demo(
     out, curves = run_train(cfg, progress=progress)
     if rtl:
         tick = (lambda s: progress(RTL, s)) if progress else (lambda s: None)
-        with tempfile.TemporaryDirectory(prefix="optireduce-demo-") as tmp:
-            r = run_method(rtl_config(cfg), "optireduce", tmp, tick)
-        out[RTL], curves[RTL] = r["summary"], r["curve"]
+        try:
+            with tempfile.TemporaryDirectory(prefix="optireduce-demo-") as tmp:
+                r = run_method(rtl_config(cfg), "optireduce", tmp, tick)
+        except Exception as e:  # the software runs stand; say why this one did not
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+            out["rtl_error"] = f"{type(e).__name__}: {first}"
+        else:
+            out[RTL], curves[RTL] = r["summary"], r["curve"]
     out["curves"] = curves
     return out

@@ -180,6 +180,7 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
     ops: list = []
     if method == "optireduce":
         from optireduce import OptiReduceState, optireduce_hook
+        from optireduce.host.ddp_hook import CONTROL_FLOOR_S
 
         sim = rank == cfg.cosim_rank
         if sim:
@@ -188,7 +189,7 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
         state = OptiReduceState(
             cfg.nic_params(), warmup_iters=cfg.warmup_iters, policy=cfg.policy,
             checksum_every=cfg.checksum_every, impairment=None if sim else spec, seed=cfg.seed,
-            control_floor_s=0.0 if cfg.cosim_rank is None else COSIM_CONTROL_FLOOR_S,
+            control_floor_s=CONTROL_FLOOR_S if cfg.cosim_rank is None else COSIM_CONTROL_FLOOR_S,
         )  # fmt: skip
         ddp.register_comm_hook(state, optireduce_hook)
         # Build the NIC now (every rank, same point) to put the step delay on its

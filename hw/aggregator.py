@@ -440,7 +440,8 @@ class Aggregator(wiring.Component):
 
             with m.State("LATE"):
                 with m.If(c_ended[c]):
-                    m.d.sync += [cnt_late.eq(cnt_late + 1), drop.eq(1), beat.eq(0)]
+                    # the peer-progress and t_C changes before: settle from here on
+                    m.d.sync += [cnt_late.eq(cnt_late + 1), drop.eq(1), beat.eq(0), settle.eq(0)]
                     m.next = "PAYLOAD"
                 with m.Else():
                     m.next = "ROW_WAIT"
@@ -456,8 +457,9 @@ class Aggregator(wiring.Component):
             with m.State("ROW_CHECK"):
                 bits = bm_rd.data.bits
                 who = Mux(ev.kind == Kind.OWN, self.rank, ev.sender)
-                # a slot's first contribution overwrites: the accumulators need no clearing
-                m.d.sync += [drop.eq(0), beat.eq(0), fresh.eq(bm_rd.data.count == 0)]
+                # a slot's first contribution overwrites: the accumulators need no clearing;
+                # the context (and T) may change here: settle from here on
+                m.d.sync += [drop.eq(0), beat.eq(0), fresh.eq(bm_rd.data.count == 0), settle.eq(0)]
                 with m.If((ev.kind == Kind.SCATTER) & bits.bit_select(who, 1)):
                     m.d.sync += [cnt_dup.eq(cnt_dup + 1), drop.eq(1)]
                 with m.Else():

@@ -5,7 +5,9 @@ keeps, per context, what the tracker keeps (start, anchor, last arrival, last
 "gone" tick) and, instead of per-sender vectors, three incrementally maintained
 facts: every expected packet is in, every sender still owing is gone, every
 expected sender's LAST is in. This block turns them and the live T into
-(due, end tick, reason), purely combinationally; the aggregator registers it.
+(due, end tick, reason): the candidate end ticks registered, then compared with the
+live `now` (PhaseTimer.LATENCY); `PhaseContexts` registers the result and the blocks
+settle SETTLE cycles after every change.
 
   complete   all in                       -> max(start, last arrival)
   early      all in or gone               -> max(start, last arrival, last gone)

@@ -114,7 +114,8 @@ class GatherTracker(wiring.Component):
 
     LATENCY: cycles from taking a GATHER event (ev.valid & ev.ready) to its verdict
     strobe, no context to claim and no phase due: n_ctx + 7 (11 at K = 2); the next
-    event is taken 3 cycles later (n_ctx + 10 cycles per event). The first event of an
+    event is taken after the end evaluation settles (deadline.SETTLE) and its picks
+    (about n_ctx + 15 cycles per event). The first event of an
     op claims its context: max(n_max, c/p) + about 10 cycles more.
     MODEL: host/nic_model.py NicModel phase 2 (_accept, _peer_progress, _end_phase2).
     """

@@ -47,10 +47,11 @@ class TcEstimator(wiring.Component):
     t_C: `NicParams.t_c_init`.
     """
 
-    # not a stream block: an update is in T after at most world + 3 cycles (busy low again),
-    # a sample after world + 7
+    # not a stream block: an update is in T after at most world + 2 cycles (busy low again),
+    # a sample after world + 6
     LATENCY = 0
-    # cycles from a taken sample to `own_tc` holding its result (the EWMA steps)
+    # the EWMA steps: `own_tc` holds a sample's result OWN_LATENCY cycles after the owner's
+    # registered end strobe (5 after the sample is taken)
     OWN_LATENCY = 4
 
     def __init__(self, p: NicParams) -> None:

@@ -52,6 +52,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for col in cols:
         table.add_column(col, justify="left" if col == "method" else "right",
                          no_wrap=col == "method")  # fmt: skip
+    if "rtl_error" in out:
+        console.print(f"co-simulated NIC: the RTL run failed ({out['rtl_error']})")
+    runs = [m for m in runs if m in out]
     for m in runs:
         r = out[m]
         tta = "not reached" if r["tta_s"] is None else f"{r['tta_s']:.2f} s"
@@ -61,7 +64,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                       f"{r['entries_lost']:.3%}", "n/a" if exact is None
                       else ("yes" if exact else "NO"))  # fmt: skip
     console.print(table)
-    if usable and out[RTL].get("cosim_bit_exact") is None:
+    if RTL in out and out[RTL].get("cosim_bit_exact") is None:
         console.print("co-simulated NIC: rank 0 fell back to software (see the log line above)")
     ratio = out["ratios"]["tta_optireduce_over_gloo"]
     gap = out["ratios"]["final_acc_gap_points"]
@@ -69,7 +72,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         met = "met" if ratio <= 0.6 else "not met"
         console.print(f"time to accuracy, OptiReduce / gloo: {ratio:.2f} (target <= 0.6: {met})")
     console.print(f"final accuracy, gloo - OptiReduce: {gap:+.2f} points (target <= 0.5)")
-    if usable:
+    if RTL in out:
         console.print(
             "the RTL run shares the 2 cores with a simulator ~100x slower than a NIC: its "
             "times are the simulator's; its column that matters is the bit-exactness"

@@ -181,3 +181,24 @@ def test_demo_table_has_the_rtl_run_with_its_bit_exactness(tmp_path, monkeypatch
     assert "optireduce, rank 0 RTL" in text and "9.00 s" in text
     assert "NO" in text  # a mismatch is shown as such, never hidden
     assert "OptiReduce / gloo: 0.40 (target <= 0.6: met)" in text
+
+
+def test_demo_reports_a_failed_rtl_run_and_keeps_the_software_table(tmp_path, monkeypatch, capsys):
+    from optireduce.host import demo
+
+    curve = {"steps": [0, 5], "times": [0.0, 0.5], "acc": [0.1, 0.95]}
+    summ = {"tta_s": 1.0, "final_acc": 0.95, "entries_lost": 0.0, "op_p99_ms": 12.5}
+    fake = {
+        "gloo": dict(summ, tta_s=2.5), "optireduce": dict(summ),
+        "rtl_error": "RuntimeError: harness died",
+        "ratios": {"tta_optireduce_over_gloo": 0.4, "final_acc_gap_points": 0.0},
+        "settings": {"world": 4, "steps": 5, "straggler_median_ms": 20.0, "tail": 3.0,
+                     "target_acc": 0.93},
+        "curves": {"gloo": curve, "optireduce": curve},
+    }  # fmt: skip
+    monkeypatch.setattr(demo, "train_demo", lambda cfg, rtl, progress=None: fake)
+    monkeypatch.setattr(demo, "cosim_status", lambda cfg=None: (True, "rank 0"))
+    assert main(["demo", "--plot", str(tmp_path / "d.png")]) == 0
+    text = capsys.readouterr().out
+    assert "the RTL run failed (RuntimeError: harness died)" in text
+    assert "rank 0 RTL" not in text and "OptiReduce / gloo: 0.40" in text
