@@ -77,7 +77,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from optireduce.host.aggregator import reciprocal_shift, reciprocal_table
-from optireduce.hw.deadline import SETTLE, TICK_BITS, PhaseContexts, Reason, pick_first
+from optireduce.hw.deadline import SETTLE, TICK_BITS, PhaseContexts, Reason, settle_step
 from optireduce.hw.streams import element_stream
 from optireduce.hw.tc_estimator import TC_BITS, TcEstimator
 from optireduce.params import NicParams
@@ -286,14 +286,7 @@ class Aggregator(wiring.Component):
         # selection of the next phase to end: IDLE by (end, op); POST first the ops the
         # event's sender has finished (op <= ev.op_id - K), as NicModel._peer_progress
         # ends them, in op order (end ticks are all <= now there)
-        def by_time(i, j):
-            return (due_end[i] < due_end[j]) | ((due_end[i] == due_end[j]) & (c_op[i] <= c_op[j]))
-
-        idle_found, idle_pick = pick_first(m, "pick_idle", list(due), by_time)
-        post_found, post_pick = pick_first(
-            m, "pick_post", [due[k] & ((c_op[k] + K) <= ev.op_id) for k in range(n_ctx)],
-            lambda i, j: c_op[i] <= c_op[j],
-        )  # fmt: skip
+        idle_found, idle_pick, post_found, post_pick = cx.picks(m, due, due_end, ev.op_id, K)
 
         # end report (one-cycle strobe)
         m.d.sync += self.end_valid.eq(0)
@@ -563,13 +556,8 @@ class Aggregator(wiring.Component):
                 with m.Else():
                     m.next = "SETTLE"
 
-            with m.State("SETTLE"):  # the end evaluation catches up
-                with m.If(tc.busy):
-                    m.d.sync += settle.eq(0)
-                with m.Elif(~settled):
-                    m.d.sync += settle.eq(settle + 1)
-                with m.Else():
-                    m.next = "IDLE"
+            with m.State("SETTLE"), m.If(settle_step(m, settle, tc)):  # the evaluation catches up
+                m.next = "IDLE"
 
         m.d.comb += self.ev.ready.eq(
             fsm.ongoing("IDLE") & ~(pend != 0) & ~idle_found & ~ro_busy & (q_n == 0)

@@ -138,6 +138,16 @@ PICK_LATENCY = 2  # cycles from stable `eligible` and keys to a valid `pick_firs
 SETTLE = 3 + PhaseTimer.LATENCY + PICK_LATENCY
 
 
+def settle_step(m: Module, settle, tc):
+    """One cycle of an owner's settle count (Signal(range(SETTLE + 1))): back to 0 while
+    the t_C estimator is busy, else up to SETTLE. Returns "settled" for this cycle."""
+    with m.If(tc.busy):
+        m.d.sync += settle.eq(0)
+    with m.Elif(settle != SETTLE):
+        m.d.sync += settle.eq(settle + 1)
+    return ~tc.busy & (settle == SETTLE)
+
+
 class PhaseContexts:
     """The per-op-context phase state that the aggregator (phase 1) and the gather
     tracker (phase 2) both keep in registers, and its end evaluation.
@@ -196,6 +206,25 @@ class PhaseContexts:
             ]
             m.d.sync += [due[k].eq(pt.due), due_end[k].eq(pt.end_tick), due_reason[k].eq(pt.reason)]
         return T, due, due_end, due_reason
+
+    def picks(self, m: Module, due, due_end, ev_op_id, ops_in_flight: int):
+        """The next phase to end, registered (pick_first): by (end tick, op) among the
+        due (NicModel.advance), and by op among the due ops <= ev_op_id - K, the ones
+        the event's sender has finished (NicModel._peer_progress).
+
+        Returns (idle_found, idle_pick, post_found, post_pick).
+        """
+        op, n = self.op, self.n_ctx
+
+        def by_time(i, j):
+            return (due_end[i] < due_end[j]) | ((due_end[i] == due_end[j]) & (op[i] <= op[j]))
+
+        idle_found, idle_pick = pick_first(m, "pick_idle", list(due), by_time)
+        post_found, post_pick = pick_first(
+            m, "pick_post", [due[k] & ((op[k] + ops_in_flight) <= ev_op_id) for k in range(n)],
+            lambda i, j: op[i] <= op[j],
+        )  # fmt: skip
+        return idle_found, idle_pick, post_found, post_pick
 
 
 def pick_first(m: Module, name: str, eligible: list, le) -> tuple[Signal, Signal]:

@@ -69,7 +69,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from optireduce.hw.deadline import SETTLE, TICK_BITS, PhaseContexts, Reason, pick_first
+from optireduce.hw.deadline import SETTLE, TICK_BITS, PhaseContexts, Reason, settle_step
 from optireduce.hw.tc_estimator import TC_BITS, TcEstimator
 from optireduce.params import NicParams
 
@@ -242,14 +242,7 @@ class GatherTracker(wiring.Component):
 
         # selection of the next phase to end: by (end tick, op) among the due, or by op
         # among the due ops <= ev.op_id - K (the ones the event's sender is done with)
-        def by_time(i, j):
-            return (due_end[i] < due_end[j]) | ((due_end[i] == due_end[j]) & (c_op[i] <= c_op[j]))
-
-        idle_found, idle_pick = pick_first(m, "pick_idle", list(due), by_time)
-        post_found, post_pick = pick_first(
-            m, "pick_post", [due[k] & ((c_op[k] + K) <= ev.op_id) for k in range(n_ctx)],
-            lambda i, j: c_op[i] <= c_op[j],
-        )  # fmt: skip
+        idle_found, idle_pick, post_found, post_pick = cx.picks(m, due, due_end, ev.op_id, K)
 
         fire_c = Signal(cb)
         ret_post = Signal()
@@ -506,13 +499,8 @@ class GatherTracker(wiring.Component):
                 with m.Else():
                     m.next = "SETTLE"
 
-            with m.State("SETTLE"):  # the end evaluation catches up (T, then due)
-                with m.If(tc.busy):
-                    m.d.sync += settle.eq(0)
-                with m.Elif(~settled):
-                    m.d.sync += settle.eq(settle + 1)
-                with m.Else():
-                    m.next = "IDLE"
+            with m.State("SETTLE"), m.If(settle_step(m, settle, tc)):  # the evaluation catches up
+                m.next = "IDLE"
 
         m.d.comb += self.ev.ready.eq(
             fsm.ongoing("IDLE") & ~idle_found & (now >= self.ev.payload.at)

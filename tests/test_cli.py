@@ -127,20 +127,25 @@ def test_bench_all_runs_the_groups_present_and_names_the_missing(tmp_path, monke
     assert "optireduce.sim.no_such is not installed" in capsys.readouterr().err
 
 
+def _fake_demo(ratio: float, **runs) -> dict:
+    """What train_demo returns, made up: gloo and optireduce rows plus `runs`."""
+    curve = {"steps": [0, 5, 10], "times": [0.0, 0.5, 1.0], "acc": [0.1, 0.8, 0.95]}
+    summ = {"tta_s": 1.0, "final_acc": 0.95, "entries_lost": 0.0, "op_p99_ms": 12.5}
+    out = {"gloo": dict(summ, tta_s=2.0), "optireduce": dict(summ)}
+    out.update({k: dict(summ, **v) if isinstance(v, dict) else v for k, v in runs.items()})
+    out["ratios"] = {"tta_optireduce_over_gloo": ratio, "final_acc_gap_points": 0.0}
+    out["settings"] = {"world": 4, "steps": 10, "straggler_median_ms": 20.0, "tail": 3.0,
+                       "target_acc": 0.93}  # fmt: skip
+    out["curves"] = {k: curve for k, v in out.items() if isinstance(v, dict) and "tta_s" in v}
+    return out
+
+
 def test_demo_table_falls_back_to_software_and_plots(tmp_path, monkeypatch, capsys):
     """The demo's rendering: the one-line co-simulation fallback, the table with n/a, the
     ratio against the target, the plot (the training itself: tests/test_train.py)."""
     from optireduce.host import demo
 
-    curve = {"steps": [0, 5, 10], "times": [0.0, 0.5, 1.0], "acc": [0.1, 0.8, 0.95]}
-    summ = {"tta_s": 1.0, "final_acc": 0.95, "entries_lost": 0.0, "op_p99_ms": 12.5}
-    fake = {
-        "gloo": dict(summ, tta_s=2.0), "optireduce": dict(summ, entries_lost=0.001),
-        "ratios": {"tta_optireduce_over_gloo": 0.5, "final_acc_gap_points": 0.0},
-        "settings": {"world": 4, "steps": 10, "straggler_median_ms": 20.0, "tail": 3.0,
-                     "target_acc": 0.93},
-        "curves": {"gloo": curve, "optireduce": curve},
-    }  # fmt: skip
+    fake = _fake_demo(0.5, optireduce={"entries_lost": 0.001})
     monkeypatch.setattr(demo, "train_demo", lambda cfg, rtl, progress=None: fake)
     monkeypatch.setattr(demo, "cosim_status", lambda cfg=None: (False, "no toolchain here"))
     png = tmp_path / "demo.png"
@@ -157,16 +162,7 @@ def test_demo_table_has_the_rtl_run_with_its_bit_exactness(tmp_path, monkeypatch
     its bit-exactness; the ratio stays the software run's against gloo."""
     from optireduce.host import demo
 
-    curve = {"steps": [0, 5], "times": [0.0, 0.5], "acc": [0.1, 0.95]}
-    summ = {"tta_s": 1.0, "final_acc": 0.95, "entries_lost": 0.0, "op_p99_ms": 12.5}
-    fake = {
-        "gloo": dict(summ, tta_s=2.5), "optireduce": dict(summ),
-        demo.RTL: dict(summ, tta_s=9.0, cosim_bit_exact=False),
-        "ratios": {"tta_optireduce_over_gloo": 0.4, "final_acc_gap_points": 0.0},
-        "settings": {"world": 4, "steps": 5, "straggler_median_ms": 20.0, "tail": 3.0,
-                     "target_acc": 0.93},
-        "curves": {"gloo": curve, "optireduce": curve, demo.RTL: curve},
-    }  # fmt: skip
+    fake = _fake_demo(0.4, **{demo.RTL: {"tta_s": 9.0, "cosim_bit_exact": False}})
     seen = {}
 
     def fake_train(cfg, rtl, progress=None):
@@ -186,16 +182,7 @@ def test_demo_table_has_the_rtl_run_with_its_bit_exactness(tmp_path, monkeypatch
 def test_demo_reports_a_failed_rtl_run_and_keeps_the_software_table(tmp_path, monkeypatch, capsys):
     from optireduce.host import demo
 
-    curve = {"steps": [0, 5], "times": [0.0, 0.5], "acc": [0.1, 0.95]}
-    summ = {"tta_s": 1.0, "final_acc": 0.95, "entries_lost": 0.0, "op_p99_ms": 12.5}
-    fake = {
-        "gloo": dict(summ, tta_s=2.5), "optireduce": dict(summ),
-        "rtl_error": "RuntimeError: harness died",
-        "ratios": {"tta_optireduce_over_gloo": 0.4, "final_acc_gap_points": 0.0},
-        "settings": {"world": 4, "steps": 5, "straggler_median_ms": 20.0, "tail": 3.0,
-                     "target_acc": 0.93},
-        "curves": {"gloo": curve, "optireduce": curve},
-    }  # fmt: skip
+    fake = _fake_demo(0.4, rtl_error="RuntimeError: harness died")
     monkeypatch.setattr(demo, "train_demo", lambda cfg, rtl, progress=None: fake)
     monkeypatch.setattr(demo, "cosim_status", lambda cfg=None: (True, "rank 0"))
     assert main(["demo", "--plot", str(tmp_path / "d.png")]) == 0
