@@ -179,32 +179,28 @@ def replay_traces(
             if bar is not None:
                 bar.advance(task)
 
+    async def push(ctx, port, value: int) -> None:
+        """One beat on a stream port: valid held until a cycle with ready."""
+        ctx.set(port.payload.as_value(), value)
+        ctx.set(port.valid, 1)
+        while True:
+            ready = ctx.get(port.ready)
+            await ctx.tick()
+            if ready:
+                break
+
     async def host_feeder(ctx):
         while True:
             if not pending:
                 await ctx.tick()
                 continue
             op_id, exponent, data = pending.popleft()
-            ctx.set(dut.host_cmd.payload.as_value(),
-                    op_id | len(data) << 32 | (exponent & 0xFF) << 64)  # fmt: skip
-            ctx.set(dut.host_cmd.valid, 1)
-            while True:
-                ready = ctx.get(dut.host_cmd.ready)
-                await ctx.tick()
-                if ready:
-                    break
+            await push(ctx, dut.host_cmd, op_id | len(data) << 32 | (exponent & 0xFF) << 64)
             ctx.set(dut.host_cmd.valid, 0)
             cur["taken"] += 1
             words = np.asarray(data, np.float32).view(np.uint32).tolist()
             for k, w in enumerate(words):
-                ctx.set(dut.host_i.payload.as_value(),
-                        w | int(k == 0) << 32 | int(k == len(words) - 1) << 33)  # fmt: skip
-                ctx.set(dut.host_i.valid, 1)
-                while True:
-                    ready = ctx.get(dut.host_i.ready)
-                    await ctx.tick()
-                    if ready:
-                        break
+                await push(ctx, dut.host_i, w | int(k == 0) << 32 | int(k == len(words) - 1) << 33)
             ctx.set(dut.host_i.valid, 0)
 
     async def monitor(ctx):
