@@ -23,7 +23,7 @@ from optireduce.host import host_port
 from optireduce.host.driver import (
     BackendUnavailable,
     ExponentAgreement,
-    SoftwareNic,
+    HostNic,
 )
 from optireduce.host.op_stats import OpStats
 from optireduce.host.quantize import propose_exponent
@@ -49,7 +49,7 @@ def op_stats(d: dict, rank: int) -> OpStats:
     return OpStats(rank=rank, **fields)
 
 
-class SimNic:
+class SimNic(HostNic):
     """One rank's NIC as the co-simulated RTL (same API as SoftwareNic)."""
 
     backend = "sim"
@@ -71,9 +71,7 @@ class SimNic:
             self.exe = harness_path(p)
         except (ToolchainError, ImportError) as e:
             raise BackendUnavailable(f"cannot build the co-simulation harness: {e}") from e
-        self.p, self.rank, self.world = p, rank, world
-        self.transport, self.agree = transport, agree
-        self.next_op = 0
+        super().__init__(p, rank, world, transport, agree)
         self.gone: set[int] = set()
         self.proc: subprocess.Popen | None = None
         self._buf = b""
@@ -167,10 +165,6 @@ class SimNic:
         self.p = self.p.replace(t_b_us=int(t_b_us))
         for a, v in config_writes(self.p, self.rank, self.world):
             self._send(struct.pack("<III", MSG_CSR_WRITE, a, v))
-
-    calibrate = SoftwareNic.calibrate
-
-    allreduce = SoftwareNic.allreduce  # type and shape kept; the ops go to _allreduce
 
     def _allreduce(self, x: np.ndarray) -> tuple[np.ndarray, list[OpStats]]:
         x = np.ascontiguousarray(x, dtype=np.float32).ravel()

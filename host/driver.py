@@ -65,7 +65,52 @@ def torch_exponent_agreement(group=None) -> ExponentAgreement:
     return agree
 
 
-class SoftwareNic:
+class HostNic:
+    """What the host-driven backends share: the rank's place in the world, its transport
+    and exponent agreement, the array-in/array-out `allreduce` and the t_B calibration.
+    A backend supplies `_allreduce` (float32 vector in, result and op stats out) and
+    `set_t_b`."""
+
+    def __init__(
+        self,
+        p: NicParams,
+        rank: int,
+        world: int,
+        transport: UdpTransport,
+        agree: ExponentAgreement,
+    ) -> None:
+        self.p, self.rank, self.world = p, rank, world
+        self.transport, self.agree = transport, agree
+        self.next_op = 0
+
+    def allreduce(self, x: ArrayLike) -> tuple[ArrayLike, list[OpStats]]:
+        """Mean over the world of x (any length; a numpy array or a CPU torch tensor, of
+        any shape: the result has x's type and shape); K ops in flight."""
+        if type(x).__module__.startswith("torch"):
+            import torch
+
+            out, stats = self._allreduce(x.detach().cpu().numpy())
+            return torch.from_numpy(out).to(x.dtype).view_as(x), stats
+        out, stats = self._allreduce(np.asarray(x))
+        return out.reshape(np.shape(x)), stats
+
+    def calibrate(self, x: np.ndarray, ops: int = 5) -> int:
+        """t_B = 2 x P95 of the phase durations of warm-up ops over the reliable path
+        (the transport's delays without its loss), run with the configured t_B."""
+        d = []
+        for k in range(ops + 1):
+            with self.transport.reliable():
+                _, st = self.allreduce(x)
+            if k == 0:
+                continue  # the first op pays for set-up and start skew: not a sample
+            d += [v for s in st for v in (s.phase1_end_us - s.start_us, s.end_us - s.phase1_end_us)]
+        local = [int(np.ceil(2 * np.percentile(d, 95)))]
+        t_b = min(self.p.t_b_us, max(1, self.agree(local)[0]))  # the slowest rank's view
+        self.set_t_b(t_b)
+        return t_b
+
+
+class SoftwareNic(HostNic):
     """The model NIC on a real UDP transport, its ticks from the wall clock."""
 
     backend = "software"
@@ -78,10 +123,8 @@ class SoftwareNic:
         transport: UdpTransport,
         agree: ExponentAgreement,
     ) -> None:
-        self.p, self.rank, self.world = p, rank, world
-        self.transport, self.agree = transport, agree
+        super().__init__(p, rank, world, transport, agree)
         self.nic = NicModel(p, rank, world)
-        self.next_op = 0
         fwht_blocks(np.zeros(p.b, dtype=np.int64), p.b)  # compile (or load) the kernel now
         self._t0 = time.monotonic()
 
@@ -105,17 +148,6 @@ class SoftwareNic:
         self.p = self.nic.p = p
         for est in self.nic.tc:
             est.p = p
-
-    def allreduce(self, x: ArrayLike) -> tuple[ArrayLike, list[OpStats]]:
-        """Mean over the world of x (any length; a numpy array or a CPU torch tensor, of
-        any shape: the result has x's type and shape); K ops in flight."""
-        if type(x).__module__.startswith("torch"):
-            import torch
-
-            out, stats = self._allreduce(x.detach().cpu().numpy())
-            return torch.from_numpy(out).to(x.dtype).view_as(x), stats
-        out, stats = self._allreduce(np.asarray(x))
-        return out.reshape(np.shape(x)), stats
 
     def _allreduce(self, x: np.ndarray) -> tuple[np.ndarray, list[OpStats]]:
         x = np.ascontiguousarray(x, dtype=np.float32).ravel()
@@ -159,21 +191,6 @@ class SoftwareNic:
     def _flush(self) -> None:
         for tx in self.nic.poll_tx():
             self.transport.send(tx.dst, tx.frame[ubt.L2_L4_LEN :])
-
-    def calibrate(self, x: np.ndarray, ops: int = 5) -> int:
-        """t_B = 2 x P95 of the phase durations of warm-up ops over the reliable path
-        (the transport's delays without its loss), run with the configured t_B."""
-        d = []
-        for k in range(ops + 1):
-            with self.transport.reliable():
-                _, st = self.allreduce(x)
-            if k == 0:
-                continue  # the first op pays for set-up and start skew: not a sample
-            d += [v for s in st for v in (s.phase1_end_us - s.start_us, s.end_us - s.phase1_end_us)]
-        local = [int(np.ceil(2 * np.percentile(d, 95)))]
-        t_b = min(self.p.t_b_us, max(1, self.agree(local)[0]))  # the slowest rank's view
-        self.set_t_b(t_b)
-        return t_b
 
     def close(self) -> None:
         self.transport.close()
