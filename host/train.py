@@ -56,6 +56,7 @@ from optireduce.host.impairment import Impairment, ImpairmentSpec
 from optireduce.sim import loss_tolerance as lt
 
 METHODS = ("gloo", "optireduce")
+SCHEDULES = ("cosine", "constant")
 # With a co-simulated rank, control exchanges wait at least this long: the simulator is
 # ~100x slower than its simulated time, and t_B would declare the rank dead.
 COSIM_CONTROL_FLOOR_S = 5.0
@@ -68,6 +69,7 @@ class TrainConfig:
     batch: int = 32  # per worker
     lr: float = 0.1
     momentum: float = 0.9
+    schedule: str = "cosine"  # learning rate over the steps: "cosine" (to 0) or "constant"
     eval_every: int = 5
     target_acc: float = 0.93
     seed: int = 0
@@ -79,6 +81,10 @@ class TrainConfig:
     c: int = 16384
     t_c_min_us: int = 2000  # floor of t_C: a rank descheduled on 2 busy cores is not a tail
     tc_dev_mult: int = 0  # t_C = mean + mult * deviation: the typical completion, not a tail
+    # t_C's EWMA gain 2^-shift. The warm-up's phases wait for every straggler, so t_C
+    # leaves it far above the bounded phases' completions; at TCP's 1/8 it took about
+    # 100 of the 150 steps to come down, at 1/4 about 50 (docs/results.md).
+    tc_gain_shift: int = 2
     estimator: str = "unbiased"  # decode of missing reduced packets (NicParams)
     warmup_iters: int = 5
     checksum_every: int = 10
@@ -95,6 +101,8 @@ class TrainConfig:
             raise ValueError(f"train: target_acc={self.target_acc}: not in (0, 1]")
         if self.cosim_rank is not None and not 0 <= self.cosim_rank < self.world:
             raise ValueError(f"train: cosim_rank={self.cosim_rank} is not a rank")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"train: schedule {self.schedule!r} is not one of {SCHEDULES}")
         for m in self.methods:
             if m not in METHODS:
                 raise ValueError(f"train: method {m!r} is not one of {','.join(METHODS)}")
@@ -104,7 +112,8 @@ class TrainConfig:
 
         return NicParams(
             n_max=max(8, self.world), p=self.p, b=self.b, c=self.c, t_c_min_us=self.t_c_min_us,
-            tc_dev_mult=self.tc_dev_mult, estimator=self.estimator,
+            tc_dev_mult=self.tc_dev_mult, tc_gain_shift=self.tc_gain_shift,
+            estimator=self.estimator,
         )  # fmt: skip
 
 
@@ -227,6 +236,10 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
 
         ddp.register_comm_hook(None, timed_allreduce)
     opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    sched = (
+        torch.optim.lr_scheduler.CosineAnnealingLR(opt, cfg.steps)
+        if cfg.schedule == "cosine" else torch.optim.lr_scheduler.LambdaLR(opt, lambda t: 1.0)
+    )  # fmt: skip
     kept_steps, kept_times, kept_theta = [0], [0.0], [model.theta.detach().numpy().copy()]
     dist.barrier()
     t0 = time.perf_counter()
@@ -239,6 +252,7 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
         opt.zero_grad()
         torch.nn.functional.cross_entropy(ddp(xtr_t[idx]), ytr_t[idx]).backward()
         opt.step()
+        sched.step()
         if (t + 1) % cfg.eval_every == 0 or t + 1 == cfg.steps:
             kept_times.append(time.perf_counter() - t0)
             kept_steps.append(t + 1)
@@ -403,29 +417,83 @@ def run_train(
     return out, curves
 
 
+def run_seeds(
+    cfg: TrainConfig,
+    seeds: list[int],
+    work: str | None = None,
+    progress: Callable[[str, int], None] | None = None,
+) -> tuple[dict, dict]:
+    """run_train for every seed (the seed draws the stragglers, the packet delays, the
+    initial weights and the minibatches). Returns the mean over seeds in run_train's
+    form, the ratios as mean, min and max, and every seed's summary under "per_seed";
+    and {seed: curves}. `progress(method, steps done over all seeds)`."""
+    from dataclasses import replace
+
+    runs, curves = {}, {}
+    for k, seed in enumerate(seeds):
+        tick = (lambda m, st, k=k: progress(m, k * cfg.steps + st)) if progress else None
+        sub = str(Path(work, f"seed{seed}")) if work else None
+        runs[seed], curves[seed] = run_train(replace(cfg, seed=seed), sub, tick)
+    first = runs[seeds[0]]
+    out: dict = {}
+    for m in cfg.methods:
+        keys = [k for k, v in first[m].items() if isinstance(v, int | float) and k != "tta_s"]
+        out[m] = {}
+        for key in ("tta_s", *keys):
+            vals = [runs[s][m][key] for s in seeds]
+            out[m][key] = None if None in vals else float(np.mean(vals))
+    if "ratios" in first:
+        out["ratios"] = dict(first["ratios"])
+        for key in ("tta_optireduce_over_gloo", "final_acc_gap_points"):
+            vals = [runs[s]["ratios"][key] for s in seeds]
+            if None in vals:
+                out["ratios"][key] = None
+                continue
+            out["ratios"][key] = float(np.mean(vals))
+            out["ratios"][f"{key}_min"], out["ratios"][f"{key}_max"] = min(vals), max(vals)
+    out["per_seed"] = {str(s): {k: v for k, v in runs[s].items() if k != "settings"}
+                       for s in seeds}  # fmt: skip
+    out["settings"] = {**first["settings"], "seed": None, "seeds": list(seeds)}
+    return out, curves
+
+
 def plot(summary: dict, curves: dict, path: str) -> None:
+    """Accuracy against wall time per method; `curves` is {method: curve} (one seed) or
+    {seed: {method: curve}} (run_seeds: one thin line per seed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    runs = list(curves.values()) if "per_seed" in summary else [curves]
     fig, ax = plt.subplots(figsize=(7, 4.2))
     colors = {"gloo": "tab:orange", "optireduce": "tab:blue", "optireduce_rtl": "tab:green"}
-    for m, c in curves.items():
-        s = summary[m]
-        tta = "not reached" if s["tta_s"] is None else f"{s['tta_s']:.1f} s"
-        ax.plot(c["times"], [100 * a for a in c["acc"]], "o-", ms=3, color=colors.get(m),
-                label=f"{m}: time to target {tta}, final {100 * s['final_acc']:.1f} %")  # fmt: skip
-        if s["tta_s"] is not None:
-            ax.axvline(s["tta_s"], color=colors.get(m), ls=":", alpha=0.7)
+    for k, run in enumerate(runs):
+        for m, c in run.items():
+            label = None
+            if k == 0:
+                s = summary[m]
+                tta = "not reached" if s["tta_s"] is None else f"{s['tta_s']:.1f} s"
+                label = f"{m}: time to target {tta}, final {100 * s['final_acc']:.1f} %"
+                if len(runs) > 1:
+                    label += f" (mean of {len(runs)} seeds)"
+            one = len(runs) == 1
+            ax.plot(c["times"], [100 * a for a in c["acc"]], "o-", ms=3 if one else 1,
+                    lw=1.5 if one else 0.8, color=colors.get(m), label=label)  # fmt: skip
+        if len(runs) == 1:
+            for m in run:
+                if summary[m]["tta_s"] is not None:
+                    ax.axvline(summary[m]["tta_s"], color=colors.get(m), ls=":", alpha=0.7)
     st = summary["settings"]
     ax.axhline(100 * st["target_acc"], color="k", ls="--", lw=1, label="target")
     ax.set_ylim(max(0, 100 * st["target_acc"] - 30), 100)
     ax.set_xlabel("wall time (s)")
     ax.set_ylabel("test accuracy, rank 0 (%)")
+    seeds = st.get("seeds") or [st.get("seed", 0)]
+    seeds = f"seed{'s' * (len(seeds) > 1)} {','.join(map(str, seeds))}"
     ax.set_title(
-        f"digits MLP, {st['world']} processes, {st['steps']} steps; straggler median "
-        f"{st['straggler_median_ms']:g} ms, P99/P50 {st['tail']:g}",
+        f"digits MLP, {st['world']} processes, {st['steps']} steps, {seeds}; straggler "
+        f"median {st['straggler_median_ms']:g} ms, P99/P50 {st['tail']:g}",
         fontsize=9,
     )
     ax.legend(fontsize=8, loc="lower right")

@@ -319,30 +319,39 @@ def cmd_train(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import Progress
 
-    from optireduce.host.train import TrainConfig, run_train, write_outputs
+    from optireduce.host.train import TrainConfig, run_seeds, run_train, write_outputs
 
     cfg = TrainConfig(
         world=args.world, steps=args.steps, target_acc=args.target, seed=args.seed,
         tail=args.tail, straggler_median_ms=args.straggler_ms,
-        packet_median_us=args.packet_delay_us, tc_dev_mult=args.tc_dev_mult, p=args.packet,
+        packet_median_us=args.packet_delay_us, tc_dev_mult=args.tc_dev_mult,
+        tc_gain_shift=args.tc_gain_shift, p=args.packet, schedule=args.schedule,
         methods=tuple(args.methods.split(",")),
     )  # fmt: skip
+    seeds = args.seeds or [args.seed]
     err = Console(stderr=True)
+    work = str(Path(args.output) / "raw")
     with Progress(console=err, transient=True) as prog:
-        tasks = {m: prog.add_task(f"{m}: {cfg.world} processes", total=cfg.steps)
+        tasks = {m: prog.add_task(f"{m}: {cfg.world} processes", total=cfg.steps * len(seeds))
                  for m in cfg.methods}  # fmt: skip
-        out, curves = run_train(
-            cfg, work=str(Path(args.output) / "raw"),
-            progress=lambda m, s: prog.update(tasks[m], completed=s),
-        )  # fmt: skip
+
+        def tick(m: str, s: int) -> None:
+            prog.update(tasks[m], completed=s)
+
+        if args.seeds:
+            out, curves = run_seeds(cfg, seeds, work, tick)
+        else:
+            out, curves = run_train(cfg, work=work, progress=tick)
     js, png = write_outputs(out, curves, args.output)
     err.print(f"train: {js} and accuracy vs wall time in {png}")
     if args.json:
-        print(json.dumps({k: v for k, v in out.items() if k != "settings"}, indent=2))
+        print(json.dumps({k: v for k, v in out.items() if k not in ("settings", "per_seed")},
+                         indent=2))  # fmt: skip
     else:
         from rich.table import Table
 
-        table = Table(title=f"time to {cfg.target_acc:.0%} test accuracy, same injected tail")
+        over = f", mean of {len(seeds)} seeds" if args.seeds else ""
+        table = Table(title=f"time to {cfg.target_acc:.0%} test accuracy, same injected tail{over}")
         for col in ("method", "time to accuracy", "final acc.", "entries lost", "step"):
             table.add_column(col, justify="right")
         for m in cfg.methods:
@@ -523,9 +532,14 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--straggler-ms", type=float, default=20.0, help="straggler delay median")
     tr.add_argument("--packet-delay-us", type=float, default=200.0, help="per-packet median")
     tr.add_argument("--tc-dev-mult", type=int, default=0, help="t_C = mean + mult * dev")
+    tr.add_argument("--tc-gain-shift", type=int, default=2, help="t_C EWMA gain 2^-shift")
+    tr.add_argument("--schedule", default="cosine", choices=("cosine", "constant"),
+                    help="learning rate over the steps (from 0.1)")  # fmt: skip
     tr.add_argument("--packet", type=int, default=256, help="P: elements per packet")
     tr.add_argument("--methods", default="gloo,optireduce", help="comma-separated")
     tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--seeds", type=_sizes, default=None,
+                    help="e.g. 0,1,2,3,4: a run per seed; means and ranges")  # fmt: skip
     tr.add_argument("-o", "--output", default="train-out", help="directory of JSON and plot")
     tr.add_argument("--json", action="store_true", help="print {METHOD: {tta_s, ...}}")
     tr.set_defaults(func=cmd_train)

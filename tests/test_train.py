@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 from optireduce.cli import main
+from optireduce.host import train
 from optireduce.host.train import TrainConfig, straggler_delays
 
-WORLD, STEPS, TARGET = 3, 50, 0.8
+WORLD, STEPS, TARGET = 3, 50, 0.7
 
 
 @pytest.fixture(scope="module")
@@ -111,3 +112,94 @@ def test_straggler_delays_are_one_rank_per_step_with_the_tail():
     who = (d > 0).argmax(axis=1)
     assert np.bincount(who, minlength=4).min() > 4500  # uniform over the ranks
     np.testing.assert_array_equal(straggler_delays(cfg), d)  # the same for every method
+
+
+def _reference_sgd(cfg: TrainConfig, schedule: str) -> list[np.ndarray]:
+    """Lossless data-parallel training in float64 numpy, written from the definitions:
+    the MLP's cross-entropy gradient by hand, the mean over the workers' minibatches,
+    SGD with momentum as torch.optim.SGD (buf = m * buf + g), and the learning rate of
+    step t, lr * (1 + cos(pi * t / steps)) / 2 for "cosine". Parameters every eval_every
+    steps."""
+    from optireduce.sim import loss_tolerance as lt
+
+    xtr, ytr, _, _ = lt.load_data(cfg.test_size)
+    x, y = xtr.astype(np.float64), ytr
+    batches = train._batches(cfg)
+    theta = lt._init(cfg.seed).astype(np.float64)
+    buf = np.zeros_like(theta)
+    kept = []
+    for t in range(cfg.steps):
+        g = np.zeros_like(theta)
+        for r in range(cfg.world):
+            xb, yb = x[batches[t, r]], y[batches[t, r]]
+            w1, b1 = theta[:2048].reshape(32, 64), theta[2048:2080]
+            w2 = theta[2080:2400].reshape(10, 32)
+            pre = xb @ w1.T + b1
+            h = np.maximum(pre, 0)
+            z = h @ w2.T + theta[2400:]
+            p = np.exp(z - z.max(1, keepdims=True))
+            p /= p.sum(1, keepdims=True)
+            p[np.arange(len(yb)), yb] -= 1
+            dz = p / len(yb)
+            dh = (dz @ w2) * (pre > 0)
+            g += np.concatenate([(dh.T @ xb).ravel(), dh.sum(0), (dz.T @ h).ravel(), dz.sum(0)])
+        g /= cfg.world
+        buf = g if t == 0 else cfg.momentum * buf + g
+        lr = cfg.lr * ((1 + np.cos(np.pi * t / cfg.steps)) / 2 if schedule == "cosine" else 1)
+        theta = theta - lr * buf
+        if (t + 1) % cfg.eval_every == 0:
+            kept.append(theta.copy())
+    return kept
+
+
+def test_gloo_training_is_the_reference_sgd_with_the_cosine_schedule(run):
+    """gloo is lossless: its kept parameters are float64 data-parallel SGD with momentum
+    and the cosine learning rate, to float32 rounding; the constant rate is far off."""
+    _, d = run
+    cfg = TrainConfig(world=WORLD, steps=STEPS)
+    assert cfg.schedule == "cosine"
+    got = np.load(d / "raw" / "gloo" / "rank0.npz")["theta"][1:]  # [0] is the start
+    ref = _reference_sgd(cfg, "cosine")
+    assert len(got) == len(ref) == STEPS // cfg.eval_every
+    err = max(float(np.abs(a - b).max()) for a, b in zip(got, ref, strict=True))
+    assert err < 1e-4
+    off = float(np.abs(_reference_sgd(cfg, "constant")[-1] - ref[-1]).max())
+    assert off > 100 * err and off > 1e-2
+
+
+def test_run_seeds_reports_the_mean_and_range_of_every_seed(monkeypatch):
+    """run_seeds over made-up per-seed results: means per method and ratio, min and max of
+    the ratios, every seed's own summary, and a seed that missed the target gives None."""
+
+    def result(g_tta, g_acc, o_tta, o_acc, ratio, gap):
+        ratios = {"tta_optireduce_over_gloo": ratio, "final_acc_gap_points": gap}
+        return {"gloo": {"tta_s": g_tta, "final_acc": g_acc},
+                "optireduce": {"tta_s": o_tta, "final_acc": o_acc}, "ratios": ratios}  # fmt: skip
+
+    per = {
+        3: (result(2.0, 0.95, 1.0, 0.94, 0.5, 1.0), {"c": 3}),
+        7: (result(4.0, 0.97, 3.0, 0.96, 0.75, -0.5), {"c": 7}),
+    }
+    seen = []
+
+    def fake_run_train(cfg, work=None, progress=None):
+        seen.append((cfg.seed, work))
+        out, curves = per[cfg.seed]
+        return {**out, "settings": {"seed": cfg.seed}}, curves
+
+    monkeypatch.setattr(train, "run_train", fake_run_train)
+    out, curves = train.run_seeds(TrainConfig(), [3, 7], "/w")
+    assert seen == [(3, "/w/seed3"), (7, "/w/seed7")]
+    assert curves == {3: {"c": 3}, 7: {"c": 7}}
+    assert out["gloo"] == {"tta_s": 3.0, "final_acc": pytest.approx(0.96)}
+    assert out["optireduce"]["tta_s"] == 2.0
+    r = out["ratios"]
+    assert r["tta_optireduce_over_gloo"] == pytest.approx(0.625)
+    assert (r["tta_optireduce_over_gloo_min"], r["tta_optireduce_over_gloo_max"]) == (0.5, 0.75)
+    assert r["final_acc_gap_points"] == pytest.approx(0.25)
+    assert out["per_seed"]["7"]["optireduce"]["tta_s"] == 3.0
+    assert out["settings"]["seeds"] == [3, 7]
+    per[7][0]["optireduce"]["tta_s"] = None  # seed 7 never reached the target
+    per[7][0]["ratios"]["tta_optireduce_over_gloo"] = None
+    out, _ = train.run_seeds(TrainConfig(), [3, 7])
+    assert out["optireduce"]["tta_s"] is None and out["ratios"]["tta_optireduce_over_gloo"] is None
