@@ -9,11 +9,12 @@ of the table has a rank, its position in the order of the keys (value, j) (the
 index breaks ties, so ranks are a permutation). When entry r changes from `old` to
 `new`, each other entry's rank moves by at most one, by two comparisons, and r's
 new rank is the number of keys below (new, r). One entry per cycle: an update takes
-`world` cycles, with one comparator pair and a mux, whatever n_max is. Entries
-j >= world never move and rank above every live one (they keep their reset ranks).
-The median register is the value whose rank is (world - 1) // 2, so T is valid in
-every cycle in which `busy` is low. `floor` is the tick of the last table change
-(the model's `_t_change`): a deadline that moved into the past ends the phase there.
+`world` cycles, with one comparator pair and a mux, whatever n_max is (the
+scan is three pipeline stages). Entries j >= world never move and rank above every
+live one (they keep their reset ranks). The median register is the value whose rank
+is (world - 1) // 2, so T is valid in every cycle in which `busy` is low. `floor` is
+the tick of the last table change (the model's `_t_change`): a deadline that moved
+into the past ends the phase there.
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ class TcEstimator(wiring.Component):
     t_C: `NicParams.t_c_init`.
     """
 
-    # not a stream block: an update is in T after at most world + 2 cycles (busy low again),
-    # a sample after world + 6
+    # not a stream block: an update is in T after at most world + 3 cycles (busy low again),
+    # a sample after world + 7
     LATENCY = 0
     # the EWMA steps: `own_tc` holds a sample's result OWN_LATENCY cycles after the owner's
     # registered end strobe (5 after the sample is taken)
@@ -108,19 +109,29 @@ class TcEstimator(wiring.Component):
         def key_lt(va, ia, vb, ib):
             return (va < vb) | ((va == vb) & (ia < ib))
 
-        # the scan in two stages (125 MHz): A reads entry j, B compares and moves its rank
+        # the scan in three stages (125 MHz): A reads entry j, B compares its key with the
+        # old and new keys of r, C moves its rank and counts the keys below (new, r)
         vj_r = Signal(TC_BITS)
         rj_r = Signal(range(n))
         jr = Signal(range(n + 1))
         a_valid, a_ok = Signal(), Signal()
-        with m.If(a_valid & a_ok):
-            was = key_lt(old, r, vj_r, jr)  # r was below jr
-            now_ = key_lt(new, r, vj_r, jr)  # r is below jr
+        vj_b = Signal(TC_BITS)
+        rj_b = Signal(range(n))
+        jb = Signal(range(n + 1))
+        b_ok = Signal()
+        was, now_, lt_new = Signal(), Signal(), Signal()
+        m.d.sync += [
+            vj_b.eq(vj_r), rj_b.eq(rj_r), jb.eq(jr), b_ok.eq(a_valid & a_ok),
+            was.eq(key_lt(old, r, vj_r, jr)),  # r was below jr
+            now_.eq(key_lt(new, r, vj_r, jr)),  # r is below jr
+            lt_new.eq(key_lt(vj_r, jr, new, r)),
+        ]  # fmt: skip
+        with m.If(b_ok):
             rj_n = Signal(range(n))
-            m.d.comb += rj_n.eq(rj_r + now_ - was)
-            m.d.sync += [ranks[jr].eq(rj_n), below.eq(below + key_lt(vj_r, jr, new, r))]
+            m.d.comb += rj_n.eq(rj_b + now_ - was)
+            m.d.sync += [ranks[jb].eq(rj_n), below.eq(below + lt_new)]
             with m.If(rj_n == k_med):
-                m.d.sync += med.eq(vj_r)
+                m.d.sync += med.eq(vj_b)
 
         smp = Signal(TICK_BITS)
         with m.FSM() as fsm:
@@ -184,7 +195,9 @@ class TcEstimator(wiring.Component):
                 with m.If(j < self.world):
                     m.d.sync += j.eq(j + 1)
                 with m.Else():
-                    m.next = "COMMIT"
+                    m.next = "DRAIN"
+            with m.State("DRAIN"):  # stage C takes the last entry
+                m.next = "COMMIT"
             with m.State("COMMIT"):
                 m.d.sync += [vals[r].eq(new), ranks[r].eq(below), floor.eq(at)]
                 with m.If(below == k_med):
