@@ -47,7 +47,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -101,6 +101,7 @@ class TrainConfig:
             raise ValueError(f"train: target_acc={self.target_acc}: not in (0, 1]")
         if self.cosim_rank is not None and not 0 <= self.cosim_rank < self.world:
             raise ValueError(f"train: cosim_rank={self.cosim_rank} is not a rank")
+        self.nic_params()  # its own checks, before any process starts
         if self.schedule not in SCHEDULES:
             raise ValueError(f"train: schedule {self.schedule!r} is not one of {SCHEDULES}")
         for m in self.methods:
@@ -424,36 +425,53 @@ def run_seeds(
     progress: Callable[[str, int], None] | None = None,
 ) -> tuple[dict, dict]:
     """run_train for every seed (the seed draws the stragglers, the packet delays, the
-    initial weights and the minibatches). Returns the mean over seeds in run_train's
-    form, the ratios as mean, min and max, and every seed's summary under "per_seed";
-    and {seed: curves}. `progress(method, steps done over all seeds)`."""
-    from dataclasses import replace
+    initial weights and the minibatches); returns (summary, {seed: curves}).
 
+    The summary has run_train's form with the mean over seeds of every number (None
+    when a seed missed the target, with `*_reached` = how many did); the ratios' mean,
+    min and max (over the seeds that have one) and the mean absolute accuracy gap; the
+    checks of every seed (`verify_bit_exact` and `cosim_bit_exact` must hold in all,
+    `exclusions` per seed); and every seed's own summary under "per_seed".
+    `progress(method, steps done over all seeds)`."""
+    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise ValueError(f"train: seeds {seeds}: need distinct seeds >= 0")
     runs, curves = {}, {}
     for k, seed in enumerate(seeds):
         tick = (lambda m, st, k=k: progress(m, k * cfg.steps + st)) if progress else None
         sub = str(Path(work, f"seed{seed}")) if work else None
         runs[seed], curves[seed] = run_train(replace(cfg, seed=seed), sub, tick)
-    first = runs[seeds[0]]
+    per = [runs[s] for s in seeds]
+
+    def spread(into: dict, key: str, vals: list) -> None:
+        got = [v for v in vals if v is not None]
+        into[key] = float(np.mean(vals)) if len(got) == len(vals) else None
+        if len(got) < len(vals):
+            into[f"{key}_reached"] = len(got)
+        if got:
+            into[f"{key}_min"], into[f"{key}_max"] = min(got), max(got)
+
     out: dict = {}
     for m in cfg.methods:
-        keys = [k for k, v in first[m].items() if isinstance(v, int | float) and k != "tta_s"]
         out[m] = {}
-        for key in ("tta_s", *keys):
-            vals = [runs[s][m][key] for s in seeds]
-            out[m][key] = None if None in vals else float(np.mean(vals))
-    if "ratios" in first:
-        out["ratios"] = dict(first["ratios"])
+        for key, v in per[0][m].items():
+            if key == "tta_s":
+                spread(out[m], key, [r[m][key] for r in per])
+            elif isinstance(v, int | float) and not isinstance(v, bool):
+                out[m][key] = float(np.mean([r[m][key] for r in per]))
+        if m == "optireduce":
+            out[m]["verify_bit_exact"] = all(all(r[m]["verify_bit_exact"]) for r in per)
+            flags = [r[m]["cosim_bit_exact"] for r in per]
+            out[m]["cosim_bit_exact"] = None if None in flags else all(flags)
+            out[m]["exclusions"] = {str(s): runs[s][m]["exclusions"] for s in seeds}
+    if "ratios" in per[0]:
+        out["ratios"] = dict(per[0]["ratios"])
         for key in ("tta_optireduce_over_gloo", "final_acc_gap_points"):
-            vals = [runs[s]["ratios"][key] for s in seeds]
-            if None in vals:
-                out["ratios"][key] = None
-                continue
-            out["ratios"][key] = float(np.mean(vals))
-            out["ratios"][f"{key}_min"], out["ratios"][f"{key}_max"] = min(vals), max(vals)
+            spread(out["ratios"], key, [r["ratios"][key] for r in per])
+        gaps = [abs(r["ratios"]["final_acc_gap_points"]) for r in per]
+        out["ratios"]["final_acc_gap_points_abs_mean"] = float(np.mean(gaps))
     out["per_seed"] = {str(s): {k: v for k, v in runs[s].items() if k != "settings"}
                        for s in seeds}  # fmt: skip
-    out["settings"] = {**first["settings"], "seed": None, "seeds": list(seeds)}
+    out["settings"] = {**per[0]["settings"], "seed": None, "seeds": list(seeds)}
     return out, curves
 
 

@@ -9,8 +9,8 @@ of the table has a rank, its position in the order of the keys (value, j) (the
 index breaks ties, so ranks are a permutation). When entry r changes from `old` to
 `new`, each other entry's rank moves by at most one, by two comparisons, and r's
 new rank is the number of keys below (new, r). One entry per cycle: an update takes
-`world` cycles, with one comparator pair and a mux, whatever n_max is (the
-scan is three pipeline stages). Entries j >= world never move and rank above every
+`world` cycles, with three key comparators, whatever n_max is (the scan is three
+pipeline stages). Entries j >= world never move and rank above every
 live one (they keep their reset ranks). The median register is the value whose rank
 is (world - 1) // 2, so T is valid in every cycle in which `busy` is low. `floor` is
 the tick of the last table change (the model's `_t_change`): a deadline that moved

@@ -524,6 +524,8 @@ def build_parser() -> argparse.ArgumentParser:
     lt.add_argument("--json", action="store_true", help="print JSON")
     lt.set_defaults(func=cmd_loss_tolerance)
 
+    from optireduce.host.train import SCHEDULES
+
     tr = sub.add_parser("train", help="time-to-accuracy: DDP with OptiReduce vs gloo, same tail")
     tr.add_argument("--world", type=int, default=4, choices=range(2, 17), metavar="N")
     tr.add_argument("--steps", type=int, default=150, help="SGD steps of every method")
@@ -533,13 +535,13 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--packet-delay-us", type=float, default=200.0, help="per-packet median")
     tr.add_argument("--tc-dev-mult", type=int, default=0, help="t_C = mean + mult * dev")
     tr.add_argument("--tc-gain-shift", type=int, default=2, help="t_C EWMA gain 2^-shift")
-    tr.add_argument("--schedule", default="cosine", choices=("cosine", "constant"),
-                    help="learning rate over the steps (from 0.1)")  # fmt: skip
+    tr.add_argument("--schedule", default="cosine", choices=SCHEDULES,
+                    help="learning rate over the steps")  # fmt: skip
     tr.add_argument("--packet", type=int, default=256, help="P: elements per packet")
     tr.add_argument("--methods", default="gloo,optireduce", help="comma-separated")
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--seeds", type=_sizes, default=None,
-                    help="e.g. 0,1,2,3,4: a run per seed; means and ranges")  # fmt: skip
+                    help="e.g. 0,1,2,3,4: one run each, means and ranges (not --seed)")  # fmt: skip
     tr.add_argument("-o", "--output", default="train-out", help="directory of JSON and plot")
     tr.add_argument("--json", action="store_true", help="print {METHOD: {tta_s, ...}}")
     tr.set_defaults(func=cmd_train)

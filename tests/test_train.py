@@ -1,5 +1,5 @@
 """`optireduce train`: DDP with the OptiReduce hook and with gloo, real processes, the same
-injected tail. One short run (both methods, 4 processes each) is checked from its files:
+injected tail. One short run (both methods, 3 processes each) is checked from its files:
 the JSON, the kept parameters and the NICs' own counters."""
 
 from __future__ import annotations
@@ -119,7 +119,8 @@ def _reference_sgd(cfg: TrainConfig, schedule: str) -> list[np.ndarray]:
     the MLP's cross-entropy gradient by hand, the mean over the workers' minibatches,
     SGD with momentum as torch.optim.SGD (buf = m * buf + g), and the learning rate of
     step t, lr * (1 + cos(pi * t / steps)) / 2 for "cosine". Parameters every eval_every
-    steps."""
+    steps. The inputs (data split, initial weights, minibatch draw) are the experiment's
+    own: this checks the training, not the draw."""
     from optireduce.sim import loss_tolerance as lt
 
     xtr, ytr, _, _ = lt.load_data(cfg.test_size)
@@ -169,16 +170,19 @@ def test_gloo_training_is_the_reference_sgd_with_the_cosine_schedule(run):
 
 def test_run_seeds_reports_the_mean_and_range_of_every_seed(monkeypatch):
     """run_seeds over made-up per-seed results: means per method and ratio, min and max of
-    the ratios, every seed's own summary, and a seed that missed the target gives None."""
+    the ratios, the mean absolute gap, the checks of every seed, every seed's own
+    summary; a seed that missed the target makes the mean None and is counted."""
 
-    def result(g_tta, g_acc, o_tta, o_acc, ratio, gap):
+    def result(g_tta, g_acc, o_tta, o_acc, ratio, gap, exact=True, excl=()):
         ratios = {"tta_optireduce_over_gloo": ratio, "final_acc_gap_points": gap}
-        return {"gloo": {"tta_s": g_tta, "final_acc": g_acc},
-                "optireduce": {"tta_s": o_tta, "final_acc": o_acc}, "ratios": ratios}  # fmt: skip
+        opti = {"tta_s": o_tta, "final_acc": o_acc, "verify_bit_exact": [True, exact],
+                "cosim_bit_exact": None, "exclusions": list(excl)}  # fmt: skip
+        gloo = {"tta_s": g_tta, "final_acc": g_acc, "flag": True}  # a bool is not averaged
+        return {"gloo": gloo, "optireduce": opti, "ratios": ratios}
 
     per = {
         3: (result(2.0, 0.95, 1.0, 0.94, 0.5, 1.0), {"c": 3}),
-        7: (result(4.0, 0.97, 3.0, 0.96, 0.75, -0.5), {"c": 7}),
+        7: (result(4.0, 0.97, 3.0, 0.96, 0.75, -0.5, excl=[[1, 2]]), {"c": 7}),
     }
     seen = []
 
@@ -191,15 +195,32 @@ def test_run_seeds_reports_the_mean_and_range_of_every_seed(monkeypatch):
     out, curves = train.run_seeds(TrainConfig(), [3, 7], "/w")
     assert seen == [(3, "/w/seed3"), (7, "/w/seed7")]
     assert curves == {3: {"c": 3}, 7: {"c": 7}}
-    assert out["gloo"] == {"tta_s": 3.0, "final_acc": pytest.approx(0.96)}
-    assert out["optireduce"]["tta_s"] == 2.0
+    assert out["gloo"] == {"tta_s": 3.0, "tta_s_min": 2.0, "tta_s_max": 4.0,
+                           "final_acc": pytest.approx(0.96)}  # fmt: skip
+    o = out["optireduce"]
+    assert o["tta_s"] == 2.0 and o["verify_bit_exact"] is True and o["cosim_bit_exact"] is None
+    assert o["exclusions"] == {"3": [], "7": [[1, 2]]}
     r = out["ratios"]
     assert r["tta_optireduce_over_gloo"] == pytest.approx(0.625)
     assert (r["tta_optireduce_over_gloo_min"], r["tta_optireduce_over_gloo_max"]) == (0.5, 0.75)
     assert r["final_acc_gap_points"] == pytest.approx(0.25)
+    assert (r["final_acc_gap_points_min"], r["final_acc_gap_points_max"]) == (-0.5, 1.0)
+    assert r["final_acc_gap_points_abs_mean"] == pytest.approx(0.75)
     assert out["per_seed"]["7"]["optireduce"]["tta_s"] == 3.0
     assert out["settings"]["seeds"] == [3, 7]
-    per[7][0]["optireduce"]["tta_s"] = None  # seed 7 never reached the target
-    per[7][0]["ratios"]["tta_optireduce_over_gloo"] = None
+
+    per[7] = (result(4.0, 0.97, None, 0.9, None, 7.0, exact=False), {"c": 7})  # missed
     out, _ = train.run_seeds(TrainConfig(), [3, 7])
-    assert out["optireduce"]["tta_s"] is None and out["ratios"]["tta_optireduce_over_gloo"] is None
+    o, r = out["optireduce"], out["ratios"]
+    assert o["tta_s"] is None and o["tta_s_reached"] == 1 and o["tta_s_min"] == 1.0
+    assert o["verify_bit_exact"] is False  # one seed's check failed: the summary says so
+    assert r["tta_optireduce_over_gloo"] is None and r["tta_optireduce_over_gloo_reached"] == 1
+    with pytest.raises(ValueError, match="distinct"):
+        train.run_seeds(TrainConfig(), [3, 3])
+
+
+def test_train_config_checks_its_nic_params_before_any_process_starts():
+    with pytest.raises(ValueError, match="tc_gain_shift"):
+        TrainConfig(tc_gain_shift=9)
+    with pytest.raises(ValueError, match="schedule"):
+        TrainConfig(schedule="step")
