@@ -43,12 +43,16 @@ REASON_NAMES = {Reason.COMPLETE: "complete", Reason.EARLY: "early", Reason.DEADL
 
 
 def idle_gap(m: Module, alpha_q8, timeout) -> Signal:
-    """max(1, (alpha_q8 * T) >> 8): the early timeout's idle gap, for every context."""
+    """max(1, (alpha_q8 * T) >> 8), registered in IDLE_LATENCY steps (125 MHz): the
+    product (a DSP with its output register), then the floor at 1."""
     prod = Signal(len(timeout) + 9)
     gap = Signal(len(timeout) + 1)
-    m.d.comb += prod.eq(alpha_q8 * timeout)
-    m.d.comb += gap.eq(Mux((prod >> 8) == 0, 1, prod >> 8))
+    m.d.sync += prod.eq(alpha_q8 * timeout)
+    m.d.sync += gap.eq(Mux((prod >> 8) == 0, 1, prod >> 8))
     return gap
+
+
+IDLE_LATENCY = 2
 
 
 def _max(a, b):
@@ -135,7 +139,7 @@ class PhaseTimer(wiring.Component):
 # Cycles from a change (with the t_C estimator idle) to a trustworthy end evaluation
 # and pick: T, the idle gap, the PhaseTimer's stage, the due registers, pick_first.
 PICK_LATENCY = 2  # cycles from stable `eligible` and keys to a valid `pick_first`
-SETTLE = 3 + PhaseTimer.LATENCY + PICK_LATENCY
+SETTLE = 2 + IDLE_LATENCY + PhaseTimer.LATENCY + PICK_LATENCY
 
 
 def settle_step(m: Module, settle, tc):
@@ -180,8 +184,8 @@ class PhaseContexts:
         Returns (T, due, due_end, due_reason): T registered, the rest Arrays by context.
         """
         T = Signal(32)
-        idle = Signal(33)
-        m.d.sync += [T.eq(tc.timeout), idle.eq(idle_gap(m, alpha_q8, T))]
+        m.d.sync += T.eq(tc.timeout)
+        idle = idle_gap(m, alpha_q8, T)
         n = self.n_ctx
         due = Array(Signal(name=f"due{k}") for k in range(n))
         due_end = Array(Signal(TICK_BITS, name=f"due_end{k}") for k in range(n))
