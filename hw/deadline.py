@@ -67,10 +67,11 @@ class PhaseTimer(wiring.Component):
     Outputs: `due` (the phase is over at `now`), `end_tick` (its end tick), `reason`.
     """
 
-    # Two stages, for 125 MHz: the candidate end ticks are registered from the state,
-    # then compared with the live `now`. After a change of the inputs (but `now`, which
-    # may move any time), the outputs are valid LATENCY cycles later (owners settle).
-    LATENCY = 1
+    # Three stages, for 125 MHz: the base tick (start or last arrival) and anchor + T are
+    # registered from the state, then the candidate end ticks, then they are compared
+    # with the live `now`. After a change of the inputs (but `now`, which may move any
+    # time), the outputs are valid LATENCY cycles later (owners settle).
+    LATENCY = 2
 
     def __init__(self) -> None:
         t = TICK_BITS
@@ -98,25 +99,32 @@ class PhaseTimer(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         t = TICK_BITS
-        base = Signal(t)
-        m.d.comb += base.eq(
-            Mux(self.has_arrival & (self.last_arrival > self.start), self.last_arrival, self.start)
-        )
-        # stage 1: the candidate end ticks and the flags, registered
+        # stage 0: the base tick and anchor + T, registered with the flags
+        base0 = Signal(t)
+        dl_sum = Signal(t + 1)
+        gone0 = Signal(t)
+        f0 = Signal(4)
+        m.d.sync += [
+            base0.eq(
+                Mux(self.has_arrival & (self.last_arrival > self.start), self.last_arrival,
+                    self.start)
+            ),
+            dl_sum.eq(self.anchor + self.timeout),
+            gone0.eq(self.last_gone),
+            f0.eq(Cat(self.active, self.all_in, self.in_or_gone, self.all_flagged)),
+        ]  # fmt: skip
+        # stage 1: the candidate end ticks, registered
         deadline = Signal(t + 1)
         early = Signal(t + 1)
         base_r = Signal(t)
         gone_end = Signal(t)
         active, all_in, in_or_gone, flagged = Signal(), Signal(), Signal(), Signal()
         m.d.sync += [
-            deadline.eq(_max(self.anchor + self.timeout, self.floor)),
-            early.eq(_max(base + self.idle, self.floor)),
-            base_r.eq(base),
-            gone_end.eq(_max(base, self.last_gone)),
-            active.eq(self.active),
-            all_in.eq(self.all_in),
-            in_or_gone.eq(self.in_or_gone),
-            flagged.eq(self.all_flagged),
+            deadline.eq(_max(dl_sum, self.floor)),
+            early.eq(_max(base0 + self.idle, self.floor)),
+            base_r.eq(base0),
+            gone_end.eq(_max(base0, gone0)),
+            Cat(active, all_in, in_or_gone, flagged).eq(f0),
         ]
         # stage 2: against the live clock
         with m.If(~active):
@@ -139,7 +147,7 @@ class PhaseTimer(wiring.Component):
 # Cycles from a change (with the t_C estimator idle) to a trustworthy end evaluation
 # and pick: T, the idle gap, the PhaseTimer's stage, the due registers, pick_first.
 PICK_LATENCY = 2  # cycles from stable `eligible` and keys to a valid `pick_first`
-SETTLE = 2 + IDLE_LATENCY + PhaseTimer.LATENCY + PICK_LATENCY
+SETTLE = 2 + IDLE_LATENCY + PhaseTimer.LATENCY + PICK_LATENCY  # 8
 
 
 def settle_step(m: Module, settle, tc):

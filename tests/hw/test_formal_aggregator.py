@@ -58,6 +58,7 @@ from amaranth.lib.wiring import Component, In
 
 from optireduce.hw import aggregator
 from optireduce.hw.aggregator import _bits
+from optireduce.hw.deadline import PhaseTimer
 from optireduce.params import NicParams
 from optireduce.sim.formal_harness import mutant, narrow_times, prepare_sat_bmc, solve_sat_bmc
 
@@ -88,10 +89,13 @@ def harness(prop: str, variant: str = "holds", mod=aggregator, p: NicParams = P,
     if prop in CUT_TIMING:
         # the timers and the t_C estimator are cut (their outputs free, see CUT_TIMING);
         # a timer only ever says "due" for a phase active LATENCY cycles before (its
-        # stage is registered; proven in test_formal.py)
+        # stages are registered; proven in test_formal.py)
         for k, t in enumerate(timers):
-            was = Signal(name=f"was_active{k}")
-            m.d.sync += was.eq(t.active)
+            was = t.active
+            for d in range(PhaseTimer.LATENCY):
+                prev = Signal(name=f"was_active{k}_{d}")
+                m.d.sync += prev.eq(was)
+                was = prev
             m.d.comb += Assume(~t.due | was)
 
     n_ctx, npk, beats, n_max = dut.n_ctx, dut.npk_max, dut.beats, p.n_max
@@ -343,12 +347,12 @@ CUT_TIMING = ("overflow", "range", "duplicate")
 PROPS = ("overflow", "range", "duplicate", "deadline")
 # Bounds (cycles from reset). An event costs about 20 cycles here (the end evaluation is
 # pipelined: hw/deadline.py SETTLE), the first one of an op more (context claim): 28
-# reaches the payload of a second event, 36 its accumulation, 38 a second frame from the
-# same sender (the duplicate mutant needs it), 38 a phase ended by its deadline a few
+# reaches the payload of a second event, 37 its accumulation, 39 a second frame from the
+# same sender (the duplicate mutant needs it), 41 a phase ended by its deadline a few
 # ticks after START, with a second op's context claim on the way. Each is the least
-# depth at which its mutant is refuted (deadline's grew by two with the idle gap's
-# product register).
-DEPTH = {"overflow": 36, "range": 28, "duplicate": 38, "deadline": 38}
+# depth at which its mutant is refuted (they grew with SETTLE: the idle gap's product
+# and the PhaseTimer's third stage).
+DEPTH = {"overflow": 37, "range": 28, "duplicate": 39, "deadline": 41}
 
 
 # A mutant per property: the aggregator's own source with one deliberate bug (see
