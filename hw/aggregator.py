@@ -77,6 +77,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from optireduce.host.aggregator import reciprocal_shift, reciprocal_table
+from optireduce.hw import wide_multiplier as wmul
 from optireduce.hw.deadline import SETTLE, TICK_BITS, PhaseContexts, Reason, settle_step
 from optireduce.hw.streams import element_stream
 from optireduce.hw.tc_estimator import TC_BITS, TcEstimator
@@ -119,7 +120,7 @@ class Aggregator(wiring.Component):
     which the 74 bytes of frame headers ahead of each payload on the wire cover.
     """
 
-    LATENCY = 7
+    LATENCY = 9  # 7 with the mean's product in one stage; wide_multiply adds 2
 
     def __init__(self, p: NicParams) -> None:
         self.p = p
@@ -593,7 +594,8 @@ class Aggregator(wiring.Component):
         m.d.comb += adv.eq(~self.o.valid | self.o.ready)
 
         issue = Signal()
-        # pipeline stages: 1 (memory output), 2 (|S|), 3 (product), then o
+        # pipeline stages: 1 (memory output), 2 (|S|), 3..5 (the product, wide_multiply),
+        # then o
         stage = data.StructLayout(
             {
                 "v": 1,
@@ -605,11 +607,10 @@ class Aggregator(wiring.Component):
                 "idx": range(self.npk_max),
             }
         )
-        s1, s2, s3 = Signal(stage), Signal(stage), Signal(stage)
+        s1, s2 = Signal(stage), Signal(stage)
+        sp = [Signal(stage, name=f"sp{d}") for d in range(wmul.LATENCY)]  # beside the product
         num2 = [Signal(w_acc + 2, name=f"num2_{k}") for k in range(lanes)]
         neg2 = [Signal(name=f"neg2_{k}") for k in range(lanes)]
-        prod3 = [Signal(w_acc + 2 + rec_w, name=f"prod3_{k}") for k in range(lanes)]
-        neg3 = [Signal(name=f"neg3_{k}") for k in range(lanes)]
 
         with m.FSM() as ro:
             with m.State("IDLE"), m.If((q_n != 0) & ~in_payload):
@@ -652,23 +653,25 @@ class Aggregator(wiring.Component):
                 s1.op.eq(c_op[ro_c]),
                 s1.idx.eq(ro_idx),
                 s2.eq(s1),
-                s3.eq(s2),
-                self.o.valid.eq(s3.v),
-                self.o.payload.first.eq(s3.first),
-                self.o.payload.last.eq(s3.last),
-                self.o_op.eq(s3.op),
-                self.o_index.eq(s3.idx),
-                self.o_count.eq(s3.n),
+                sp[0].eq(s2),
+                *(sp[d].eq(sp[d - 1]) for d in range(1, wmul.LATENCY)),
+                self.o.valid.eq(sp[-1].v),
+                self.o.payload.first.eq(sp[-1].first),
+                self.o.payload.last.eq(sp[-1].last),
+                self.o_op.eq(sp[-1].op),
+                self.o_index.eq(sp[-1].idx),
+                self.o_count.eq(sp[-1].n),
             ]
-            for k in range(lanes):
-                sv = acc_rd.data[k * w_acc : (k + 1) * w_acc].as_signed()
-                mag = Mux(sv < 0, -sv, sv)
-                m.d.sync += [
-                    num2[k].eq((mag << 1) + s1.n),
-                    neg2[k].eq(sv < 0),
-                    prod3[k].eq(num2[k] * s2.rec),
-                    neg3[k].eq(neg2[k]),
-                ]
-                q_mag = prod3[k] >> s_shift
-                m.d.sync += self.o.payload.data[k].eq(Mux(neg3[k], -q_mag, q_mag))
+        for k in range(lanes):
+            sv = acc_rd.data[k * w_acc : (k + 1) * w_acc].as_signed()
+            mag = Mux(sv < 0, -sv, sv)
+            negs = [Signal(name=f"neg{d}_{k}") for d in range(wmul.LATENCY)]
+            with m.If(adv):
+                m.d.sync += [num2[k].eq((mag << 1) + s1.n), neg2[k].eq(sv < 0)]
+                m.d.sync += [negs[0].eq(neg2[k]), *(negs[d].eq(negs[d - 1]) for d in
+                                                    range(1, wmul.LATENCY))]  # fmt: skip
+            prod = wmul.wide_multiply(m, num2[k], s2.rec, adv, name=f"prod_{k}")
+            q_mag = prod >> s_shift
+            with m.If(adv):
+                m.d.sync += self.o.payload.data[k].eq(Mux(negs[-1], -q_mag, q_mag))
         return m
