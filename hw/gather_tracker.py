@@ -362,8 +362,13 @@ class GatherTracker(wiring.Component):
                 & (exp_of(gk, ev.sender) != 0)
                 & ((c_op[gk] + K) <= ev.op_id)
             )
+            # the sender's expected count, registered a state ahead of its use: the peer
+            # memory's output then meets only a compare (125 MHz)
+            exp_r = Signal(range(self.own_max + 1))
+            exp_z = Signal()  # exp_r == 0
             with m.State("GONE_RD"):
                 m.d.comb += pm_rd.addr.eq(Cat(ev.sender[:sb], gk))
+                m.d.sync += exp_r.eq(exp_of(gk, ev.sender))
                 with m.If(gone_c == n_ctx):
                     with m.If(ev.kind == Kind.GATHER):
                         m.next = "LATE"
@@ -385,7 +390,7 @@ class GatherTracker(wiring.Component):
                         pm_wr.data.gone.eq(1),
                     ]
                     m.d.sync += c_last_gone[gk].eq(ev_now)
-                    with m.If(old.rcv < exp_of(gk, ev.sender)):
+                    with m.If(old.rcv < exp_r):
                         m.d.sync += c_owing[gk].eq(c_owing[gk] - 1)
                 m.d.sync += gone_c.eq(gone_c + 1)
                 m.next = "GONE_RD"
@@ -394,6 +399,11 @@ class GatherTracker(wiring.Component):
                 m.d.comb += [
                     hv_rd.addr.eq(Cat(ev.pkt_index[:ib], c)),
                     pm_rd.addr.eq(Cat(ev.sender[:sb], c)),
+                ]
+                # rcv + 1 == exp, as old.rcv == exp - 1 (never when exp is 0)
+                m.d.sync += [
+                    exp_r.eq(exp_of(c, ev.sender) - 1),
+                    exp_z.eq(exp_of(c, ev.sender) == 0),
                 ]
                 with m.If(c_ended[c]):
                     m.d.sync += [
@@ -440,7 +450,7 @@ class GatherTracker(wiring.Component):
                     ]
                     with m.If(ev.last & ~old.flagged):
                         m.d.sync += c_unflag[c].eq(c_unflag[c] - 1)
-                    with m.If((rcv1 == exp_of(c, ev.sender)) & ~old.gone):
+                    with m.If((old.rcv == exp_r) & ~exp_z & ~old.gone):
                         m.d.sync += c_owing[c].eq(c_owing[c] - 1)
                 m.next = "POST"
 
