@@ -113,9 +113,9 @@ class GatherTracker(wiring.Component):
     """Receiver-side phase 2 of up to n_ctx ops in flight (see the module docstring).
 
     LATENCY: cycles from taking a GATHER event (ev.valid & ev.ready) to its verdict
-    strobe, no context to claim and no phase due: n_ctx + 7 (11 at K = 2); the next
+    strobe, no context to claim and no phase due: n_ctx + 8 (12 at K = 2); the next
     event is taken after the end evaluation settles (deadline.SETTLE) and its picks
-    (about n_ctx + 15 cycles per event). The first event of an
+    (about n_ctx + 16 cycles per event). The first event of an
     op claims its context: max(n_max, c/p) + about 10 cycles more.
     MODEL: host/nic_model.py NicModel phase 2 (_accept, _peer_progress, _end_phase2).
     """
@@ -127,7 +127,7 @@ class GatherTracker(wiring.Component):
         self.n_ctx = 1 << _bits(p.rx_window)
         self.npk_max = p.c // p.p
         self.own_max = -(-self.npk_max // 2)  # world >= 2
-        self.LATENCY = self.n_ctx + 7
+        self.LATENCY = self.n_ctx + 8
         super().__init__(
             {
                 # configuration (static while ops run)
@@ -362,10 +362,12 @@ class GatherTracker(wiring.Component):
                 & (exp_of(gk, ev.sender) != 0)
                 & ((c_op[gk] + K) <= ev.op_id)
             )
-            # the sender's expected count, registered a state ahead of its use: the peer
-            # memory's output then meets only a compare (125 MHz)
+            # the sender's expected count, registered a state ahead of its use (125 MHz)
             exp_r = Signal(range(self.own_max + 1))
             exp_z = Signal()  # exp_r == 0
+            # and the memories' outputs registered (a *_REG state) before any logic
+            pm_q = Signal(peer_layout)
+            hv_q = Signal()
             with m.State("GONE_RD"):
                 m.d.comb += pm_rd.addr.eq(Cat(ev.sender[:sb], gk))
                 m.d.sync += exp_r.eq(exp_of(gk, ev.sender))
@@ -376,11 +378,14 @@ class GatherTracker(wiring.Component):
                         m.d.sync += settle.eq(0)
                         m.next = "POST"
                 with m.Elif(gone_hit):
-                    m.next = "GONE_WR"
+                    m.next = "GONE_REG"
                 with m.Else():
                     m.d.sync += gone_c.eq(gone_c + 1)
+            with m.State("GONE_REG"):
+                m.d.sync += pm_q.eq(pm_rd.data)
+                m.next = "GONE_WR"
             with m.State("GONE_WR"):
-                old = pm_rd.data
+                old = pm_q
                 with m.If(~old.gone):
                     m.d.comb += [
                         pm_wr.addr.eq(Cat(ev.sender[:sb], gk)),
@@ -416,8 +421,11 @@ class GatherTracker(wiring.Component):
                     ]
                     m.next = "POST"
                 with m.Else():
-                    m.next = "SLOT"
+                    m.next = "SLOT_REG"
 
+            with m.State("SLOT_REG"):
+                m.d.sync += [pm_q.eq(pm_rd.data), hv_q.eq(hv_rd.data)]
+                m.next = "SLOT"
             with m.State("SLOT"):
                 m.d.sync += [
                     self.verdict_valid.eq(1),
@@ -425,10 +433,10 @@ class GatherTracker(wiring.Component):
                     self.verdict_index.eq(ev.pkt_index),
                     settle.eq(0),
                 ]
-                with m.If(hv_rd.data):
+                with m.If(hv_q):
                     m.d.sync += [cnt_dup.eq(cnt_dup + 1), self.verdict.eq(Verdict.DUPLICATE)]
                 with m.Else():
-                    old = pm_rd.data
+                    old = pm_q
                     rcv1 = old.rcv + 1
                     m.d.comb += [
                         hv_wr.addr.eq(Cat(ev.pkt_index[:ib], c)),
