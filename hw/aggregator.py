@@ -120,7 +120,7 @@ class Aggregator(wiring.Component):
     which the 74 bytes of frame headers ahead of each payload on the wire cover.
     """
 
-    LATENCY = 9  # 7 with the mean's product in one stage; wide_multiply adds 2
+    LATENCY = 11  # 7 with the mean's product in one stage and no stage per carry chain
 
     def __init__(self, p: NicParams) -> None:
         self.p = p
@@ -594,8 +594,9 @@ class Aggregator(wiring.Component):
         m.d.comb += adv.eq(~self.o.valid | self.o.ready)
 
         issue = Signal()
-        # pipeline stages: 1 (memory output), 2 (|S|), 3..5 (the product, wide_multiply),
-        # then o
+        # pipeline stages: 1 (memory output), 2 (its register), 3 (|S|), 4 (2|S| + n),
+        # 5..7 (the product, wide_multiply), then o: the memory's output and each carry
+        # chain get a cycle of their own (125 MHz)
         stage = data.StructLayout(
             {
                 "v": 1,
@@ -607,7 +608,7 @@ class Aggregator(wiring.Component):
                 "idx": range(self.npk_max),
             }
         )
-        s1, s2 = Signal(stage), Signal(stage)
+        s1, sr, sm, s2 = Signal(stage), Signal(stage), Signal(stage), Signal(stage)
         sp = [Signal(stage, name=f"sp{d}") for d in range(wmul.LATENCY)]  # beside the product
         num2 = [Signal(w_acc + 2, name=f"num2_{k}") for k in range(lanes)]
         neg2 = [Signal(name=f"neg2_{k}") for k in range(lanes)]
@@ -652,7 +653,9 @@ class Aggregator(wiring.Component):
                 s1.rec.eq(ro_rec),
                 s1.op.eq(c_op[ro_c]),
                 s1.idx.eq(ro_idx),
-                s2.eq(s1),
+                sr.eq(s1),
+                sm.eq(sr),
+                s2.eq(sm),
                 sp[0].eq(s2),
                 *(sp[d].eq(sp[d - 1]) for d in range(1, wmul.LATENCY)),
                 self.o.valid.eq(sp[-1].v),
@@ -663,11 +666,18 @@ class Aggregator(wiring.Component):
                 self.o_count.eq(sp[-1].n),
             ]
         for k in range(lanes):
-            sv = acc_rd.data[k * w_acc : (k + 1) * w_acc].as_signed()
-            mag = Mux(sv < 0, -sv, sv)
+            sv = Signal(signed(w_acc), name=f"sv_{k}")
+            mag = Signal(w_acc, name=f"mag_{k}")
+            neg_m = Signal(name=f"negm_{k}")
             negs = [Signal(name=f"neg{d}_{k}") for d in range(wmul.LATENCY)]
             with m.If(adv):
-                m.d.sync += [num2[k].eq((mag << 1) + s1.n), neg2[k].eq(sv < 0)]
+                m.d.sync += [
+                    sv.eq(acc_rd.data[k * w_acc : (k + 1) * w_acc].as_signed()),
+                    mag.eq(Mux(sv < 0, -sv, sv)),
+                    neg_m.eq(sv < 0),
+                    num2[k].eq((mag << 1) + sm.n),
+                    neg2[k].eq(neg_m),
+                ]
                 m.d.sync += [negs[0].eq(neg2[k]), *(negs[d].eq(negs[d - 1]) for d in
                                                     range(1, wmul.LATENCY))]  # fmt: skip
             prod = wmul.wide_multiply(m, num2[k], s2.rec, adv, name=f"prod_{k}")
