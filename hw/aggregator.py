@@ -637,7 +637,9 @@ class Aggregator(wiring.Component):
                 with m.If(ro_beat == beats - 1):
                     m.d.sync += [ro_row.eq(ro_row + 1), ro_idx.eq(ro_idx + self.world)]
                     m.next = "ROW"
-        m.d.comb += ro_busy.eq(~ro.ongoing("IDLE"))
+        # busy until the memory's last output is taken (s1 moves on with adv): an event's
+        # payload would otherwise drive the read port while `o` stalls the readout
+        m.d.comb += ro_busy.eq(~ro.ongoing("IDLE") | s1.v)
 
         addr = Cat(ro_beat[:bb], ro_row[:rb], ro_c)
         with m.If(~in_payload):

@@ -5,9 +5,10 @@ keeps, per context, what the tracker keeps (start, anchor, last arrival, last
 "gone" tick) and, instead of per-sender vectors, three incrementally maintained
 facts: every expected packet is in, every sender still owing is gone, every
 expected sender's LAST is in. This block turns them and the live T into
-(due, end tick, reason): the candidate end ticks registered, then compared with the
-live `now` (PhaseTimer.LATENCY); `PhaseContexts` registers the result and the blocks
-settle SETTLE cycles after every change.
+(due, end tick, reason): the base tick and anchor + T registered, then the candidate
+end ticks, then compared with the live `now` (PhaseTimer.LATENCY = 2 register stages);
+`PhaseContexts` registers the result and the blocks settle SETTLE cycles after every
+change.
 
   complete   all in                       -> max(start, last arrival)
   early      all in or gone               -> max(start, last arrival, last gone)
@@ -145,7 +146,8 @@ class PhaseTimer(wiring.Component):
 
 
 # Cycles from a change (with the t_C estimator idle) to a trustworthy end evaluation
-# and pick: T, the idle gap, the PhaseTimer's stage, the due registers, pick_first.
+# and pick: T, the idle gap's two steps, the PhaseTimer's stages, the due registers,
+# pick_first.
 PICK_LATENCY = 2  # cycles from stable `eligible` and keys to a valid `pick_first`
 SETTLE = 2 + IDLE_LATENCY + PhaseTimer.LATENCY + PICK_LATENCY  # 8
 
