@@ -22,15 +22,12 @@ import numpy as np
 from optireduce.host import host_port
 from optireduce.host.driver import (
     BackendUnavailable,
-    ExponentAgreement,
     HostNic,
 )
 from optireduce.host.op_stats import OpStats
 from optireduce.host.quantize import propose_exponent
 from optireduce.host.replay import config_writes, counter_offsets, host_record
-from optireduce.host.transport import UdpTransport
 from optireduce.host.ubt import DEFAULT_ADDRESSING
-from optireduce.params import NicParams
 
 log = logging.getLogger("optireduce")
 
@@ -54,28 +51,20 @@ class SimNic(HostNic):
 
     backend = "sim"
 
-    def __init__(
-        self,
-        p: NicParams,
-        rank: int,
-        world: int,
-        transport: UdpTransport,
-        agree: ExponentAgreement,
-    ) -> None:
+    def _open(self) -> None:
         from optireduce.sim.cosim_build import harness_path
         from optireduce.sim.toolchain import ToolchainError
 
-        if transport.impairment is not None:
+        if self.transport.impairment is not None:
             raise BackendUnavailable("the sim NIC sends on the socket itself: no impairment")
         try:
-            self.exe = harness_path(p)
+            self.exe = harness_path(self.p)
         except (ToolchainError, ImportError) as e:
             raise BackendUnavailable(f"cannot build the co-simulation harness: {e}") from e
-        super().__init__(p, rank, world, transport, agree)
         self.gone: set[int] = set()
         self.proc: subprocess.Popen | None = None
         self._buf = b""
-        if len(transport.peers) == world:
+        if len(self.transport.peers) == self.world:
             self._ensure()  # start now: the first op should not pay for it
 
     # ---- the harness process -------------------------------------------------------

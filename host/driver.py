@@ -68,8 +68,8 @@ def torch_exponent_agreement(group=None) -> ExponentAgreement:
 class HostNic:
     """What the host-driven backends share: the rank's place in the world, its transport
     and exponent agreement, the array-in/array-out `allreduce` and the t_B calibration.
-    A backend supplies `_allreduce` (float32 vector in, result and op stats out) and
-    `set_t_b`."""
+    A backend supplies `_open` (its own set-up, run once the fields are in), `_allreduce`
+    (float32 vector in, result and op stats out) and `set_t_b`."""
 
     def __init__(
         self,
@@ -82,6 +82,10 @@ class HostNic:
         self.p, self.rank, self.world = p, rank, world
         self.transport, self.agree = transport, agree
         self.next_op = 0
+        self._open()
+
+    def _open(self) -> None:
+        raise NotImplementedError
 
     def allreduce(self, x: ArrayLike) -> tuple[ArrayLike, list[OpStats]]:
         """Mean over the world of x (any length; a numpy array or a CPU torch tensor, of
@@ -115,16 +119,9 @@ class SoftwareNic(HostNic):
 
     backend = "software"
 
-    def __init__(
-        self,
-        p: NicParams,
-        rank: int,
-        world: int,
-        transport: UdpTransport,
-        agree: ExponentAgreement,
-    ) -> None:
-        super().__init__(p, rank, world, transport, agree)
-        self.nic = NicModel(p, rank, world)
+    def _open(self) -> None:
+        p = self.p
+        self.nic = NicModel(p, self.rank, self.world)
         fwht_blocks(np.zeros(p.b, dtype=np.int64), p.b)  # compile (or load) the kernel now
         self._t0 = time.monotonic()
 
