@@ -79,6 +79,7 @@ from amaranth.lib.wiring import In, Out
 from optireduce.host.aggregator import reciprocal_shift, reciprocal_table
 from optireduce.hw import wide_multiplier as wmul
 from optireduce.hw.deadline import SETTLE, TICK_BITS, PhaseContexts, Reason, settle_step
+from optireduce.hw.staged_write import StagedWrite
 from optireduce.hw.streams import element_stream
 from optireduce.hw.tc_estimator import TC_BITS, TcEstimator
 from optireduce.params import NicParams
@@ -121,6 +122,7 @@ class Aggregator(wiring.Component):
     """
 
     LATENCY = 11  # 7 with the mean's product in one stage and no stage per carry chain
+    ACC_WRITE_DELAY = 2  # cycles from a payload beat's handshake to its accumulator write
 
     def __init__(self, p: NicParams) -> None:
         self.p = p
@@ -203,10 +205,12 @@ class Aggregator(wiring.Component):
         acc_rd, acc_wr = acc.read_port(), acc.write_port()
         bm_layout = data.StructLayout({"bits": n_max, "count": n_cnt})
         m.submodules.bitmap = bm = Memory(shape=bm_layout, depth=n_ctx * (1 << rb), init=[])
-        bm_rd, bm_wr = bm.read_port(), bm.write_port()
+        bm_rd = bm.read_port()
+        bm_wr = StagedWrite(m, bm.write_port(), "bitmap")
         peer_layout = data.StructLayout({"rcv": rcv_shape, "flagged": 1, "gone": 1})
         m.submodules.peers = pm = Memory(shape=peer_layout, depth=n_ctx * (1 << sb), init=[])
-        pm_rd, pm_wr = pm.read_port(), pm.write_port()
+        pm_rd = pm.read_port()
+        pm_wr = StagedWrite(m, pm.write_port(), "peers")
 
         # ---- the event being handled ----------------------------------------------------
         ev = Signal(event_layout(p))
@@ -278,16 +282,32 @@ class Aggregator(wiring.Component):
         clr = Signal(range(n_clear + 1))
         drop = Signal()
         beat = Signal(bb)
-        # accumulate stage: the read issued last cycle, added and written now
-        acc_v = Signal()
+        # accumulate stages: the read issued, its output registered, added and written
+        # (ACC_WRITE_DELAY cycles after the beat); a packet's beats are distinct rows, and
+        # the next packet comes many cycles later, so no read sees a write in flight
+        acc_v, acc_v2 = Signal(), Signal()
         fresh = Signal()
-        acc_addr = Signal(len(acc_wr.addr))
+        acc_addr, acc_addr2 = Signal(len(acc_wr.addr)), Signal(len(acc_wr.addr))
         acc_vals = Signal(data.ArrayLayout(signed(p.w_wire), lanes))
+        acc_vals2 = Signal(data.ArrayLayout(signed(p.w_wire), lanes))
+        acc_old = Signal(lanes * w_acc)
 
+        # facts of the event, each registered a state before its use (125 MHz): which
+        # contexts hold its op, the packets of its op, the ops its sender is done with
+        # (op <= op_id - K) and still owes slots
+        hits = Signal(n_ctx)
+        n_pk_r = Signal(range(self.npk_max + 1))
+        op_k = Signal(32)  # ev.op_id - K
+        op_k_ok = Signal()  # ev.op_id >= K
+        done = Signal(n_ctx)  # context k's op <= ev.op_id - K
+        peer_hit = Signal(n_ctx)  # ... and the sender owes it slots: gone_hit
+        me = Signal()  # the sender is this rank
+        who_bit = Signal(n_max)  # the contributor's bit: 1 << (rank if OWN else sender)
+        mine_e = Signal(rcv_shape)  # the event's context's slot count
         # selection of the next phase to end: IDLE by (end, op); POST first the ops the
         # event's sender has finished (op <= ev.op_id - K), as NicModel._peer_progress
         # ends them, in op order (end ticks are all <= now there)
-        idle_found, idle_pick, post_found, post_pick = cx.picks(m, due, due_end, ev.op_id, K)
+        idle_found, idle_pick, post_found, post_pick = cx.picks(m, due, due_end, done)
 
         # end report (one-cycle strobe)
         m.d.sync += self.end_valid.eq(0)
@@ -314,10 +334,22 @@ class Aggregator(wiring.Component):
                         post_b.eq(0),
                         accepted.eq(0),
                     ]
-                    m.next = "LOOKUP"
+                    m.next = "HIT"
+
+            with m.State("HIT"):
+                who = Mux(ev.kind == Kind.OWN, self.rank, ev.sender)
+                m.d.sync += [
+                    hits.eq(Cat(c_valid[k] & (c_op[k] == ev.op_id) for k in range(n_ctx))),
+                    n_pk_r.eq(n_pk),
+                    op_k.eq(ev.op_id - K),
+                    op_k_ok.eq(ev.op_id >= K),
+                    me.eq(ev.sender == self.rank),
+                    who_bit.eq(Const(1, n_max) << who),
+                ]
+                m.next = "LOOKUP"
 
             with m.State("LOOKUP"):
-                with m.If(~c_valid[c] | (c_op[c] != ev.op_id)):
+                with m.If(~hits.bit_select(c, 1)):
                     # claim the context: its previous op is done (and read out)
                     m.d.sync += [
                         c_valid[c].eq(1),
@@ -333,14 +365,17 @@ class Aggregator(wiring.Component):
                         clr.eq(0),
                     ]
                     # slots owned: (n_packets - 1 - rank) // world + 1, divided while clearing
-                    m.d.sync += mine_pending.eq(n_pk > self.rank)
-                    m.d.comb += [div_go.eq(n_pk > self.rank), div_in.eq(n_pk - 1 - self.rank)]
+                    m.d.sync += mine_pending.eq(n_pk_r > self.rank)
+                    m.d.comb += [
+                        div_go.eq(n_pk_r > self.rank),
+                        div_in.eq(n_pk_r - 1 - self.rank),
+                    ]
                     m.next = "CLEAR"
                 with m.Else():
                     m.next = "DISPATCH"
 
             with m.State("CLEAR"):  # the context's per-sender table and slot bitmaps
-                m.d.comb += [
+                m.d.sync += [
                     pm_wr.addr.eq(Cat(clr[:sb], c)),
                     pm_wr.en.eq(clr < n_max),
                     pm_wr.data.eq(0),
@@ -352,35 +387,49 @@ class Aggregator(wiring.Component):
                 with m.If(clr == n_clear - 1):
                     m.next = "MINE"
 
+            mine_r = Signal(rcv_shape)
             with m.State("MINE"), m.If(~div_busy):
-                mine = Mux(mine_pending, div_q + 1, 0)
-                senders = Mux(mine != 0, self.world - 1, 0)
+                m.d.sync += mine_r.eq(Mux(mine_pending, div_q + 1, 0))
+                m.next = "MINE_SET"
+            with m.State("MINE_SET"):
+                senders = Mux(mine_r != 0, self.world - 1, 0)
                 m.d.sync += [
-                    c_mine[c].eq(mine),
-                    c_exp[c].eq(mine * (self.world - 1)),
+                    c_mine[c].eq(mine_r),
+                    c_exp[c].eq(mine_r * (self.world - 1)),
                     c_unflag[c].eq(senders),
                     c_owing[c].eq(senders),
                 ]
                 m.next = "DISPATCH"
 
-            with m.State("DISPATCH"), m.Switch(ev.kind):
-                with m.Case(Kind.SCATTER):
-                    m.d.comb += [div_go.eq(1), div_in.eq(ev.pkt_index)]  # its slot row
-                    m.next = "TC"
-                with m.Case(Kind.GATHER):
-                    m.d.sync += gone_c.eq(0)
-                    m.next = "GONE_RD"
-                with m.Case(Kind.OWN):
-                    m.d.comb += [div_go.eq(1), div_in.eq(ev.pkt_index)]
-                    m.next = "ROW_WAIT"
-                with m.Case(Kind.START):
-                    m.d.sync += [
-                        c_started[c].eq(1),
-                        c_start[c].eq(ev_now),
-                        c_anchor[c].eq(ev_now),
-                        settle.eq(0),
-                    ]
-                    m.next = "POST"
+            with m.State("DISPATCH"):
+                # the event's facts over the contexts, all in parallel (registered)
+                m.d.sync += [
+                    done.eq(Cat(op_k_ok & (op_k >= c_op[k]) for k in range(n_ctx))),
+                    peer_hit.eq(Cat(
+                        c_valid[k] & ~c_ended[k] & (c_mine[k] != 0) & ~me & op_k_ok
+                        & (op_k >= c_op[k])
+                        for k in range(n_ctx)
+                    )),
+                    mine_e.eq(c_mine[c]),
+                ]  # fmt: skip
+                with m.Switch(ev.kind):
+                    with m.Case(Kind.SCATTER):
+                        m.d.comb += [div_go.eq(1), div_in.eq(ev.pkt_index)]  # its slot row
+                        m.next = "TC"
+                    with m.Case(Kind.GATHER):
+                        m.d.sync += gone_c.eq(0)
+                        m.next = "GONE_RD"
+                    with m.Case(Kind.OWN):
+                        m.d.comb += [div_go.eq(1), div_in.eq(ev.pkt_index)]
+                        m.next = "ROW_WAIT"
+                    with m.Case(Kind.START):
+                        m.d.sync += [
+                            c_started[c].eq(1),
+                            c_start[c].eq(ev_now),
+                            c_anchor[c].eq(ev_now),
+                            settle.eq(0),
+                        ]
+                        m.next = "POST"
 
             with m.State("TC"):  # the sender's piggybacked t_C (frames past check 28)
                 m.d.comb += [
@@ -396,16 +445,14 @@ class Aggregator(wiring.Component):
             # peer progress: the sender has finished every op <= ev.op_id - K
             gone_hit = Signal()
             gk = gone_c[:cb]
-            m.d.comb += gone_hit.eq(
-                (gone_c < n_ctx)
-                & c_valid[gk]
-                & ~c_ended[gk]
-                & (c_mine[gk] != 0)
-                & (ev.sender != self.rank)
-                & ((c_op[gk] + K) <= ev.op_id)
-            )
+            m.d.comb += gone_hit.eq((gone_c < n_ctx) & peer_hit.bit_select(gk, 1))
+            # the memories' outputs registered (a *_REG state) before any logic (125 MHz)
+            pm_q = Signal(peer_layout)
+            bm_q = Signal(bm_layout)
+            mine_g = Signal(rcv_shape)
             with m.State("GONE_RD"):
                 m.d.comb += pm_rd.addr.eq(Cat(ev.sender[:sb], gk))
+                m.d.sync += mine_g.eq(c_mine[gk])
                 with m.If(gone_c == n_ctx):
                     with m.If(ev.kind == Kind.SCATTER):
                         m.next = "LATE"
@@ -413,13 +460,16 @@ class Aggregator(wiring.Component):
                         m.d.sync += settle.eq(0)
                         m.next = "POST"
                 with m.Elif(gone_hit):
-                    m.next = "GONE_WR"
+                    m.next = "GONE_REG"
                 with m.Else():
                     m.d.sync += gone_c.eq(gone_c + 1)
+            with m.State("GONE_REG"):
+                m.d.sync += pm_q.eq(pm_rd.data)
+                m.next = "GONE_WR"
             with m.State("GONE_WR"):
-                old = pm_rd.data
+                old = pm_q
                 with m.If(~old.gone):
-                    m.d.comb += [
+                    m.d.sync += [
                         pm_wr.addr.eq(Cat(ev.sender[:sb], gk)),
                         pm_wr.en.eq(1),
                         pm_wr.data.rcv.eq(old.rcv),
@@ -427,7 +477,7 @@ class Aggregator(wiring.Component):
                         pm_wr.data.gone.eq(1),
                     ]
                     m.d.sync += c_last_gone[gk].eq(ev_now)
-                    with m.If(old.rcv < c_mine[gk]):
+                    with m.If(old.rcv < mine_g):
                         m.d.sync += c_owing[gk].eq(c_owing[gk] - 1)
                 m.d.sync += gone_c.eq(gone_c + 1)
                 m.next = "GONE_RD"
@@ -446,27 +496,38 @@ class Aggregator(wiring.Component):
                     pm_rd.addr.eq(Cat(ev.sender[:sb], c)),
                 ]
                 m.d.sync += row.eq(div_q)
+                m.next = "ROW_REG"
+
+            dup, last_new, owed = Signal(), Signal(), Signal()
+            with m.State("ROW_REG"):
+                m.d.sync += [bm_q.eq(bm_rd.data), pm_q.eq(pm_rd.data)]
+                m.next = "ROW_FACTS"
+            with m.State("ROW_FACTS"):
+                m.d.sync += [
+                    dup.eq((ev.kind == Kind.SCATTER) & (bm_q.bits & who_bit).any()),
+                    last_new.eq(ev.last & ~pm_q.flagged),
+                    owed.eq((pm_q.rcv + 1 == mine_e) & ~pm_q.gone),
+                ]
                 m.next = "ROW_CHECK"
 
             with m.State("ROW_CHECK"):
-                bits = bm_rd.data.bits
-                who = Mux(ev.kind == Kind.OWN, self.rank, ev.sender)
+                bits = bm_q.bits
                 # a slot's first contribution overwrites: the accumulators need no clearing;
                 # the context (and T) may change here: settle from here on
-                m.d.sync += [drop.eq(0), beat.eq(0), fresh.eq(bm_rd.data.count == 0), settle.eq(0)]
-                with m.If((ev.kind == Kind.SCATTER) & bits.bit_select(who, 1)):
+                m.d.sync += [drop.eq(0), beat.eq(0), fresh.eq(bm_q.count == 0), settle.eq(0)]
+                with m.If(dup):
                     m.d.sync += [cnt_dup.eq(cnt_dup + 1), drop.eq(1)]
                 with m.Else():
-                    m.d.comb += [
+                    m.d.sync += [
                         bm_wr.addr.eq(Cat(row, c)),
                         bm_wr.en.eq(1),
-                        bm_wr.data.bits.eq(bits | (Const(1, 1) << who)),
-                        bm_wr.data.count.eq(bm_rd.data.count + 1),
+                        bm_wr.data.bits.eq(bits | who_bit),
+                        bm_wr.data.count.eq(bm_q.count + 1),
                     ]
                     with m.If(ev.kind == Kind.SCATTER):
-                        old = pm_rd.data
+                        old = pm_q
                         rcv1 = old.rcv + 1
-                        m.d.comb += [
+                        m.d.sync += [
                             pm_wr.addr.eq(Cat(ev.sender[:sb], c)),
                             pm_wr.en.eq(1),
                             pm_wr.data.rcv.eq(rcv1),
@@ -480,9 +541,9 @@ class Aggregator(wiring.Component):
                             c_last_arr[c].eq(ev_now),
                             c_has_arr[c].eq(1),
                         ]
-                        with m.If(ev.last & ~old.flagged):
+                        with m.If(last_new):
                             m.d.sync += c_unflag[c].eq(c_unflag[c] - 1)
-                        with m.If((rcv1 == c_mine[c]) & ~old.gone):
+                        with m.If(owed):
                             m.d.sync += c_owing[c].eq(c_owing[c] - 1)
                 m.next = "PAYLOAD"
 
@@ -498,7 +559,7 @@ class Aggregator(wiring.Component):
             # end what the event made due, in the model's order: the ops its sender is done
             # with (_peer_progress), then the event's own op (_progress after an accepted
             # frame or a start), then the rest by (end tick, op) in IDLE (advance)
-            own_due = c_valid[c] & (c_op[c] == ev.op_id) & due[c]
+            own_due = due[c]  # context c holds the event's op from LOOKUP on
             own_ok = (
                 (ev.kind == Kind.START)
                 | (ev.kind == Kind.GATHER)
@@ -523,33 +584,53 @@ class Aggregator(wiring.Component):
                     m.d.sync += ret_post.eq(0)
                     m.next = "IDLE"
 
+            # an end in three states (125 MHz): the context's registers selected, the two
+            # completion-time samples subtracted, then the end reported
+            f = fire_c
+            f_end, f_start, f_arr = Signal(TICK_BITS), Signal(TICK_BITS), Signal(TICK_BITS)
+            f_reason, f_has, f_op = Signal(Reason), Signal(), Signal(32)
+            f_recv, f_exp = Signal.like(c_recv[0]), Signal.like(c_exp[0])
+            dl_smp, arr_smp, arr_ok = Signal(TICK_BITS), Signal(TICK_BITS), Signal()
+            f_mine = Signal()  # the op has slots here: its means are read out
             with m.State("FIRE"):
-                f = fire_c
-                reason = due_reason[f]
-                end_t = due_end[f]
+                m.d.sync += [
+                    f_end.eq(due_end[f]),
+                    f_reason.eq(due_reason[f]),
+                    f_start.eq(c_start[f]),
+                    f_arr.eq(c_last_arr[f]),
+                    f_has.eq(c_has_arr[f]),
+                    f_op.eq(c_op[f]),
+                    f_recv.eq(c_recv[f]),
+                    f_exp.eq(c_exp[f]),
+                    f_mine.eq(c_mine[f] != 0),
+                ]
+                m.next = "FIRE_SMP"
+            with m.State("FIRE_SMP"):
+                m.d.sync += [
+                    dl_smp.eq(f_end - f_start),
+                    arr_smp.eq(f_arr - f_start),
+                    arr_ok.eq(f_has & (f_start < f_arr)),
+                ]
+                m.next = "FIRE_END"
+            with m.State("FIRE_END"):
                 m.d.sync += [
                     c_ended[f].eq(1),
                     self.end_valid.eq(1),
-                    self.end_op.eq(c_op[f]),
-                    self.end_reason.eq(reason),
-                    self.end_tick.eq(end_t),
+                    self.end_op.eq(f_op),
+                    self.end_reason.eq(f_reason),
+                    self.end_tick.eq(f_end),
                     self.end_timeout.eq(T),
-                    self.end_received.eq(c_recv[f]),
-                    self.end_expected.eq(c_exp[f]),
+                    self.end_received.eq(f_recv),
+                    self.end_expected.eq(f_exp),
                     settle.eq(0),
                 ]
-                m.d.comb += [q_push.eq(c_mine[f] != 0), q_in.eq(f)]
+                m.d.comb += [q_push.eq(f_mine), q_in.eq(f)]
                 # the completion-time sample for t_C (PhaseTracker.finish)
-                sample = Signal(TICK_BITS)
-                has_sample = Signal()
-                with m.If(reason == Reason.DEADLINE):
-                    m.d.comb += [has_sample.eq(1), sample.eq(end_t - c_start[f])]
-                with m.Elif(c_has_arr[f] & (c_last_arr[f] > c_start[f])):
-                    m.d.comb += [has_sample.eq(1), sample.eq(c_last_arr[f] - c_start[f])]
+                deadline = f_reason == Reason.DEADLINE
                 m.d.comb += [
-                    tc.sample.valid.eq(has_sample),
-                    tc.sample.payload.value.eq(sample),
-                    tc.sample.payload.at.eq(end_t),
+                    tc.sample.valid.eq(deadline | arr_ok),
+                    tc.sample.payload.value.eq(Mux(deadline, dl_smp, arr_smp)),
+                    tc.sample.payload.at.eq(f_end),
                 ]
                 # the estimator is idle here (every path to FIRE waits for it)
                 with m.If(ret_post):
@@ -573,11 +654,17 @@ class Aggregator(wiring.Component):
                 acc_addr.eq(Cat(beat, row, c)),
                 acc_vals.eq(self.i.payload.data),
             ]
-        with m.If(acc_v):
-            m.d.comb += [acc_wr.addr.eq(acc_addr), acc_wr.en.eq(1)]
+        m.d.sync += [
+            acc_v2.eq(acc_v),
+            acc_addr2.eq(acc_addr),
+            acc_vals2.eq(acc_vals),
+            acc_old.eq(acc_rd.data),
+        ]
+        with m.If(acc_v2):
+            m.d.comb += [acc_wr.addr.eq(acc_addr2), acc_wr.en.eq(1)]
             for k in range(lanes):
-                old = Mux(fresh, 0, acc_rd.data[k * w_acc : (k + 1) * w_acc].as_signed())
-                m.d.comb += acc_wr.data[k * w_acc : (k + 1) * w_acc].eq(old + acc_vals[k])
+                old = Mux(fresh, 0, acc_old[k * w_acc : (k + 1) * w_acc].as_signed())
+                m.d.comb += acc_wr.data[k * w_acc : (k + 1) * w_acc].eq(old + acc_vals2[k])
 
         # ---- readout: means of an ended op, through the reciprocal table -------------
         table = reciprocal_table(p)

@@ -6,7 +6,7 @@ keeps, per context, what the tracker keeps (start, anchor, last arrival, last
 facts: every expected packet is in, every sender still owing is gone, every
 expected sender's LAST is in. This block turns them and the live T into
 (due, end tick, reason): the base tick and anchor + T registered, then the candidate
-end ticks, then compared with the live `now` (PhaseTimer.LATENCY = 2 register stages);
+end ticks, then compared with the live `now` (PhaseTimer.LATENCY = 5 register stages);
 `PhaseContexts` registers the result and the blocks settle SETTLE cycles after every
 change.
 
@@ -29,6 +29,10 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 TICK_BITS = 48
+
+# Compares are written as `<` and `>=` only: yosys maps those to a CCU2C carry chain alone,
+# but `>` and `<=` to the chain and an equality tree beside it (three more logic levels
+# at 48 bits; docs/gateware.md, "Timing").
 
 
 class Reason(enum.IntEnum):
@@ -56,23 +60,22 @@ def idle_gap(m: Module, alpha_q8, timeout) -> Signal:
 IDLE_LATENCY = 2
 
 
-def _max(a, b):
-    return Mux(a > b, a, b)
-
-
 class PhaseTimer(wiring.Component):
     """When (and why) a phase ends, given its state, the live T and `now`.
 
     Inputs mirror PhaseTracker: `active` = begun and not ended; `has_arrival` =
     last_arrival is not None; `all_in`, `in_or_gone`, `all_flagged` as above.
-    Outputs: `due` (the phase is over at `now`), `end_tick` (its end tick), `reason`.
+    Outputs: `due` (the phase is over at `now`), `end_tick` (its end tick), `reason`;
+    the last two are those of the rule that will end it, and mean something while `due`
+    (`reason` is NONE for an inactive phase).
     """
 
-    # Three stages, for 125 MHz: the base tick (start or last arrival) and anchor + T are
-    # registered from the state, then the candidate end ticks, then they are compared
-    # with the live `now`. After a change of the inputs (but `now`, which may move any
-    # time), the outputs are valid LATENCY cycles later (owners settle).
-    LATENCY = 2
+    # For 125 MHz every 48-bit compare or add has a register stage of its own, and a mux
+    # one level of logic: LATENCY register stages from the inputs, then the candidate end
+    # ticks are compared with the live `now` (the owner registers the outputs). After a
+    # change of the inputs (but `now`, which may move any time), the outputs are valid
+    # LATENCY cycles later (owners settle).
+    LATENCY = 5
 
     def __init__(self) -> None:
         t = TICK_BITS
@@ -100,48 +103,58 @@ class PhaseTimer(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         t = TICK_BITS
-        # stage 0: the base tick and anchor + T, registered with the flags
-        base0 = Signal(t)
-        dl_sum = Signal(t + 1)
-        gone0 = Signal(t)
-        f0 = Signal(4)
-        m.d.sync += [
-            base0.eq(
-                Mux(self.has_arrival & (self.last_arrival > self.start), self.last_arrival,
-                    self.start)
+
+        def stage(name: str, value, width: int = t) -> Signal:
+            r = Signal(width, name=name)
+            m.d.sync += r.eq(value)
+            return r
+
+        # stage 0: arrival after start? anchor + T
+        arr_gt = stage("arr_gt", self.has_arrival & (self.start < self.last_arrival), 1)
+        arr0, start0 = stage("arr0", self.last_arrival), stage("start0", self.start)
+        dl_sum = stage("dl_sum", self.anchor + self.timeout, t + 1)
+        gone0 = stage("gone0", self.last_gone)
+        flags = Cat(self.active, self.all_in, self.in_or_gone, self.all_flagged)
+        f0 = stage("f0", flags, 4)
+        # stage 1: the base tick (start or last arrival); anchor + T against the floor
+        base1 = stage("base1", Mux(arr_gt, arr0, start0))
+        dl_gt = stage("dl_gt", self.floor < dl_sum, 1)
+        dl_sum1, floor1 = stage("dl_sum1", dl_sum, t + 1), stage("floor1", self.floor)
+        gone1, f1 = stage("gone1", gone0), stage("f1", f0, 4)
+        # stage 2: the deadline; base + idle; base against the last gone tick
+        deadline2 = stage("deadline2", Mux(dl_gt, dl_sum1, floor1), t + 1)
+        e_sum2 = stage("e_sum2", base1 + self.idle, t + 1)
+        gone_gt = stage("gone_gt", gone1 < base1, 1)
+        base2, gone2 = stage("base2", base1), stage("gone2", gone1)
+        floor2, f2 = stage("floor2", floor1), stage("f2", f1, 4)
+        # stage 3: base + idle against the floor; does the early end beat the deadline
+        # (max(e_sum, floor) < deadline <=> both are)
+        early_gt = stage("early_gt", floor2 < e_sum2, 1)
+        beats = stage("beats", (e_sum2 < deadline2) & (floor2 < deadline2), 1)
+        gone_end3 = stage("gone_end3", Mux(gone_gt, base2, gone2))
+        e_sum3, floor3 = stage("e_sum3", e_sum2, t + 1), stage("floor3", floor2)
+        deadline3, base3 = stage("deadline3", deadline2, t + 1), stage("base3", base2)
+        f3 = stage("f3", f2, 4)
+        active3, all_in3, in_or_gone3, flagged3 = f3
+        # stage 4: the early end tick; which rule decides; the end when it is due now
+        early = stage("early4", Mux(early_gt, e_sum3, floor3), t + 1)
+        deadline = stage("deadline4", deadline3, t + 1)
+        use_early = stage("use_early", flagged3 & beats, 1)
+        fixed = stage("fixed", Mux(all_in3, base3, gone_end3))  # all in, or in or gone
+        imm = stage("imm", active3 & (all_in3 | in_or_gone3), 1)  # due whatever the clock
+        wait = stage("wait", active3 & ~(all_in3 | in_or_gone3), 1)
+        imm_reason = stage("imm_reason", Mux(all_in3, Reason.COMPLETE, Reason.EARLY), 2)
+        # then against the live clock (both compares at once, the rule picks one); the end
+        # tick and reason do not wait for the compare (they mean something while `due`)
+        reached = Mux(use_early, self.now >= early, self.now >= deadline)
+        m.d.comb += [
+            self.due.eq(imm | (wait & reached)),
+            self.end_tick.eq(Mux(imm, fixed, Mux(use_early, early, deadline))),
+            self.reason.eq(
+                Mux(imm, imm_reason,
+                    Mux(wait, Mux(use_early, Reason.EARLY, Reason.DEADLINE), Reason.NONE))
             ),
-            dl_sum.eq(self.anchor + self.timeout),
-            gone0.eq(self.last_gone),
-            f0.eq(Cat(self.active, self.all_in, self.in_or_gone, self.all_flagged)),
         ]  # fmt: skip
-        # stage 1: the candidate end ticks, registered
-        deadline = Signal(t + 1)
-        early = Signal(t + 1)
-        base_r = Signal(t)
-        gone_end = Signal(t)
-        active, all_in, in_or_gone, flagged = Signal(), Signal(), Signal(), Signal()
-        m.d.sync += [
-            deadline.eq(_max(dl_sum, self.floor)),
-            early.eq(_max(base0 + self.idle, self.floor)),
-            base_r.eq(base0),
-            gone_end.eq(_max(base0, gone0)),
-            Cat(active, all_in, in_or_gone, flagged).eq(f0),
-        ]
-        # stage 2: against the live clock
-        with m.If(~active):
-            m.d.comb += self.reason.eq(Reason.NONE)
-        with m.Elif(all_in):
-            m.d.comb += [self.due.eq(1), self.end_tick.eq(base_r), self.reason.eq(Reason.COMPLETE)]
-        with m.Elif(in_or_gone):
-            m.d.comb += [self.due.eq(1), self.end_tick.eq(gone_end), self.reason.eq(Reason.EARLY)]
-        with m.Elif(flagged & (early <= self.now) & (early < deadline)):
-            m.d.comb += [self.due.eq(1), self.end_tick.eq(early), self.reason.eq(Reason.EARLY)]
-        with m.Elif(deadline <= self.now):
-            m.d.comb += [
-                self.due.eq(1),
-                self.end_tick.eq(deadline),
-                self.reason.eq(Reason.DEADLINE),
-            ]
         return m
 
 
@@ -149,7 +162,7 @@ class PhaseTimer(wiring.Component):
 # and pick: T, the idle gap's two steps, the PhaseTimer's stages, the due registers,
 # pick_first.
 PICK_LATENCY = 2  # cycles from stable `eligible` and keys to a valid `pick_first`
-SETTLE = 2 + IDLE_LATENCY + PhaseTimer.LATENCY + PICK_LATENCY  # 8
+SETTLE = 2 + IDLE_LATENCY + PhaseTimer.LATENCY + PICK_LATENCY  # 11
 
 
 def settle_step(m: Module, settle, tc):
@@ -221,22 +234,23 @@ class PhaseContexts:
             m.d.sync += [due[k].eq(pt.due), due_end[k].eq(pt.end_tick), due_reason[k].eq(pt.reason)]
         return T, due, due_end, due_reason
 
-    def picks(self, m: Module, due, due_end, ev_op_id, ops_in_flight: int):
+    def picks(self, m: Module, due, due_end, done):
         """The next phase to end, registered (pick_first): by (end tick, op) among the
-        due (NicModel.advance), and by op among the due ops <= ev_op_id - K, the ones
-        the event's sender has finished (NicModel._peer_progress).
+        due (NicModel.advance), and by op among the due ops the event's sender has
+        finished (NicModel._peer_progress): `done`, a registered bit per context that
+        its op <= the event's op id - K.
 
         Returns (idle_found, idle_pick, post_found, post_pick).
         """
         op, n = self.op, self.n_ctx
 
-        def by_time(i, j):
-            return (due_end[i] < due_end[j]) | ((due_end[i] == due_end[j]) & (op[i] <= op[j]))
+        def by_time(i, j):  # end tick, then op: each compare registered on its own
+            return (due_end[i] < due_end[j], due_end[i] == due_end[j], op[j] >= op[i])
 
         idle_found, idle_pick = pick_first(m, "pick_idle", list(due), by_time)
         post_found, post_pick = pick_first(
-            m, "pick_post", [due[k] & ((op[k] + ops_in_flight) <= ev_op_id) for k in range(n)],
-            lambda i, j: op[i] <= op[j],
+            m, "pick_post", [due[k] & done[k] for k in range(n)],
+            lambda i, j: (op[j] >= op[i],),
         )  # fmt: skip
         return idle_found, idle_pick, post_found, post_pick
 
@@ -244,9 +258,10 @@ class PhaseContexts:
 def pick_first(m: Module, name: str, eligible: list, le) -> tuple[Signal, Signal]:
     """The first eligible context in a total order, registered (PICK_LATENCY cycles).
 
-    `le(i, j)` (i < j) says context i goes no later than j; ties go to the lower index,
-    as a serial scan keeping the first strict minimum would. Stage 1 registers every
-    pairwise order and the eligible bits (each pair one comparator, all in parallel);
+    `le(i, j)` (i < j) says context i goes no later than j: a tuple (a,) or (a, b, c) for
+    a | (b & c), each term registered on its own (a key of two compares); ties go to the
+    lower index, as a serial scan keeping the first strict minimum would. Stage 1
+    registers every pairwise order's terms and the eligible bits (all in parallel);
     stage 2 finds the context that goes before every other eligible one.
     Returns (found, index).
     """
@@ -256,8 +271,12 @@ def pick_first(m: Module, name: str, eligible: list, le) -> tuple[Signal, Signal
     le_r = {}
     for i in range(n):
         for j in range(i + 1, n):
-            le_r[i, j] = Signal(name=f"{name}_le{i}_{j}")
-            m.d.sync += le_r[i, j].eq(le(i, j))
+            terms = []
+            for t, term in enumerate(le(i, j)):
+                r = Signal(name=f"{name}_le{i}_{j}_{t}")
+                m.d.sync += r.eq(term)
+                terms.append(r)
+            le_r[i, j] = terms[0] if len(terms) == 1 else terms[0] | (terms[1] & terms[2])
 
     def before(k: int, j: int):
         return le_r[k, j] if k < j else ~le_r[j, k]

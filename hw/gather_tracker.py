@@ -70,6 +70,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from optireduce.hw.deadline import SETTLE, TICK_BITS, PhaseContexts, Reason, settle_step
+from optireduce.hw.staged_write import StagedWrite
 from optireduce.hw.tc_estimator import TC_BITS, TcEstimator
 from optireduce.params import NicParams
 
@@ -113,7 +114,7 @@ class GatherTracker(wiring.Component):
     """Receiver-side phase 2 of up to n_ctx ops in flight (see the module docstring).
 
     LATENCY: cycles from taking a GATHER event (ev.valid & ev.ready) to its verdict
-    strobe, no context to claim and no phase due: n_ctx + 8 (12 at K = 2); the next
+    strobe, no context to claim and no phase due: n_ctx + 9 (13 at K = 2); the next
     event is taken after the end evaluation settles (deadline.SETTLE) and its picks
     (about n_ctx + 16 cycles per event). The first event of an
     op claims its context: max(n_max, c/p) + about 10 cycles more.
@@ -127,7 +128,7 @@ class GatherTracker(wiring.Component):
         self.n_ctx = 1 << _bits(p.rx_window)
         self.npk_max = p.c // p.p
         self.own_max = -(-self.npk_max // 2)  # world >= 2
-        self.LATENCY = self.n_ctx + 8
+        self.LATENCY = self.n_ctx + 9
         super().__init__(
             {
                 # configuration (static while ops run)
@@ -186,10 +187,6 @@ class GatherTracker(wiring.Component):
         c_q = Array(Signal(tot, name=f"q{k}") for k in range(n_ctx))
         c_rem = Array(Signal(n_cnt, name=f"rem{k}") for k in range(n_ctx))
 
-        def exp_of(k, s):
-            """Packets context k expects from rank s (0 from this rank)."""
-            return Mux(s == self.rank, 0, c_q[k] + (s < c_rem[k]))
-
         # per-context end evaluation, registered (the FSM settles after a change)
         T, due, due_end, due_reason = cx.evaluate(m, tc, self.alpha_q8, now)
         m.d.comb += self.timeout.eq(T)
@@ -197,9 +194,11 @@ class GatherTracker(wiring.Component):
         # ---- memories: per-sender state and the slot bitmap, per context ------------------
         peer_layout = data.StructLayout({"rcv": range(self.own_max + 1), "flagged": 1, "gone": 1})
         m.submodules.peers = pm = Memory(shape=peer_layout, depth=n_ctx << sb, init=[])
-        pm_rd, pm_wr = pm.read_port(), pm.write_port()
+        pm_rd = pm.read_port()
+        pm_wr = StagedWrite(m, pm.write_port(), "peers")
         m.submodules.have = hv = Memory(shape=1, depth=n_ctx << ib, init=[])
-        hv_rd, hv_wr = hv.read_port(), hv.write_port()
+        hv_rd = hv.read_port()
+        hv_wr = StagedWrite(m, hv.write_port(), "have")
 
         # ---- the event being handled ----------------------------------------------------
         ev = Signal(event_layout(p))
@@ -240,9 +239,22 @@ class GatherTracker(wiring.Component):
             with m.If(div_k == 1):
                 m.d.sync += div_busy.eq(0)
 
+        # facts of the event, each registered a state before its use (125 MHz): which
+        # contexts hold its op, the packets of its op, the ops its sender is done with
+        # (op <= op_id - K), what the sender owes
+        hits = Signal(n_ctx)
+        n_pk_r = Signal(range(npk + 1))
+        op_k = Signal(32)  # ev.op_id - K
+        op_k_ok = Signal()  # ev.op_id >= K
+        done = Signal(n_ctx)  # context k's op <= ev.op_id - K
+        peer_hit = Signal(n_ctx)  # ... and the sender still owes it packets: gone_hit
+        me = Signal()  # the sender is this rank
+        q_e, lt_e = Signal(tot), Signal()  # the event's context: q, sender < rem
+        exp_e = Signal(range(self.own_max + 1))  # packets it expects from the sender
+        p1_anchor = Signal(TICK_BITS + 1)  # a PHASE1_END's p1_start + t1
         # selection of the next phase to end: by (end tick, op) among the due, or by op
         # among the due ops <= ev.op_id - K (the ones the event's sender is done with)
-        idle_found, idle_pick, post_found, post_pick = cx.picks(m, due, due_end, ev.op_id, K)
+        idle_found, idle_pick, post_found, post_pick = cx.picks(m, due, due_end, done)
 
         fire_c = Signal(cb)
         ret_post = Signal()
@@ -269,10 +281,21 @@ class GatherTracker(wiring.Component):
                 with m.Elif(self.ev.valid):
                     m.d.sync += [ev.eq(self.ev.payload), ev_now.eq(now), post_b.eq(0),
                                  accepted.eq(0)]  # fmt: skip
-                    m.next = "LOOKUP"
+                    m.next = "HIT"
+
+            with m.State("HIT"):
+                m.d.sync += [
+                    hits.eq(Cat(c_valid[k] & (c_op[k] == ev.op_id) for k in range(n_ctx))),
+                    n_pk_r.eq(n_pk),
+                    op_k.eq(ev.op_id - K),
+                    op_k_ok.eq(ev.op_id >= K),
+                    me.eq(ev.sender == self.rank),
+                    p1_anchor.eq(ev.p1_start + ev.t1),
+                ]
+                m.next = "LOOKUP"
 
             with m.State("LOOKUP"):
-                with m.If(~c_valid[c] | (c_op[c] != ev.op_id)):
+                with m.If(~hits.bit_select(c, 1)):
                     # claim the context: the op it held is done (the receive window)
                     m.d.sync += [
                         c_valid[c].eq(1),
@@ -286,7 +309,7 @@ class GatherTracker(wiring.Component):
                         c_anchor[c].eq(0),
                         c_recv[c].eq(0),
                         clr.eq(0),
-                        div_num.eq(n_pk),
+                        div_num.eq(n_pk_r),
                         div_rem.eq(0),
                         div_k.eq(qbits),
                         div_busy.eq(1),
@@ -296,7 +319,7 @@ class GatherTracker(wiring.Component):
                     m.next = "DISPATCH"
 
             with m.State("CLEAR"):
-                m.d.comb += [
+                m.d.sync += [
                     pm_wr.addr.eq(Cat(clr[:sb], c)),
                     pm_wr.en.eq(clr < n_max),
                     pm_wr.data.eq(0),
@@ -308,40 +331,59 @@ class GatherTracker(wiring.Component):
                 with m.If(clr == n_clear - 1):
                     m.next = "EXPECT"
 
+            own = Signal(tot)
+            nsend = Signal(n_cnt)
             with m.State("EXPECT"), m.If(~div_busy):
                 q, rem = div_q, div_rem[:qbits]
-                own = q + (self.rank < rem)
-                nsend = Mux(n_pk < self.world, n_pk, self.world)
-                senders = nsend - (self.rank < n_pk)
                 m.d.sync += [
                     c_q[c].eq(q),
                     c_rem[c].eq(rem),
-                    c_exp[c].eq(n_pk - own),
+                    own.eq(q + (self.rank < rem)),
+                    nsend.eq(Mux(n_pk_r < self.world, n_pk_r, self.world)),
+                ]
+                m.next = "EXPECT_SET"
+            with m.State("EXPECT_SET"):
+                senders = nsend - (self.rank < n_pk_r)
+                m.d.sync += [
+                    c_exp[c].eq(n_pk_r - own),
                     c_unflag[c].eq(senders),
                     c_owing[c].eq(senders),
                 ]
                 m.next = "DISPATCH"
 
-            with m.State("DISPATCH"), m.Switch(ev.kind):
-                with m.Case(Kind.GATHER):
-                    m.next = "TC"
-                with m.Case(Kind.SCATTER):
-                    m.d.sync += gone_c.eq(0)
-                    m.next = "GONE_RD"
-                with m.Case(Kind.START):
-                    m.d.sync += settle.eq(0)
-                    m.next = "POST"
-                with m.Case(Kind.PHASE1_END):
-                    anchor = ev.p1_start + ev.t1
-                    m.d.sync += [
-                        c_begun[c].eq(1),
-                        c_start[c].eq(ev_now),
-                        c_anchor[c].eq(Mux(anchor > ev_now, anchor, ev_now)),
-                        settle.eq(0),
-                    ]
-                    m.next = "POST"
+            # the event's facts over the contexts, all in parallel (registered)
+            with m.State("DISPATCH"):
+                owes = [(c_q[k] != 0) | (ev.sender < c_rem[k]) for k in range(n_ctx)]
+                m.d.sync += [
+                    done.eq(Cat(op_k_ok & (op_k >= c_op[k]) for k in range(n_ctx))),
+                    peer_hit.eq(Cat(
+                        c_valid[k] & ~c_ended[k] & ~me & owes[k] & op_k_ok & (op_k >= c_op[k])
+                        for k in range(n_ctx)
+                    )),
+                    q_e.eq(c_q[c]),
+                    lt_e.eq(ev.sender < c_rem[c]),
+                ]  # fmt: skip
+                with m.Switch(ev.kind):
+                    with m.Case(Kind.GATHER):
+                        m.next = "TC"
+                    with m.Case(Kind.SCATTER):
+                        m.d.sync += gone_c.eq(0)
+                        m.next = "GONE_RD"
+                    with m.Case(Kind.START):
+                        m.d.sync += settle.eq(0)
+                        m.next = "POST"
+                    with m.Case(Kind.PHASE1_END):
+                        anchor = p1_anchor
+                        m.d.sync += [
+                            c_begun[c].eq(1),
+                            c_start[c].eq(ev_now),
+                            c_anchor[c].eq(Mux(ev_now < anchor, anchor, ev_now)),
+                            settle.eq(0),
+                        ]
+                        m.next = "POST"
 
             with m.State("TC"):  # the sender's piggybacked phase-2 t_C
+                m.d.sync += exp_e.eq(Mux(me, 0, q_e + lt_e))
                 m.d.comb += [
                     tc.update.valid.eq(1),
                     tc.update.payload.rank.eq(ev.sender),
@@ -355,22 +397,17 @@ class GatherTracker(wiring.Component):
             # peer progress: the sender has finished every op <= ev.op_id - K
             gk = gone_c[:cb]
             gone_hit = Signal()
-            m.d.comb += gone_hit.eq(
-                (gone_c < n_ctx)
-                & c_valid[gk]
-                & ~c_ended[gk]
-                & (exp_of(gk, ev.sender) != 0)
-                & ((c_op[gk] + K) <= ev.op_id)
-            )
+            m.d.comb += gone_hit.eq((gone_c < n_ctx) & peer_hit.bit_select(gk, 1))
             # the sender's expected count, registered a state ahead of its use (125 MHz)
             exp_r = Signal(range(self.own_max + 1))
             exp_z = Signal()  # exp_r == 0
+            q_g, lt_g = Signal(tot), Signal()
             # and the memories' outputs registered (a *_REG state) before any logic
             pm_q = Signal(peer_layout)
             hv_q = Signal()
             with m.State("GONE_RD"):
                 m.d.comb += pm_rd.addr.eq(Cat(ev.sender[:sb], gk))
-                m.d.sync += exp_r.eq(exp_of(gk, ev.sender))
+                m.d.sync += [q_g.eq(c_q[gk]), lt_g.eq(ev.sender < c_rem[gk])]
                 with m.If(gone_c == n_ctx):
                     with m.If(ev.kind == Kind.GATHER):
                         m.next = "LATE"
@@ -382,12 +419,12 @@ class GatherTracker(wiring.Component):
                 with m.Else():
                     m.d.sync += gone_c.eq(gone_c + 1)
             with m.State("GONE_REG"):
-                m.d.sync += pm_q.eq(pm_rd.data)
+                m.d.sync += [pm_q.eq(pm_rd.data), exp_r.eq(Mux(me, 0, q_g + lt_g))]
                 m.next = "GONE_WR"
             with m.State("GONE_WR"):
                 old = pm_q
                 with m.If(~old.gone):
-                    m.d.comb += [
+                    m.d.sync += [
                         pm_wr.addr.eq(Cat(ev.sender[:sb], gk)),
                         pm_wr.en.eq(1),
                         pm_wr.data.rcv.eq(old.rcv),
@@ -406,10 +443,7 @@ class GatherTracker(wiring.Component):
                     pm_rd.addr.eq(Cat(ev.sender[:sb], c)),
                 ]
                 # rcv + 1 == exp, as old.rcv == exp - 1 (never when exp is 0)
-                m.d.sync += [
-                    exp_r.eq(exp_of(c, ev.sender) - 1),
-                    exp_z.eq(exp_of(c, ev.sender) == 0),
-                ]
+                m.d.sync += [exp_r.eq(exp_e - 1), exp_z.eq(exp_e == 0)]
                 with m.If(c_ended[c]):
                     m.d.sync += [
                         cnt_late.eq(cnt_late + 1),
@@ -438,7 +472,7 @@ class GatherTracker(wiring.Component):
                 with m.Else():
                     old = pm_q
                     rcv1 = old.rcv + 1
-                    m.d.comb += [
+                    m.d.sync += [
                         hv_wr.addr.eq(Cat(ev.pkt_index[:ib], c)),
                         hv_wr.en.eq(1),
                         hv_wr.data.eq(1),
@@ -465,7 +499,7 @@ class GatherTracker(wiring.Component):
             # end what the event made due, in the model's order: the ops its sender is done
             # with (_peer_progress, op order), then the event's own op (_progress after an
             # accepted gather frame or the phase-1 end), the rest in IDLE (advance)
-            own_due = c_valid[c] & (c_op[c] == ev.op_id) & due[c]
+            own_due = due[c]  # context c holds the event's op from LOOKUP on
             own_ok = (ev.kind == Kind.PHASE1_END) | ((ev.kind == Kind.GATHER) & accepted)
             peer_ev = (ev.kind == Kind.SCATTER) | (ev.kind == Kind.GATHER)
             with m.State("POST"):
@@ -485,32 +519,50 @@ class GatherTracker(wiring.Component):
                 with m.Else():
                     m.next = "IDLE"
 
+            # an end in three states (125 MHz): the context's registers selected, the two
+            # completion-time samples subtracted, then the end reported
+            f = fire_c
+            f_end, f_start, f_arr = Signal(TICK_BITS), Signal(TICK_BITS), Signal(TICK_BITS)
+            f_reason, f_has, f_op = Signal(Reason), Signal(), Signal(32)
+            f_recv, f_exp = Signal.like(c_recv[0]), Signal.like(c_exp[0])
+            dl_smp, arr_smp, arr_ok = Signal(TICK_BITS), Signal(TICK_BITS), Signal()
             with m.State("FIRE"):
-                f = fire_c
-                reason = due_reason[f]
-                end_t = due_end[f]
+                m.d.sync += [
+                    f_end.eq(due_end[f]),
+                    f_reason.eq(due_reason[f]),
+                    f_start.eq(c_start[f]),
+                    f_arr.eq(c_last_arr[f]),
+                    f_has.eq(c_has_arr[f]),
+                    f_op.eq(c_op[f]),
+                    f_recv.eq(c_recv[f]),
+                    f_exp.eq(c_exp[f]),
+                ]
+                m.next = "FIRE_SMP"
+            with m.State("FIRE_SMP"):
+                m.d.sync += [
+                    dl_smp.eq(f_end - f_start),
+                    arr_smp.eq(f_arr - f_start),
+                    arr_ok.eq(f_has & (f_start < f_arr)),
+                ]
+                m.next = "FIRE_END"
+            with m.State("FIRE_END"):
                 m.d.sync += [
                     c_ended[f].eq(1),
                     self.end_valid.eq(1),
-                    self.end_op.eq(c_op[f]),
-                    self.end_reason.eq(reason),
-                    self.end_tick.eq(end_t),
+                    self.end_op.eq(f_op),
+                    self.end_reason.eq(f_reason),
+                    self.end_tick.eq(f_end),
                     self.end_timeout.eq(T),
-                    self.end_received.eq(c_recv[f]),
-                    self.end_expected.eq(c_exp[f]),
+                    self.end_received.eq(f_recv),
+                    self.end_expected.eq(f_exp),
                     settle.eq(0),
                 ]
                 # the completion-time sample for t_C (PhaseTracker.finish)
-                sample = Signal(TICK_BITS)
-                has_sample = Signal()
-                with m.If(reason == Reason.DEADLINE):
-                    m.d.comb += [has_sample.eq(1), sample.eq(end_t - c_start[f])]
-                with m.Elif(c_has_arr[f] & (c_last_arr[f] > c_start[f])):
-                    m.d.comb += [has_sample.eq(1), sample.eq(c_last_arr[f] - c_start[f])]
+                deadline = f_reason == Reason.DEADLINE
                 m.d.comb += [
-                    tc.sample.valid.eq(has_sample),
-                    tc.sample.payload.value.eq(sample),
-                    tc.sample.payload.at.eq(end_t),
+                    tc.sample.valid.eq(deadline | arr_ok),
+                    tc.sample.payload.value.eq(Mux(deadline, dl_smp, arr_smp)),
+                    tc.sample.payload.at.eq(f_end),
                 ]
                 with m.If(ret_post):
                     m.next = "POST"

@@ -9,7 +9,7 @@ of the table has a rank, its position in the order of the keys (value, j) (the
 index breaks ties, so ranks are a permutation). When entry r changes from `old` to
 `new`, each other entry's rank moves by at most one, by two comparisons, and r's
 new rank is the number of keys below (new, r). One entry per cycle: an update takes
-`world` cycles, with three key comparators, whatever n_max is (the scan is three
+`world` + 4 cycles, with three key comparators, whatever n_max is (the scan is three
 pipeline stages). Entries j >= world never move and rank above every
 live one (they keep their reset ranks). The median register is the value whose rank
 is (world - 1) // 2, so T is valid in every cycle in which `busy` is low. `floor` is
@@ -48,12 +48,12 @@ class TcEstimator(wiring.Component):
     t_C: `NicParams.t_c_init`.
     """
 
-    # not a stream block: an update is in T after at most world + 3 cycles (busy low again),
-    # a sample after world + 7
+    # not a stream block: an update is in T after at most world + 4 cycles (busy low again),
+    # a sample after world + 10
     LATENCY = 0
     # the EWMA steps: `own_tc` holds a sample's result OWN_LATENCY cycles after the owner's
-    # registered end strobe (5 after the sample is taken)
-    OWN_LATENCY = 4
+    # registered end strobe (OWN_LATENCY + 1 after the sample is taken)
+    OWN_LATENCY = 6
 
     def __init__(self, p: NicParams) -> None:
         self.p = p
@@ -126,11 +126,12 @@ class TcEstimator(wiring.Component):
             now_.eq(key_lt(new, r, vj_r, jr)),  # r is below jr
             lt_new.eq(key_lt(vj_r, jr, new, r)),
         ]  # fmt: skip
+        # whether entry j's new rank is the median's, from its old rank compared ahead
+        down, same, up = Signal(), Signal(), Signal()  # rank - 1, rank, rank + 1 is k_med
+        m.d.sync += [down.eq(rj_r == k_med + 1), same.eq(rj_r == k_med), up.eq(rj_r + 1 == k_med)]
         with m.If(b_ok):
-            rj_n = Signal(range(n))
-            m.d.comb += rj_n.eq(rj_b + now_ - was)
-            m.d.sync += [ranks[jb].eq(rj_n), below.eq(below + lt_new)]
-            with m.If(rj_n == k_med):
+            m.d.sync += [ranks[jb].eq(rj_b + now_ - was), below.eq(below + lt_new)]
+            with m.If(Mux(now_ == was, same, Mux(now_, up, down))):
                 m.d.sync += med.eq(vj_b)
 
         smp = Signal(TICK_BITS)
@@ -147,15 +148,17 @@ class TcEstimator(wiring.Component):
                 with m.Elif(self.sample.valid):
                     m.d.sync += [smp.eq(self.sample.payload.value), at.eq(self.sample.payload.at)]
                     m.next = "EWMA"
-            # the EWMA in registered steps (125 MHz): error, mean and deviation, t_C, clamp
+            # the EWMA in registered steps (125 MHz, a carry chain each): error, its
+            # magnitude, mean and deviation, t_C, the clamp's compares, the clamp
             err = Signal(signed(wide + 1))
             abs_err = Signal(wide + 1)
             mean_n = Signal(signed(wide))
             dev_n = Signal(signed(wide))
             with m.State("EWMA"):
-                d = Signal(signed(wide + 1))
-                m.d.comb += d.eq(smp - mean)
-                m.d.sync += [err.eq(d), abs_err.eq(Mux(d < 0, -d, d))]
+                m.d.sync += err.eq(smp - mean)
+                m.next = "EWMA_ABS"
+            with m.State("EWMA_ABS"):
+                m.d.sync += abs_err.eq(Mux(err < 0, -err, err))
                 m.next = "EWMA_MD"
             with m.State("EWMA_MD"):
                 with m.If(~have):
@@ -170,9 +173,13 @@ class TcEstimator(wiring.Component):
             with m.State("EWMA_TC"):
                 m.d.sync += tc_w.eq(mean_n + dev_n * p.tc_dev_mult)
                 m.next = "EWMA_CLAMP"
+            lo = self.p.t_c_min_us  # the model clamps at t_c_min, not 1
+            below_lo, above_tb = Signal(), Signal()
             with m.State("EWMA_CLAMP"):
-                lo = self.p.t_c_min_us  # the model clamps at t_c_min, not 1
-                tc_c = Mux(tc_w < lo, lo, Mux(tc_w > self.t_b, self.t_b, tc_w))
+                m.d.sync += [below_lo.eq(tc_w < lo), above_tb.eq(self.t_b < tc_w)]
+                m.next = "EWMA_SET"
+            with m.State("EWMA_SET"):
+                tc_c = Mux(below_lo, lo, Mux(above_tb, self.t_b, tc_w))
                 m.d.sync += [
                     mean.eq(mean_n),
                     dev.eq(dev_n),
@@ -182,10 +189,12 @@ class TcEstimator(wiring.Component):
                     r.eq(self.rank),
                 ]
                 m.next = "CHECK"
-            with m.State("CHECK"):
-                # only a change moves the ranks and the floor (the model's _set_tc)
+            with m.State("CHECK"):  # read the entry (a wide mux), then compare
                 m.d.sync += [old.eq(vals[r]), j.eq(0), below.eq(0), a_valid.eq(0)]
-                with m.If(vals[r] == new):
+                m.next = "CHECK_EQ"
+            with m.State("CHECK_EQ"):
+                # only a change moves the ranks and the floor (the model's _set_tc)
+                with m.If(old == new):
                     m.next = "IDLE"
                 with m.Else():
                     m.next = "SCAN"

@@ -156,8 +156,10 @@ def test_tc_estimator_and_median_match_the_model(world, t_c_min):
     _run(dut, bench)
 
 
-def test_pick_first_is_the_first_strict_minimum_of_a_serial_scan():
-    """pick_first against a plain scan (keep the first strict minimum), with many ties."""
+@pytest.mark.parametrize("two_keys", [False, True])
+def test_pick_first_is_the_first_strict_minimum_of_a_serial_scan(two_keys):
+    """pick_first against a plain scan (keep the first strict minimum), with many ties;
+    keys of one term, or of two (a, b) in lexicographic order: the (lt, eq, le) form."""
     from amaranth import Module
     from amaranth.lib import wiring
     from amaranth.lib.wiring import In, Out
@@ -168,32 +170,41 @@ def test_pick_first_is_the_first_strict_minimum_of_a_serial_scan():
 
     class Dut(wiring.Component):
         def __init__(self):
-            sig = {f"key{k}": In(3) for k in range(n)}
+            sig = {f"key{k}": In(3) for k in range(n)} | {f"sub{k}": In(2) for k in range(n)}
             sig |= {f"el{k}": In(1) for k in range(n)}
             super().__init__(sig | {"found": Out(1), "index": Out(2)})
 
         def elaborate(self, platform):
             m = Module()
             keys = [getattr(self, f"key{k}") for k in range(n)]
-            f, i = pick_first(m, "t", [getattr(self, f"el{k}") for k in range(n)],
-                              lambda a, b: keys[a] <= keys[b])  # fmt: skip
+            subs = [getattr(self, f"sub{k}") for k in range(n)]
+
+            def le(a, b):
+                if two_keys:
+                    return (keys[a] < keys[b], keys[a] == keys[b], subs[a] <= subs[b])
+                return (keys[a] <= keys[b],)
+
+            f, i = pick_first(m, "t", [getattr(self, f"el{k}") for k in range(n)], le)
             m.d.comb += [self.found.eq(f), self.index.eq(i)]
             return m
 
     dut = Dut()
     rng = np.random.default_rng(5)
-    cases = [(rng.integers(0, 3, n), rng.integers(0, 2, n)) for _ in range(400)]
+    cases = [(rng.integers(0, 3, n), rng.integers(0, 2, n), rng.integers(0, 3, n))
+             for _ in range(400)]  # fmt: skip
 
     async def bench(ctx):
-        for keys, el in cases:
+        for keys, el, subs in cases:
             for k in range(n):
                 ctx.set(getattr(dut, f"key{k}"), int(keys[k]))
                 ctx.set(getattr(dut, f"el{k}"), int(el[k]))
+                ctx.set(getattr(dut, f"sub{k}"), int(subs[k]))
+            full = [(int(keys[k]), int(subs[k]) if two_keys else 0) for k in range(n)]
             for _ in range(PICK_LATENCY):
                 await ctx.tick()
             best = None
             for k in range(n):
-                if el[k] and (best is None or keys[k] < keys[best]):
+                if el[k] and (best is None or full[k] < full[best]):
                     best = k
             assert ctx.get(dut.found) == (best is not None)
             if best is not None:

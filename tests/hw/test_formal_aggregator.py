@@ -260,11 +260,12 @@ def harness(prop: str, variant: str = "holds", mod=aggregator, p: NicParams = P,
         # (2) every accumulator write is a beat of an accepted, owned, in-range packet,
         # at that packet's own slot; every bitmap write is the clear of the context being
         # claimed or the slot of the accepted packet
-        exp_v, exp_addr = Signal(), Signal(len(acc_wr.addr))
-        m.d.sync += [
-            exp_v.eq(i_hs & cur_acc & ((cur.kind == Kind.SCATTER) | (cur.kind == Kind.OWN))),
-            exp_addr.eq(Cat(hb[:bb], cur_row, cur_ctx)),
-        ]
+        exp_v = i_hs & cur_acc & ((cur.kind == Kind.SCATTER) | (cur.kind == Kind.OWN))
+        exp_addr = Cat(hb[:bb], cur_row, cur_ctx)
+        for d in range(mod.Aggregator.ACC_WRITE_DELAY):  # the write's pipeline
+            v, a = Signal(name=f"exp_v{d}"), Signal(len(acc_wr.addr), name=f"exp_addr{d}")
+            m.d.sync += [v.eq(exp_v), a.eq(exp_addr)]
+            exp_v, exp_addr = v, a
         cur_owned = owned(cur.pkt_index, cur.op_len)
         bm_ctx, bm_row = bm_wr.addr[rb:], bm_wr.addr[:rb]
         bm_data = bm_wr.data.as_value()
@@ -365,7 +366,7 @@ MUTANTS = {
         {"Cat(beat, row, c)": "Cat(beat, ev.pkt_index[:rb], c)"}
     ),
     "duplicate": (  # no bitmap check: a second frame from the same sender is added again
-        {"& bits.bit_select(who, 1)):": "& bits.bit_select(who, 1) & 0):"}
+        {"& (bm_q.bits & who_bit).any()),": "& (bm_q.bits & who_bit).any() & 0),"}
     ),
     "deadline": (  # the deadline anchored one tick after START
         {"c_anchor[c].eq(ev_now),": "c_anchor[c].eq(ev_now + 1),"}

@@ -518,7 +518,7 @@ def test_figures():
     from optireduce.sim.benches.fig_gather_tracker import figures
 
     f = figures(P)
-    assert f["latency_cycles"] == 4 + 8  # n_ctx + 8, n_ctx = 4 at K = 2 (the docstring)
+    assert f["latency_cycles"] == 4 + 9  # n_ctx + 9, n_ctx = 4 at K = 2 (the docstring)
     assert 1.0 <= f["cycles_per_event"] <= 40
 
 
