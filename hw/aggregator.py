@@ -55,7 +55,9 @@ contribution to a slot overwrites its accumulator (so a reset needs no memory
 clear either). The accumulator and bitmap memories have one read and one write
 port each, so the FSM takes no event while a readout is pending; ticks and timers
 still run during a readout. The readout emits one beat per cycle within a slot and
-spends two cycles between slots on the contributor count.
+spends two cycles between slots on the contributor count. For 125 MHz the FSM's
+decisions are registered a state before their use, and the memories' outputs and
+writes are registered (docs/gateware.md, "Timing").
 
 Contexts: the smallest power of two >= NicParams.rx_window (2K), op j in context
 j mod n_ctx. The receive window [base, base + 2K) guarantees that the op a context
@@ -672,6 +674,7 @@ class Aggregator(wiring.Component):
         rec_w = max(table).bit_length()
         recips = Array(Const(v, rec_w) for v in table)
         ro_c = Signal(cb)
+        ro_mine = Signal(rcv_shape)  # the op's slot count: the rows to read out
         ro_row = Signal(rb + 1)
         ro_beat = Signal(bb + 1)
         ro_idx = Signal(range(self.npk_max + p.n_max + 1))
@@ -703,13 +706,19 @@ class Aggregator(wiring.Component):
         with m.FSM() as ro:
             with m.State("IDLE"), m.If((q_n != 0) & ~in_payload):
                 m.d.comb += q_pop.eq(1)
-                m.d.sync += [ro_c.eq(q[q_head]), ro_row.eq(0), ro_idx.eq(self.rank)]
+                m.d.sync += [
+                    ro_c.eq(q[q_head]),
+                    ro_mine.eq(c_mine[q[q_head]]),
+                    ro_row.eq(0),
+                    ro_idx.eq(self.rank),
+                ]
                 m.next = "ROW"
             with m.State("ROW"):
-                with m.If(ro_row == c_mine[ro_c]):
+                # the read does not wait for the compare (a row past the last is not used)
+                m.d.comb += bm_rd.addr.eq(Cat(ro_row[:rb], ro_c))
+                with m.If(ro_row == ro_mine):
                     m.next = "IDLE"
                 with m.Else():
-                    m.d.comb += bm_rd.addr.eq(Cat(ro_row[:rb], ro_c))
                     m.next = "COUNT"
             with m.State("COUNT"):
                 m.d.sync += [

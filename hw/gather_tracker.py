@@ -57,7 +57,9 @@ length (start_op); the top must do them or they stay with the host.
 
 Structure: one FSM; per-op contexts in registers (n_ctx = smallest power of two
 >= 2K, op j in context j mod n_ctx), a per-sender table (rcv, flagged, gone) and a
-slot bitmap in memories, both cleared when an op claims its context.
+slot bitmap in memories, both cleared when an op claims its context. For 125 MHz the
+FSM's decisions are registered a state before their use, and the memories' outputs and
+writes are registered (docs/gateware.md, "Timing").
 """
 
 from __future__ import annotations

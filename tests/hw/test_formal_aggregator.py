@@ -334,26 +334,29 @@ def harness(prop: str, variant: str = "holds", mod=aggregator, p: NicParams = P,
     return m
 
 
-# The longest service of one event in the bound (a context claim clears its tables and
-# runs the divider), then SETTLE and FIRE: 30 cycles, well under one real tick (125
-# cycles at 125 MHz), so a phase still ends in the microsecond of its deadline. At
-# depth 32, 15 was enough: deeper traces reach the claim of a second op's context.
+# A started phase past its deadline ends within DEADLINE_BOUND cycles: the service of the
+# event in progress (a context claim clears its tables and runs the divider), then
+# SETTLE and the three states of an end. It holds at depth 54 with the control
+# registered a state ahead (SETTLE 11); it was not lowered to the least bound that
+# holds. 30 cycles is well under one real tick (125 cycles at 125 MHz), so a phase
+# still ends in the microsecond of its deadline.
 DEADLINE_BOUND = 30
-# Unloaded, each solve takes 3-65 s; the bounds leave room for a busy machine.
+# Unloaded, each solve takes 5-250 s; the bounds leave room for a busy machine.
 SOLVE_TIMEOUT_S = 900
 pytestmark = pytest.mark.timeout(2 * SOLVE_TIMEOUT_S + 300)  # two solver queues, and room
 # Props that do not depend on when a phase ends: the per-context PhaseTimers and the t_C
 # estimator are replaced by free outputs (yosys cutpoint), an over-approximation.
 CUT_TIMING = ("overflow", "range", "duplicate")
 PROPS = ("overflow", "range", "duplicate", "deadline")
-# Bounds (cycles from reset). An event costs about 20 cycles here (the end evaluation is
-# pipelined: hw/deadline.py SETTLE), the first one of an op more (context claim): 28
-# reaches the payload of a second event, 37 its accumulation, 39 a second frame from the
-# same sender (the duplicate mutant needs it), 41 a phase ended by its deadline a few
-# ticks after START, with a second op's context claim on the way. Each is the least
-# depth at which its mutant is refuted (they grew with SETTLE: the idle gap's product
-# and the PhaseTimer's third stage).
-DEPTH = {"overflow": 37, "range": 28, "duplicate": 39, "deadline": 41}
+# Bounds (cycles from reset). An event costs about 30 cycles here (the control is
+# registered a state ahead and the end evaluation pipelined: hw/deadline.py SETTLE), the
+# first one of an op more (context claim): 48 reaches the accumulation of a second
+# contribution, 50 a second frame from the same sender (the duplicate mutant needs it),
+# 54 a phase ended by its deadline a few ticks after START, with a second op's context
+# claim on the way: each the least depth at which its mutant is refuted. The range
+# mutant is refuted from 21 (the first payload's writes); its check runs to 44, to take
+# more events in at little cost.
+DEPTH = {"overflow": 48, "range": 44, "duplicate": 50, "deadline": 54}
 
 
 # A mutant per property: the aggregator's own source with one deliberate bug (see

@@ -1,0 +1,82 @@
+"""sim/logic_depth.py: path times on hand-built netlists, and the compare rule of hw/deadline.py
+on yosys's own netlists."""
+
+import json
+import operator
+
+import pytest
+from amaranth import Module, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from optireduce.sim.fmax import ecp5_netlist
+from optireduce.sim.logic_depth import CLK_TO_Q, NET_NS, analyse, path
+
+LUT = 0.24
+
+
+def _cell(typ, ins: dict, outs: dict) -> dict:
+    conns = {**ins, **outs}
+    dirs = {p: "input" for p in ins} | {p: "output" for p in outs}
+    return {"type": typ, "connections": conns, "port_directions": dirs}
+
+
+def _netlist(tmp_path, cells: dict):
+    f = tmp_path / "n.json"
+    f.write_text(json.dumps({"modules": {"top": {"cells": cells}}}))
+    return f
+
+
+def test_two_luts_between_registers(tmp_path):
+    # a_FF -> LUT -> LUT -> b_FF, and c_FF -> the second LUT (a shorter path to b)
+    cells = {
+        "a_TRELLIS_FF_Q": _cell("TRELLIS_FF", {"CLK": [1], "DI": [9]}, {"Q": [2]}),
+        "c_TRELLIS_FF_Q": _cell("TRELLIS_FF", {"CLK": [1], "DI": [9]}, {"Q": [3]}),
+        "l1": _cell("LUT4", {"A": [2], "B": ["0"], "C": ["0"], "D": ["0"]}, {"Z": [4]}),
+        "l2": _cell("LUT4", {"A": [4], "B": [3], "C": ["0"], "D": ["0"]}, {"Z": [5]}),
+        "b_TRELLIS_FF_Q_3": _cell("TRELLIS_FF", {"CLK": [1], "DI": [5]}, {"Q": [9]}),
+    }
+    eps, memo = analyse(_netlist(tmp_path, cells), "top")
+    b = next(e for e in eps if e.sink == "b")
+    assert b.source == "a" and b.cells == 2
+    assert b.ns == pytest.approx(CLK_TO_Q["TRELLIS_FF"] + 3 * NET_NS + 2 * LUT, abs=0.01)
+    assert [s.split()[1] for s in path(b, memo)] == ["a_TRELLIS_FF_Q.Q", "l1.Z", "l2.Z"]
+
+
+def test_a_carry_chain_has_no_net_between_its_cells(tmp_path):
+    # a_FF -> CCU2C (A0) -COUT-> CCU2C (CIN) -S0-> b_FF: one fabric net in, one out
+    cells = {
+        "a_TRELLIS_FF_Q": _cell("TRELLIS_FF", {"CLK": [1], "DI": [9]}, {"Q": [2]}),
+        "c0": _cell("CCU2C", {"A0": [2]}, {"COUT": [3], "S0": [7]}),
+        "c1": _cell("CCU2C", {"CIN": [3]}, {"COUT": [8], "S0": [4]}),
+        "b_TRELLIS_FF_Q": _cell("TRELLIS_FF", {"CLK": [1], "DI": [4]}, {"Q": [9]}),
+    }
+    eps, _ = analyse(_netlist(tmp_path, cells), "top")
+    b = next(e for e in eps if e.sink == "b")
+    chain = 0.45 + 0.40  # into the carry, carry to the sum
+    assert b.ns == pytest.approx(CLK_TO_Q["TRELLIS_FF"] + 2 * NET_NS + chain, abs=0.01)
+
+
+class _Compare(wiring.Component):
+    def __init__(self, op) -> None:
+        self.op = op
+        super().__init__({"a": In(48), "b": In(48), "o": Out(1)})
+
+    def elaborate(self, platform):
+        m = Module()
+        a, b, o = Signal(48), Signal(48), Signal()
+        m.d.sync += [a.eq(self.a), b.eq(self.b), o.eq(self.op(a, b))]
+        m.d.comb += self.o.eq(o)
+        return m
+
+
+def test_yosys_maps_lt_and_ge_to_the_chain_alone():
+    """Why hw/deadline.py writes every compare as < or >=: at 48 bits yosys gives `>` and
+    `<=` an equality tree beside the carry chain, and their path more logic."""
+    cells = {}
+    for name in ("lt", "ge", "gt", "le"):
+        comp = _Compare(getattr(operator, name))
+        eps, _ = analyse(ecp5_netlist(comp, f"cmp48_{name}"), f"cmp48_{name}")
+        cells[name] = next(e for e in eps if e.sink == "o").cells
+    assert cells["lt"] <= 2 and cells["ge"] <= 2, cells
+    assert min(cells["gt"], cells["le"]) >= cells["lt"] + 2, cells
