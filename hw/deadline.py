@@ -272,7 +272,9 @@ def pick_first(m: Module, name: str, eligible: list, le) -> tuple[Signal, Signal
     for i in range(n):
         for j in range(i + 1, n):
             terms = []
-            for t, term in enumerate(le(i, j)):
+            parts = le(i, j)
+            assert len(parts) in (1, 3), "le(i, j) is (a,) or (a, b, c) for a | (b & c)"
+            for t, term in enumerate(parts):
                 r = Signal(name=f"{name}_le{i}_{j}_{t}")
                 m.d.sync += r.eq(term)
                 terms.append(r)

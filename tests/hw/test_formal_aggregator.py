@@ -334,12 +334,14 @@ def harness(prop: str, variant: str = "holds", mod=aggregator, p: NicParams = P,
     return m
 
 
-# A started phase past its deadline ends within DEADLINE_BOUND cycles: the service of the
-# event in progress (a context claim clears its tables and runs the divider), then
-# SETTLE and the three states of an end. It holds at depth 54 with the control
-# registered a state ahead (SETTLE 11); it was not lowered to the least bound that
-# holds. 30 cycles is well under one real tick (125 cycles at 125 MHz), so a phase
-# still ends in the microsecond of its deadline.
+# A started phase past its deadline ends within DEADLINE_BOUND cycles: the rest of the
+# event in progress, then SETTLE and the three states of an end. The worst case by hand,
+# with the control registered a state ahead (SETTLE 11): the t_C estimator goes idle in
+# a scatter frame's peer scan, then the scan's rest, LATE, ROW_*, the payload, POST
+# (SETTLE), IDLE and FIRE x 3, about 25-27 cycles (the count restarts while the
+# estimator is busy). 30 holds at depth 54; the least bound that holds was not searched.
+# It is well under one real tick (125 cycles at 125 MHz), so a phase still ends in the
+# microsecond of its deadline.
 DEADLINE_BOUND = 30
 # Unloaded, each solve takes 5-250 s; the bounds leave room for a busy machine.
 SOLVE_TIMEOUT_S = 900
