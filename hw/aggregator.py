@@ -298,11 +298,8 @@ class Aggregator(wiring.Component):
         # facts of the event, each registered a state before its use (125 MHz): which
         # contexts hold its op, the packets of its op, the ops its sender is done with
         # (op <= op_id - K) and still owes slots
-        hits = Signal(n_ctx)
+        hits, done = cx.event_registers()
         n_pk_r = Signal(range(self.npk_max + 1))
-        op_k = Signal(32)  # ev.op_id - K
-        op_k_ok = Signal()  # ev.op_id >= K
-        done = Signal(n_ctx)  # context k's op <= ev.op_id - K
         peer_hit = Signal(n_ctx)  # ... and the sender owes it slots: gone_hit
         me = Signal()  # the sender is this rank
         who_bit = Signal(n_max)  # the contributor's bit: 1 << (rank if OWN else sender)
@@ -340,12 +337,10 @@ class Aggregator(wiring.Component):
                     m.next = "HIT"
 
             with m.State("HIT"):
+                cx.take_event(m, ev.op_id, K)
                 who = Mux(ev.kind == Kind.OWN, self.rank, ev.sender)
                 m.d.sync += [
-                    hits.eq(Cat(c_valid[k] & (c_op[k] == ev.op_id) for k in range(n_ctx))),
                     n_pk_r.eq(n_pk),
-                    op_k.eq(ev.op_id - K),
-                    op_k_ok.eq(ev.op_id >= K),
                     me.eq(ev.sender == self.rank),
                     who_bit.eq(Const(1, n_max) << who),
                 ]
@@ -406,11 +401,10 @@ class Aggregator(wiring.Component):
 
             with m.State("DISPATCH"):
                 # the event's facts over the contexts, all in parallel (registered)
+                fin = cx.mark_done(m)
                 m.d.sync += [
-                    done.eq(Cat(op_k_ok & (op_k >= c_op[k]) for k in range(n_ctx))),
                     peer_hit.eq(Cat(
-                        c_valid[k] & ~c_ended[k] & (c_mine[k] != 0) & ~me & op_k_ok
-                        & (op_k >= c_op[k])
+                        c_valid[k] & ~c_ended[k] & (c_mine[k] != 0) & ~me & fin[k]
                         for k in range(n_ctx)
                     )),
                     mine_e.eq(c_mine[c]),
@@ -587,59 +581,14 @@ class Aggregator(wiring.Component):
                     m.d.sync += ret_post.eq(0)
                     m.next = "IDLE"
 
-            # an end in three states (125 MHz): the context's registers selected, the two
-            # completion-time samples subtracted, then the end reported
-            f = fire_c
-            f_end, f_start, f_arr = Signal(TICK_BITS), Signal(TICK_BITS), Signal(TICK_BITS)
-            f_reason, f_has, f_op = Signal(Reason), Signal(), Signal(32)
-            f_recv, f_exp = Signal.like(c_recv[0]), Signal.like(c_exp[0])
-            dl_smp, arr_smp, arr_ok = Signal(TICK_BITS), Signal(TICK_BITS), Signal()
-            f_mine = Signal()  # the op has slots here: its means are read out
-            with m.State("FIRE"):
-                m.d.sync += [
-                    f_end.eq(due_end[f]),
-                    f_reason.eq(due_reason[f]),
-                    f_start.eq(c_start[f]),
-                    f_arr.eq(c_last_arr[f]),
-                    f_has.eq(c_has_arr[f]),
-                    f_op.eq(c_op[f]),
-                    f_recv.eq(c_recv[f]),
-                    f_exp.eq(c_exp[f]),
-                    f_mine.eq(c_mine[f] != 0),
-                ]
-                m.next = "FIRE_SMP"
-            with m.State("FIRE_SMP"):
-                m.d.sync += [
-                    dl_smp.eq(f_end - f_start),
-                    arr_smp.eq(f_arr - f_start),
-                    arr_ok.eq(f_has & (f_start < f_arr)),
-                ]
-                m.next = "FIRE_END"
-            with m.State("FIRE_END"):
-                m.d.sync += [
-                    c_ended[f].eq(1),
-                    self.end_valid.eq(1),
-                    self.end_op.eq(f_op),
-                    self.end_reason.eq(f_reason),
-                    self.end_tick.eq(f_end),
-                    self.end_timeout.eq(T),
-                    self.end_received.eq(f_recv),
-                    self.end_expected.eq(f_exp),
-                    settle.eq(0),
-                ]
-                m.d.comb += [q_push.eq(f_mine), q_in.eq(f)]
-                # the completion-time sample for t_C (PhaseTracker.finish)
-                deadline = f_reason == Reason.DEADLINE
-                m.d.comb += [
-                    tc.sample.valid.eq(deadline | arr_ok),
-                    tc.sample.payload.value.eq(Mux(deadline, dl_smp, arr_smp)),
-                    tc.sample.payload.at.eq(f_end),
-                ]
-                # the estimator is idle here (every path to FIRE waits for it)
-                with m.If(ret_post):
-                    m.next = "POST"
-                with m.Else():
-                    m.next = "SETTLE"
+            # an end in three states (125 MHz); an op with slots here is read out
+            f_mine = Signal()
+
+            def queue_readout(m):
+                m.d.comb += [q_push.eq(f_mine), q_in.eq(fire_c)]
+
+            cx.end_states(m, self, tc, T, fire_c, due_end, due_reason, settle, ret_post,
+                          select=[(f_mine, c_mine[fire_c] != 0)], report=queue_readout)  # fmt: skip
 
             with m.State("SETTLE"), m.If(settle_step(m, settle, tc)):  # the evaluation catches up
                 m.next = "IDLE"

@@ -199,6 +199,32 @@ class PhaseContexts:
     def fields(self) -> tuple:
         return tuple(getattr(self, f) for f in self.FIELDS)
 
+    # What an event says of the contexts, registered a state before its use (125 MHz):
+    # `hits` (context k holds the event's op) when the event is taken, `done` (context k's
+    # op <= op id - K: one the event's sender has finished) once the op has its context.
+    def event_registers(self) -> tuple[Signal, Signal]:
+        """(hits, done), a bit per context; set by `take_event` and `mark_done`."""
+        self.hits = Signal(self.n_ctx, name="hits")
+        self.done = Signal(self.n_ctx, name="done")
+        self._op_k = Signal(32, name="op_k")  # op id - K
+        self._op_k_ok = Signal(name="op_k_ok")  # op id >= K
+        return self.hits, self.done
+
+    def take_event(self, m: Module, op_id, ops_in_flight: int) -> None:
+        """In the state after taking an event: each context's op against its op id."""
+        n = self.n_ctx
+        m.d.sync += [
+            self.hits.eq(Cat(self.valid[k] & (self.op[k] == op_id) for k in range(n))),
+            self._op_k.eq(op_id - ops_in_flight),
+            self._op_k_ok.eq(op_id >= ops_in_flight),
+        ]
+
+    def mark_done(self, m: Module) -> list:
+        """In a state after the claim: registers `done`; returns its terms, per context."""
+        fin = [self._op_k_ok & (self._op_k >= self.op[k]) for k in range(self.n_ctx)]
+        m.d.sync += self.done.eq(Cat(fin))
+        return fin
+
     def evaluate(self, m: Module, tc, alpha_q8, now):
         """Every context's phase end: T = tc.timeout and its idle gap registered, one
         PhaseTimer per context, and its outputs registered. Valid SETTLE cycles after
@@ -253,6 +279,66 @@ class PhaseContexts:
             lambda i, j: (op[j] >= op[i],),
         )  # fmt: skip
         return idle_found, idle_pick, post_found, post_pick
+
+    def end_states(self, m: Module, owner, tc, T, f, due_end, due_reason, settle, ret_post,
+                   select=(), report=None) -> None:  # fmt: skip
+        """The FSM states of a phase end of context `f`, in three steps (125 MHz): FIRE
+        selects the context's registers, FIRE_SMP subtracts the two completion-time
+        samples, FIRE_END reports the end on `owner`'s end_* ports (one end_valid
+        strobe), marks the context ended and gives tc its sample (PhaseTracker.finish);
+        then POST if `ret_post`, else SETTLE. Call inside the owner's `with m.FSM()`.
+        `select`: the owner's own (register, value) pairs taken in FIRE; `report(m)`: its
+        own statements in FIRE_END. The estimator is idle here (every path to FIRE waits).
+        """
+        t = TICK_BITS
+        f_end, f_start, f_arr = Signal(t), Signal(t), Signal(t)
+        f_reason, f_has, f_op = Signal(Reason), Signal(), Signal(32)
+        f_recv, f_exp = Signal.like(self.recv[0]), Signal.like(self.exp[0])
+        dl_smp, arr_smp, arr_ok = Signal(t), Signal(t), Signal()
+        with m.State("FIRE"):
+            m.d.sync += [
+                f_end.eq(due_end[f]),
+                f_reason.eq(due_reason[f]),
+                f_start.eq(self.start[f]),
+                f_arr.eq(self.last_arr[f]),
+                f_has.eq(self.has_arr[f]),
+                f_op.eq(self.op[f]),
+                f_recv.eq(self.recv[f]),
+                f_exp.eq(self.exp[f]),
+                *(reg.eq(value) for reg, value in select),
+            ]
+            m.next = "FIRE_SMP"
+        with m.State("FIRE_SMP"):
+            m.d.sync += [
+                dl_smp.eq(f_end - f_start),
+                arr_smp.eq(f_arr - f_start),
+                arr_ok.eq(f_has & (f_start < f_arr)),
+            ]
+            m.next = "FIRE_END"
+        with m.State("FIRE_END"):
+            m.d.sync += [
+                self.ended[f].eq(1),
+                owner.end_valid.eq(1),
+                owner.end_op.eq(f_op),
+                owner.end_reason.eq(f_reason),
+                owner.end_tick.eq(f_end),
+                owner.end_timeout.eq(T),
+                owner.end_received.eq(f_recv),
+                owner.end_expected.eq(f_exp),
+                settle.eq(0),
+            ]
+            if report is not None:
+                report(m)
+            deadline = f_reason == Reason.DEADLINE
+            m.d.comb += [
+                tc.sample.valid.eq(deadline | arr_ok),
+                tc.sample.payload.value.eq(Mux(deadline, dl_smp, arr_smp)),
+                tc.sample.payload.at.eq(f_end),
+            ]
+            with m.If(ret_post):
+                m.next = "POST"
+            with m.Else():
+                m.next = "SETTLE"
 
 
 def pick_first(m: Module, name: str, eligible: list, le) -> tuple[Signal, Signal]:

@@ -244,11 +244,8 @@ class GatherTracker(wiring.Component):
         # facts of the event, each registered a state before its use (125 MHz): which
         # contexts hold its op, the packets of its op, the ops its sender is done with
         # (op <= op_id - K), what the sender owes
-        hits = Signal(n_ctx)
+        hits, done = cx.event_registers()
         n_pk_r = Signal(range(npk + 1))
-        op_k = Signal(32)  # ev.op_id - K
-        op_k_ok = Signal()  # ev.op_id >= K
-        done = Signal(n_ctx)  # context k's op <= ev.op_id - K
         peer_hit = Signal(n_ctx)  # ... and the sender still owes it packets: gone_hit
         me = Signal()  # the sender is this rank
         q_e, lt_e = Signal(tot), Signal()  # the event's context: q, sender < rem
@@ -286,11 +283,9 @@ class GatherTracker(wiring.Component):
                     m.next = "HIT"
 
             with m.State("HIT"):
+                cx.take_event(m, ev.op_id, K)
                 m.d.sync += [
-                    hits.eq(Cat(c_valid[k] & (c_op[k] == ev.op_id) for k in range(n_ctx))),
                     n_pk_r.eq(n_pk),
-                    op_k.eq(ev.op_id - K),
-                    op_k_ok.eq(ev.op_id >= K),
                     me.eq(ev.sender == self.rank),
                     p1_anchor.eq(ev.p1_start + ev.t1),
                 ]
@@ -356,10 +351,10 @@ class GatherTracker(wiring.Component):
             # the event's facts over the contexts, all in parallel (registered)
             with m.State("DISPATCH"):
                 owes = [(c_q[k] != 0) | (ev.sender < c_rem[k]) for k in range(n_ctx)]
+                fin = cx.mark_done(m)
                 m.d.sync += [
-                    done.eq(Cat(op_k_ok & (op_k >= c_op[k]) for k in range(n_ctx))),
                     peer_hit.eq(Cat(
-                        c_valid[k] & ~c_ended[k] & ~me & owes[k] & op_k_ok & (op_k >= c_op[k])
+                        c_valid[k] & ~c_ended[k] & ~me & owes[k] & fin[k]
                         for k in range(n_ctx)
                     )),
                     q_e.eq(c_q[c]),
@@ -521,55 +516,8 @@ class GatherTracker(wiring.Component):
                 with m.Else():
                     m.next = "IDLE"
 
-            # an end in three states (125 MHz): the context's registers selected, the two
-            # completion-time samples subtracted, then the end reported
-            f = fire_c
-            f_end, f_start, f_arr = Signal(TICK_BITS), Signal(TICK_BITS), Signal(TICK_BITS)
-            f_reason, f_has, f_op = Signal(Reason), Signal(), Signal(32)
-            f_recv, f_exp = Signal.like(c_recv[0]), Signal.like(c_exp[0])
-            dl_smp, arr_smp, arr_ok = Signal(TICK_BITS), Signal(TICK_BITS), Signal()
-            with m.State("FIRE"):
-                m.d.sync += [
-                    f_end.eq(due_end[f]),
-                    f_reason.eq(due_reason[f]),
-                    f_start.eq(c_start[f]),
-                    f_arr.eq(c_last_arr[f]),
-                    f_has.eq(c_has_arr[f]),
-                    f_op.eq(c_op[f]),
-                    f_recv.eq(c_recv[f]),
-                    f_exp.eq(c_exp[f]),
-                ]
-                m.next = "FIRE_SMP"
-            with m.State("FIRE_SMP"):
-                m.d.sync += [
-                    dl_smp.eq(f_end - f_start),
-                    arr_smp.eq(f_arr - f_start),
-                    arr_ok.eq(f_has & (f_start < f_arr)),
-                ]
-                m.next = "FIRE_END"
-            with m.State("FIRE_END"):
-                m.d.sync += [
-                    c_ended[f].eq(1),
-                    self.end_valid.eq(1),
-                    self.end_op.eq(f_op),
-                    self.end_reason.eq(f_reason),
-                    self.end_tick.eq(f_end),
-                    self.end_timeout.eq(T),
-                    self.end_received.eq(f_recv),
-                    self.end_expected.eq(f_exp),
-                    settle.eq(0),
-                ]
-                # the completion-time sample for t_C (PhaseTracker.finish)
-                deadline = f_reason == Reason.DEADLINE
-                m.d.comb += [
-                    tc.sample.valid.eq(deadline | arr_ok),
-                    tc.sample.payload.value.eq(Mux(deadline, dl_smp, arr_smp)),
-                    tc.sample.payload.at.eq(f_end),
-                ]
-                with m.If(ret_post):
-                    m.next = "POST"
-                with m.Else():
-                    m.next = "SETTLE"
+            # an end in three states (125 MHz)
+            cx.end_states(m, self, tc, T, fire_c, due_end, due_reason, settle, ret_post)
 
             with m.State("SETTLE"), m.If(settle_step(m, settle, tc)):  # the evaluation catches up
                 m.next = "IDLE"
