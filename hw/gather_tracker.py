@@ -251,6 +251,12 @@ class GatherTracker(wiring.Component):
         q_e, lt_e = Signal(tot), Signal()  # the event's context: q, sender < rem
         exp_e = Signal(range(self.own_max + 1))  # packets it expects from the sender
         p1_anchor = Signal(TICK_BITS + 1)  # a PHASE1_END's p1_start + t1
+
+        def expected(q, lt):
+            """Packets a context expects from the sender, from its registered q and
+            sender < rem: q + (sender < rem), none from this rank (NicModel)."""
+            return Mux(me, 0, q + lt)
+
         # selection of the next phase to end: by (end tick, op) among the due, or by op
         # among the due ops <= ev.op_id - K (the ones the event's sender is done with)
         idle_found, idle_pick, post_found, post_pick = cx.picks(m, due, due_end, done)
@@ -370,17 +376,16 @@ class GatherTracker(wiring.Component):
                         m.d.sync += settle.eq(0)
                         m.next = "POST"
                     with m.Case(Kind.PHASE1_END):
-                        anchor = p1_anchor
                         m.d.sync += [
                             c_begun[c].eq(1),
                             c_start[c].eq(ev_now),
-                            c_anchor[c].eq(Mux(ev_now < anchor, anchor, ev_now)),
+                            c_anchor[c].eq(Mux(ev_now < p1_anchor, p1_anchor, ev_now)),
                             settle.eq(0),
                         ]
                         m.next = "POST"
 
             with m.State("TC"):  # the sender's piggybacked phase-2 t_C
-                m.d.sync += exp_e.eq(Mux(me, 0, q_e + lt_e))
+                m.d.sync += exp_e.eq(expected(q_e, lt_e))
                 m.d.comb += [
                     tc.update.valid.eq(1),
                     tc.update.payload.rank.eq(ev.sender),
@@ -416,7 +421,7 @@ class GatherTracker(wiring.Component):
                 with m.Else():
                     m.d.sync += gone_c.eq(gone_c + 1)
             with m.State("GONE_REG"):
-                m.d.sync += [pm_q.eq(pm_rd.data), exp_r.eq(Mux(me, 0, q_g + lt_g))]
+                m.d.sync += [pm_q.eq(pm_rd.data), exp_r.eq(expected(q_g, lt_g))]
                 m.next = "GONE_WR"
             with m.State("GONE_WR"):
                 old = pm_q
