@@ -320,6 +320,9 @@ class Aggregator(wiring.Component):
 
         with m.FSM() as fsm:
             with m.State("IDLE"):
+                # the event's registers load in every IDLE cycle (only HIT on reads them):
+                # their enable is the state alone, not the take decision (125 MHz)
+                m.d.sync += [ev.eq(self.ev.payload), ev_now.eq(now), post_b.eq(0), accepted.eq(0)]
                 with m.If(pend != 0):
                     m.d.comb += consume.eq(1)
                     m.d.sync += [now.eq(now + 1), settle.eq(0), ret_post.eq(0)]
@@ -328,12 +331,6 @@ class Aggregator(wiring.Component):
                     m.d.sync += [fire_c.eq(idle_pick), ret_post.eq(0)]
                     m.next = "FIRE"
                 with m.Elif(~ro_busy & (q_n == 0)), m.If(self.ev.valid):
-                    m.d.sync += [
-                        ev.eq(self.ev.payload),
-                        ev_now.eq(now),
-                        post_b.eq(0),
-                        accepted.eq(0),
-                    ]
                     m.next = "HIT"
 
             with m.State("HIT"):

@@ -28,6 +28,8 @@ from amaranth import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
+from optireduce.hw import wide_multiplier as wmul
+
 TICK_BITS = 48
 
 # Compares are written as `<` and `>=` only: yosys maps those to a CCU2C carry chain alone,
@@ -48,12 +50,20 @@ REASON_NAMES = {Reason.COMPLETE: "complete", Reason.EARLY: "early", Reason.DEADL
 
 
 def idle_gap(m: Module, alpha_q8, timeout) -> Signal:
-    """max(1, (alpha_q8 * T) >> 8), registered in IDLE_LATENCY steps (125 MHz): the
-    product (a DSP with its output register), then the floor at 1."""
-    prod = Signal(len(timeout) + 9)
+    """max(1, (alpha_q8 * T) >> 8), registered in IDLE_LATENCY steps (125 MHz): each
+    DSP's partial product (a piece of T times alpha), then their sum and the floor at 1.
+    The floor is read from the partials, beside the sum: the gap is 0 exactly when every
+    piece above the lowest is 0 and the lowest is under 256."""
+    pieces = wmul.pieces(timeout, len(timeout))
+    parts = []
+    for k, piece in enumerate(pieces):
+        part = Signal(len(piece) + len(alpha_q8), name=f"idle_pp{k}")
+        m.d.sync += part.eq(piece * alpha_q8)
+        parts.append(part)
+    zero = (parts[0] < 256) & ~Cat(*parts[1:]).any()
+    total = sum(part << (wmul.CHUNK * k) for k, part in enumerate(parts))
     gap = Signal(len(timeout) + 1)
-    m.d.sync += prod.eq(alpha_q8 * timeout)
-    m.d.sync += gap.eq(Mux((prod >> 8) == 0, 1, prod >> 8))
+    m.d.sync += gap.eq(Mux(zero, 1, total >> 8))
     return gap
 
 

@@ -276,6 +276,8 @@ class GatherTracker(wiring.Component):
 
         with m.FSM() as fsm:
             with m.State("IDLE"):
+                # the event's registers load in every IDLE cycle (as in the aggregator)
+                m.d.sync += [ev.eq(self.ev.payload), ev_now.eq(now), post_b.eq(0), accepted.eq(0)]
                 with m.If(idle_found):
                     m.d.sync += [fire_c.eq(idle_pick), ret_post.eq(0)]
                     m.next = "FIRE"
@@ -284,8 +286,6 @@ class GatherTracker(wiring.Component):
                     m.d.sync += [now.eq(target), settle.eq(0)]
                     m.next = "SETTLE"
                 with m.Elif(self.ev.valid):
-                    m.d.sync += [ev.eq(self.ev.payload), ev_now.eq(now), post_b.eq(0),
-                                 accepted.eq(0)]  # fmt: skip
                     m.next = "HIT"
 
             with m.State("HIT"):

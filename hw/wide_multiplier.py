@@ -16,14 +16,14 @@ CHUNK = 17
 LATENCY = 3
 
 
-def _pieces(v, width: int) -> list:
+def pieces(v, width: int) -> list:
     return [v[k : min(k + CHUNK, width)] for k in range(0, width, CHUNK)]
 
 
 def wide_multiply(m: Module, a, b, en, name: str = "wmul") -> Signal:
     """The registered product a * b (unsigned), LATENCY enabled cycles after a and b."""
     wa, wb = len(a), len(b)
-    pa, pb = _pieces(a, wa), _pieces(b, wb)
+    pa, pb = pieces(a, wa), pieces(b, wb)
     partial = {}
     for i, x in enumerate(pa):
         for j, y in enumerate(pb):

@@ -211,3 +211,40 @@ def test_pick_first_is_the_first_strict_minimum_of_a_serial_scan(two_keys):
                 assert ctx.get(dut.index) == best, (keys, el)
 
     _run(dut, bench)
+
+
+def test_idle_gap_is_the_models_floored_product():
+    """idle_gap (DSP partials, then sum and floor) against max(1, alpha * T >> 8) written
+    here, across the floor's edge (products near 256) and the widest T and alpha."""
+    from amaranth import Module
+    from amaranth.lib import wiring
+    from amaranth.lib.wiring import In, Out
+
+    from optireduce.hw.deadline import IDLE_LATENCY, idle_gap
+
+    class Dut(wiring.Component):
+        alpha: In(9)
+        t: In(32)
+        gap: Out(33)
+
+        def elaborate(self, platform):
+            m = Module()
+            m.d.comb += self.gap.eq(idle_gap(m, self.alpha, self.t))
+            return m
+
+    rng = np.random.default_rng(7)
+    edges = [(a, t) for a in (0, 1, 255, 256, 511) for t in (0, 1, 255, 256, (1 << 17) - 1,
+                                                            1 << 17, (1 << 32) - 1)]  # fmt: skip
+    near = [(int(a), int(rng.integers(256 // a - 2, 256 // a + 3))) for a in rng.integers(1, 512, 60)]
+    wide = [(int(rng.integers(0, 512)), int(rng.integers(0, 1 << 32))) for _ in range(100)]
+    cases = edges + [(a, max(t, 0)) for a, t in near] + wide
+    dut = Dut()
+
+    async def bench(ctx):
+        for a, t in cases:
+            ctx.set(dut.alpha, a)
+            ctx.set(dut.t, t)
+            await ctx.tick().repeat(IDLE_LATENCY)
+            assert ctx.get(dut.gap) == max(1, (a * t) >> 8) % (1 << 33), (a, t)
+
+    _run(dut, bench)
