@@ -20,8 +20,9 @@ and the in-place result is already in natural order: no bit reversal and all twi
   "Timing"). The prefetch changes no slot of the schedule, so LATENCY is unchanged.
 * Strides < lanes are plain butterflies across the lanes of one beat, before the output register.
 
-Flow control: the whole pipeline moves on one enable, `en = o.ready | ~o.valid`, and a beat that
-is not valid is a bubble that moves through it like data. A stage that still owes the differences
+Flow control: the whole pipeline moves on one enable, `en = ready | ~valid` of its output
+register, which feeds a skid buffer (hw/skid.py: `ready` from a flip-flop, no latency), and a
+beat that is not valid is a bubble that moves through it like data. A stage that still owes the differences
 of its last group emits one of them in every slot, bubble or not, so when the input stops the
 tail of the last block drains by itself: a block never waits for the next op's data. Position
 counters count valid beats only, so bubbles never break the block alignment, and with a
@@ -49,6 +50,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
+from optireduce.hw.skid import Skid
 from optireduce.hw.streams import element_stream
 from optireduce.params import NicParams
 
@@ -155,8 +157,10 @@ class Fwht(wiring.Component):
             takes = [Signal(name=f"s{k}_take{a}") for a in range(n + 1)]
             issue, push = Signal(name=f"s{k}_issue"), Signal(name=f"s{k}_push")
             m.d.comb += [
-                takes[n].eq(~vs[n] | pop),
-                *(takes[a].eq(~vs[a] | takes[a + 1]) for a in range(n)),
+                # register a moves unless it and every one after it is full and the head
+                # stays: each take straight from the valid bits (no chain through the
+                # others: the pop arrives late, from the stage's enable)
+                *(takes[a].eq(~Cat(*vs[a:]).all() | pop) for a in range(n + 1)),
                 issue.eq(takes[0] & (avail != 0)),
                 push.eq(en & we),
                 wp.addr.eq(j),
@@ -198,8 +202,12 @@ class Fwht(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         lanes, beats = self.lanes, self.beats
+        # the output register feeds a skid buffer, so the enable of every register here
+        # comes from two flip-flops, not from the consumer's logic
+        m.submodules.out = out = Skid(self.o.payload.shape())
+        wiring.connect(m, out.o, wiring.flipped(self.o))
         en = Signal()
-        m.d.comb += [en.eq(self.o.ready | ~self.o.valid), self.i.ready.eq(en)]
+        m.d.comb += [en.eq(out.i.ready | ~out.i.valid), self.i.ready.eq(en)]
 
         valid, x, w = self.i.valid, self.i.payload.data, self.width_in
         if self.delays:  # input register: the first stage starts from flip-flops
@@ -245,9 +253,9 @@ class Fwht(wiring.Component):
 
         with m.If(en):
             m.d.sync += [
-                self.o.valid.eq(valid),
-                self.o.payload.first.eq(out_first),
-                self.o.payload.last.eq(out_last),
+                out.i.valid.eq(valid),
+                out.i.payload.first.eq(out_first),
+                out.i.payload.last.eq(out_last),
             ]
-            m.d.sync += [self.o.payload.data[a].eq(vals[a]) for a in range(lanes)]
+            m.d.sync += [out.i.payload.data[a].eq(vals[a]) for a in range(lanes)]
         return m

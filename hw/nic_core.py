@@ -246,14 +246,17 @@ class NicCore(wiring.Component):
         # the model starts an op after the input before it has had all its effects: the
         # START waits until no event is in flight anywhere (and so its t_C is settled)
         quiet = Signal()
-        can_start = (
-            quiet
-            & (cmd.op_id == next_op)
-            & (cmd.op_id < base + K)
-            & ~c_draining[c_slot]
-            & (cmd.n >= 1)
-            & (cmd.n <= p.c)
-        )
+        # the command's own checks are registered (125 MHz): they hold for a payload offered
+        # in the cycle before too (a stream's payload stays until taken); base only grows,
+        # so a one-cycle-old window check errs late, never early
+        cmd_seen, cmd_ok = Signal(), Signal()
+        m.d.sync += [
+            cmd_seen.eq(self.host_cmd.valid & ~self.host_cmd.ready),
+            cmd_ok.eq(
+                (cmd.op_id == next_op) & (cmd.op_id < base + K) & (cmd.n >= 1) & (cmd.n <= p.c)
+            ),
+        ]
+        can_start = quiet & cmd_seen & cmd_ok & ~c_draining[c_slot]
         host_busy = Signal()
         m.d.comb += self.host_cmd.ready.eq(~host_busy & can_start)
         h_accept = self.host_cmd.valid & self.host_cmd.ready
@@ -391,18 +394,27 @@ class NicCore(wiring.Component):
         incs["bad_length"].append(inc_bad_length)
         gb_rx_req, gb_rx_grant = Signal(), Signal()
         rx_discard = Signal()
+        ctx_hit, exp_bad, len_bad = Signal(), Signal(), Signal()
         with m.FSM(name="rx"):
             with m.State("IDLE"):
                 m.d.comb += rx_idle.eq(1)
                 with m.If(parser.o.valid & ~host_busy & ~h_accept):
                     m.d.sync += hd.eq(parser.header)
-                    m.next = "CHECK"
+                    m.next = "LOOKUP"
+            with m.State("LOOKUP"):  # the op's context against the header, registered
+                # (no maker runs now: the host starts nothing while rx is busy)
+                m.d.sync += [
+                    ctx_hit.eq(c_valid[rs] & (c_op[rs] == hd.op_id)),
+                    exp_bad.eq(c_exp[rs] != hd.exponent.as_signed()),
+                    len_bad.eq(c_n[rs] != hd.op_len),
+                ]
+                m.next = "CHECK"
             with m.State("CHECK"):  # checks 27 and 28 against the op's context
-                with m.If(c_valid[rs] & (c_op[rs] == hd.op_id)):
-                    with m.If(c_exp[rs] != hd.exponent.as_signed()):
+                with m.If(ctx_hit):
+                    with m.If(exp_bad):
                         m.d.comb += inc_exp_mismatch.eq(1)
                         m.next = "DISCARD"
-                    with m.Elif(c_n[rs] != hd.op_len):
+                    with m.Elif(len_bad):
                         m.d.comb += inc_bad_length.eq(1)
                         m.next = "DISCARD"
                     with m.Else():
@@ -720,8 +732,14 @@ class NicCore(wiring.Component):
             _delta(m, agg.cnt_duplicate, "dup_a"),
             _delta(m, trk.cnt_duplicate, "dup_t"),
         ]
+        # every strobe is registered first: the events come from deep in the blocks, the
+        # counters sit in one bank (125 MHz); a count lands one cycle later
         for name in COUNTERS:
-            src = incs[name]
+            src = []
+            for k, s in enumerate(incs[name]):
+                r = Signal(name=f"ev_{name}{k}")
+                m.d.sync += r.eq(s)
+                src.append(r)
             inc = getattr(csr, f"inc_{name}")
             if not src:
                 continue

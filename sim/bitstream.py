@@ -98,24 +98,13 @@ def parse_utilisation_log(text: str) -> dict:
     return out
 
 
-def build_bitstream(
-    name: str,
-    *,
-    core: Callable | None = None,
-    timeout_s: int = 3600,
-    progress: Callable[[str], None] | None = None,
-) -> dict:
-    """Build the bitstream of board `name` (cached by content) and return its figures.
-
-    `core` replaces NicCore (for experiments); raises ToolchainError when a tool is
-    missing or the build fails (with the end of its log)."""
+def _plan(name: str, core: Callable | None):
+    """The board's build plan (amaranth-boards, not run) and its directory, keyed by the
+    hash of every file of the plan."""
     from optireduce.hw.board_top import BoardTop
 
     b = board(name)
-    say = progress or (lambda s: None)
-    env = _tool_env()
     os.environ.setdefault("AMARANTH_USE_YOSYS", "builtin")
-    say(f"{name}: elaborating")
     plat = b.platform()
     top = BoardTop(b, core)
     plan = plat.build(
@@ -130,7 +119,43 @@ def build_bitstream(
         content = plan.files[fname]
         digest.update(fname.encode())
         digest.update(content if isinstance(content, bytes) else content.encode())
-    root = BUILD / "bitstream" / f"{name}-{digest.hexdigest()[:12]}"
+    return b, plat, plan, BUILD / "bitstream" / f"{name}-{digest.hexdigest()[:12]}"
+
+
+def board_netlist(name: str, core: Callable | None = None, timeout_s: int = 1800) -> Path:
+    """The board's whole `synth_ecp5` netlist (top.json, the build's first step; cached
+    with the build): what `sim/logic_depth.py --board` ranks, without place and route."""
+    env = _tool_env()
+    _, _, plan, root = _plan(name, core)
+    netlist = root / "top.json"
+    if not netlist.exists():
+        root.mkdir(parents=True, exist_ok=True)
+        plan.extract(str(root))
+        r = subprocess.run(
+            [env["YOSYS"], "-q", "-l", "top.rpt", "top.ys"],
+            cwd=root, env=env, capture_output=True, text=True, timeout=timeout_s, check=False,
+        )  # fmt: skip
+        if r.returncode != 0 or not netlist.exists():
+            netlist.unlink(missing_ok=True)
+            raise ToolchainError(f"{name}: yosys failed (exit {r.returncode}):\n{r.stderr[-3000:]}")
+    return netlist
+
+
+def build_bitstream(
+    name: str,
+    *,
+    core: Callable | None = None,
+    timeout_s: int = 3600,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
+    """Build the bitstream of board `name` (cached by content) and return its figures.
+
+    `core` replaces NicCore (for experiments); raises ToolchainError when a tool is
+    missing or the build fails (with the end of its log)."""
+    say = progress or (lambda s: None)
+    env = _tool_env()
+    say(f"{name}: elaborating")
+    b, plat, plan, root = _plan(name, core)
     report_path, bit_path = root / "report.json", root / "top.bit"
     cached = (report_path.exists() and bit_path.exists()) or (root / "overfull.json").exists()
     t0 = time.monotonic()

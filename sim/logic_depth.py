@@ -8,6 +8,7 @@ project's blocks; placement is ignored). It ranks the endpoints, so that a block
 paths can be seen, and fixed, all at once; nextpnr's Fmax stays the measure.
 
     python -m optireduce.sim.logic_depth gather_tracker   # a block of `optireduce bench rtl`
+    python -m optireduce.sim.logic_depth --board ecpix5   # a whole board, ranked by source
 """
 
 from __future__ import annotations
@@ -148,8 +149,33 @@ def block_depth(block: str, limit_ns: float = 8.0) -> list[Endpoint]:
     return [e for e in analyse(ecp5_netlist(comp, top), top)[0] if e.ns > limit_ns]
 
 
+def board_depth(board: str, limit_ns: float = 8.0) -> list[Endpoint]:
+    """The endpoints of a whole board build (`sim/bitstream.py: board_netlist`) slower
+    than `limit_ns`: the paths between blocks, which no block's own netlist shows."""
+    from optireduce.sim.bitstream import board_netlist
+
+    return [e for e in analyse(board_netlist(board), "top")[0] if e.ns > limit_ns]
+
+
+def by_source(slow: list[Endpoint]) -> list[tuple[Endpoint, int]]:
+    """The slowest endpoint of each source register, and how many slow ones it starts."""
+    first: dict[str, Endpoint] = {}
+    count: dict[str, int] = {}
+    for e in slow:  # slowest first
+        first.setdefault(e.source, e)
+        count[e.source] = count.get(e.source, 0) + 1
+    return [(e, count[s]) for s, e in first.items()]
+
+
 if __name__ == "__main__":
-    for blk in sys.argv[1:]:
+    args = sys.argv[1:]
+    if args[:1] == ["--board"] and len(args) == 2:
+        slow = board_depth(args[1])
+        print(f"{args[1]}: {len(slow)} registers with paths over 8 ns (125 MHz), by source")
+        for e, n in by_source(slow)[:60]:
+            print(f"  {e.ns:6.2f} ns  {e.cells:3d} cells  {n:4d} sinks  {e.source} -> {e.sink}")
+        sys.exit(0)
+    for blk in args:
         slow = block_depth(blk)
         print(f"{blk}: {len(slow)} registers with paths over 8 ns (125 MHz)")
         for e in slow[:40]:

@@ -235,7 +235,8 @@ def test_idle_gap_is_the_models_floored_product():
     rng = np.random.default_rng(7)
     edges = [(a, t) for a in (0, 1, 255, 256, 511) for t in (0, 1, 255, 256, (1 << 17) - 1,
                                                             1 << 17, (1 << 32) - 1)]  # fmt: skip
-    near = [(int(a), int(rng.integers(256 // a - 2, 256 // a + 3))) for a in rng.integers(1, 512, 60)]
+    alphas = rng.integers(1, 512, 60)
+    near = [(int(a), int(rng.integers(256 // a - 2, 256 // a + 3))) for a in alphas]
     wide = [(int(rng.integers(0, 512)), int(rng.integers(0, 1 << 32))) for _ in range(100)]
     cases = edges + [(a, max(t, 0)) for a, t in near] + wide
     dut = Dut()
