@@ -23,10 +23,10 @@ and the in-place result is already in natural order: no bit reversal and all twi
 Flow control: the whole pipeline moves on one enable, `en = ready | ~valid` of its output
 register, which feeds a skid buffer (hw/skid.py: `ready` from a flip-flop, no latency), and a
 beat that is not valid is a bubble that moves through it like data. A stage that still owes the
-differences of its last group emits one of them in every slot, bubble or not, so when the input stops the
-tail of the last block drains by itself: a block never waits for the next op's data. Position
-counters count valid beats only, so bubbles never break the block alignment, and with a
-continuous input no stage ever emits a bubble (one beat per cycle, no gaps).
+differences of its last group emits one of them in every slot, bubble or not, so when the input
+stops the tail of the last block drains by itself: a block never waits for the next op's data.
+Position counters count valid beats only, so bubbles never break the block alignment, and with
+a continuous input no stage ever emits a bubble (one beat per cycle, no gaps).
 
 `first`/`last`: an op is a whole number of blocks, so `first` is on the first beat of a block and
 `last` on the last beat of one. Block positions are counted from reset (they are not realigned on
