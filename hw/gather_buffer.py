@@ -37,7 +37,7 @@ packets of the slot's last drain (`GatherBuffer.histogram(n_max)`).
 
 from __future__ import annotations
 
-from amaranth import Array, Module, Mux, Signal, signed
+from amaranth import Array, Cat, Module, Mux, Signal, signed
 from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -58,8 +58,11 @@ def command_layout(p: NicParams, slots: int | None = None) -> data.StructLayout:
 class GatherBuffer(wiring.Component):
     """K slots of c elements with have bits and a contributor histogram (module docstring)."""
 
-    LATENCY = 2  # DRAIN command accepted -> first beat on o (address, then BRAM read)
     MODEL = "optireduce.host.gather_buffer.GatherBuffer + codec.decode (z, have, k per block)"
+    K_STEPS = 2  # registered steps of a block's k: the have window, then its count
+    # DRAIN command accepted -> first beat on o: the first block's k (K_STEPS), the
+    # address, the BRAM read
+    LATENCY = 2 + K_STEPS
 
     def __init__(self, p: NicParams, slots: int | None = None) -> None:
         self.p = p
@@ -214,9 +217,11 @@ class GatherBuffer(wiring.Component):
         d_pkt = Signal(range(n_pkts))
         d_bip = Signal(range(bpp))  # beat in packet
         d_addr = Signal(range(n_slots * beats_per_slot))
+        k_pkt = Signal(range(n_pkts + ppb + 1))  # first packet of the next block to start
         with m.If(self.cmd.valid & self.cmd.ready):
             m.d.sync += [
                 d_pkt.eq(0),
+                k_pkt.eq(0),
                 d_bip.eq(0),
                 d_addr.eq(self.cmd.payload.slot * beats_per_slot),
             ]
@@ -226,8 +231,23 @@ class GatherBuffer(wiring.Component):
         m.d.comb += blk_start.eq((d_bip == 0) & (d_pkt % ppb == 0))
         blk_end = Signal()
         m.d.comb += blk_end.eq((d_bip == bpp - 1) & (d_pkt % ppb == ppb - 1))
+        # the next block's k (its packets present) in two registered steps, from the have
+        # bits under (d_slot, k_pkt): the window, then its count. A block start waits until
+        # both steps have seen the current k_pkt (K_STEPS cycles after it last moved; the
+        # slot's have bits do not change while it drains): only the first block waits.
+        win = Signal(ppb)
+        kcount = Signal(range(ppb + 1))
+        moved = Signal(self.K_STEPS, init=(1 << self.K_STEPS) - 1)  # position moved, per step
+        m.d.sync += [
+            win.eq(have.bit_select(d_slot * n_pkts + k_pkt, ppb)),
+            kcount.eq(sum(win[j] for j in range(ppb))),
+        ]
         go = Signal()
-        m.d.comb += go.eq(draining & adv & (~blk_start | ~self.k.valid | self.k.ready))
+        m.d.comb += go.eq(
+            draining & adv & (~blk_start | (~moved.any() & (~self.k.valid | self.k.ready)))
+        )
+        moves = (self.cmd.valid & self.cmd.ready) | (go & blk_start)
+        m.d.sync += moved.eq(Cat(moves, moved[:-1]))
         m.d.comb += [rd.addr.eq(d_addr), rd.en.eq(adv)]
         b_have = Signal()
         with m.If(adv):
@@ -240,10 +260,6 @@ class GatherBuffer(wiring.Component):
         for j in range(lanes):
             m.d.comb += self.o.payload.data[j].eq(Mux(b_have, rd.data[j], 0))
 
-        kcount = Signal(range(ppb + 1))
-        m.d.comb += kcount.eq(
-            sum(have.bit_select(d_slot * n_pkts + d_pkt, ppb)[j] for j in range(ppb))
-        )
         with m.If(self.k.ready):
             m.d.sync += self.k.valid.eq(0)
         with m.If(go):
@@ -253,6 +269,7 @@ class GatherBuffer(wiring.Component):
                 m.d.comb += d_done.eq(d_pkt == d_last_pkt)
             with m.If(blk_start):
                 m.d.sync += [
+                    k_pkt.eq(k_pkt + ppb),
                     self.k.valid.eq(1),
                     self.k.payload.eq(kcount),
                     missing[d_slot].eq(missing[d_slot] + ppb - kcount),
