@@ -320,11 +320,15 @@ class HostAdapter(wiring.Component):
                             wr.en.eq((k[:2] == 3) & (k[2:] < self.rx_words)),
                         ]
                     with m.If(self.i.payload.last):
-                        m.next = "CHECK"
+                        m.next = "JUDGE"
+            bits = [Signal(name=f"v_{k}") for k in verdicts]
+            with m.State("JUDGE"):
+                # every check registered on its own (125 MHz), the first that holds is
+                # picked in CHECK; nbytes counts every byte but the last one's increment is
+                # in: all in. Nothing the checks read moves in these two states.
+                m.d.sync += [b.eq(v) for b, v in zip(bits, verdicts.values(), strict=True)]
+                m.next = "CHECK"
             with m.State("CHECK"):
-                # nbytes counts every byte but the last one's increment is in: all in
-                bits = [Signal(name=f"v_{k}") for k in verdicts]
-                m.d.comb += [b.eq(v) for b, v in zip(bits, verdicts.values(), strict=True)]
                 first_bad = Signal(len(bits))
                 for k in reversed(range(len(bits))):
                     with m.If(bits[k]):

@@ -290,12 +290,13 @@ class Parser(wiring.Component):
         csum_ok = s[:16] == (0xFFFF ^ s[16:])
         ip_len, n = v0_ip_len, v0_len
         log2ppb = p.packets_per_block.bit_length() - 1
+        # compares of two signals as `<` (a carry chain; yosys adds an equality tree to `>`)
         checks = [  # (fails, reason): docs/protocol.md checks 1-25, in order
             (trunc1, "truncated"),
             (not_ipv4, "not_ipv4"),
             (bad_ip_hdr, "bad_ip_header"),
             (~csum_ok, "bad_ip_checksum"),
-            ((ip_len < ubt.IP_LEN + ubt.UDP_LEN) | (ip_len + ubt.ETH_LEN > n), "truncated"),
+            ((ip_len < ubt.IP_LEN + ubt.UDP_LEN) | (n < ip_len + ubt.ETH_LEN), "truncated"),
             (ip_frag, "ip_fragment"),
             (not_udp, "not_udp"),
             (wrong_addr, "wrong_address"),
@@ -306,7 +307,7 @@ class Parser(wiring.Component):
             ((h.msg_type != ubt.MSG_SCATTER) & (h.msg_type != ubt.MSG_GATHER), "bad_type"),
             (((h.flags & (0xFF & ~ubt.FLAGS_KNOWN)) != 0) | (h.reserved != 0), "malformed_header"),
             ((h.msg_type == ubt.MSG_SCATTER) != (h.contributors == 0), "malformed_header"),
-            (h.contributors > h.world, "malformed_header"),
+            (h.world < h.contributors, "malformed_header"),
             (
                 ip_len != ubt.IP_LEN + ubt.UDP_LEN + ubt.HEADER_LEN + h.count * 4,
                 "bad_length",
