@@ -10,7 +10,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from optireduce.sim.fmax import ecp5_netlist
-from optireduce.sim.logic_depth import CLK_TO_Q, NET_NS, analyse, path
+from optireduce.sim.logic_depth import CLK_TO_Q, NET_NS, Endpoint, analyse, by_source, path
 
 LUT = 0.24
 
@@ -80,3 +80,10 @@ def test_yosys_maps_lt_and_ge_to_the_chain_alone():
         cells[name] = next(e for e in eps if e.sink == "o").cells
     assert cells["lt"] <= 2 and cells["ge"] <= 2, cells
     assert min(cells["gt"], cells["le"]) >= cells["lt"] + 2, cells
+
+
+def test_by_source_keeps_each_sources_slowest_path_and_counts_them():
+    slow = [Endpoint(9.5, "x", "a", 5), Endpoint(9.0, "y", "b", 4), Endpoint(8.5, "z", "a", 3),
+            Endpoint(8.2, "w", "a", 2)]  # fmt: skip
+    got = [(e.sink, e.source, n) for e, n in by_source(slow)]
+    assert got == [("x", "a", 3), ("y", "b", 1)]
