@@ -59,7 +59,7 @@ class GatherBuffer(wiring.Component):
     """K slots of c elements with have bits and a contributor histogram (module docstring)."""
 
     MODEL = "optireduce.host.gather_buffer.GatherBuffer + codec.decode (z, have, k per block)"
-    K_STEPS = 2  # registered steps of a block's k: the have window, then its count
+    K_STEPS = 2  # registered steps of a block's k: the have window, then its count (fixed)
     # DRAIN command accepted -> first beat on o: the first block's k (K_STEPS), the
     # address, the BRAM read
     LATENCY = 2 + K_STEPS
@@ -231,10 +231,12 @@ class GatherBuffer(wiring.Component):
         m.d.comb += blk_start.eq((d_bip == 0) & (d_pkt % ppb == 0))
         blk_end = Signal()
         m.d.comb += blk_end.eq((d_bip == bpp - 1) & (d_pkt % ppb == ppb - 1))
-        # the next block's k (its packets present) in two registered steps, from the have
-        # bits under (d_slot, k_pkt): the window, then its count. A block start waits until
-        # both steps have seen the current k_pkt (K_STEPS cycles after it last moved; the
-        # slot's have bits do not change while it drains): only the first block waits.
+        # the next block's k (its packets present) in K_STEPS = 2 registered steps, from
+        # the have bits under (d_slot, k_pkt): the window, then its count. A block start
+        # waits until both steps have seen the current k_pkt (K_STEPS cycles after it last
+        # moved; the slot's have bits do not change while it drains). With blocks of at
+        # least K_STEPS + 1 beats (b / lanes >= 3: every real build) only the first block
+        # waits; shorter blocks (tiny test params) drain at one block per 3 cycles.
         win = Signal(ppb)
         kcount = Signal(range(ppb + 1))
         moved = Signal(self.K_STEPS, init=(1 << self.K_STEPS) - 1)  # position moved, per step

@@ -771,6 +771,7 @@ class NicCore(wiring.Component):
             ~self.tick
             & ~host_busy
             & ~h_accept
+            & ~(self.host_cmd.valid & ~cmd_seen)  # a START offered now is taken next cycle
             & quiet
             & ~ao.valid
             & (gb_state == GB_FREE)

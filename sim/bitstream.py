@@ -124,17 +124,22 @@ def _plan(name: str, core: Callable | None):
 
 def board_netlist(name: str, core: Callable | None = None, timeout_s: int = 1800) -> Path:
     """The board's whole `synth_ecp5` netlist (top.json, the build's first step; cached
-    with the build): what `sim/logic_depth.py --board` ranks, without place and route."""
+    with the build): what `sim/logic_depth.py --board` ranks, without place and route.
+    Not while `build_bitstream` of the same design runs: both write that directory."""
     env = _tool_env()
     _, _, plan, root = _plan(name, core)
     netlist = root / "top.json"
     if not netlist.exists():
         root.mkdir(parents=True, exist_ok=True)
         plan.extract(str(root))
-        r = subprocess.run(
-            [env["YOSYS"], "-q", "-l", "top.rpt", "top.ys"],
-            cwd=root, env=env, capture_output=True, text=True, timeout=timeout_s, check=False,
-        )  # fmt: skip
+        try:
+            r = subprocess.run(
+                [env["YOSYS"], "-q", "-l", "top.rpt", "top.ys"],
+                cwd=root, env=env, capture_output=True, text=True, timeout=timeout_s, check=False,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired as e:
+            netlist.unlink(missing_ok=True)
+            raise ToolchainError(f"{name}: yosys exceeded {timeout_s} s") from e
         if r.returncode != 0 or not netlist.exists():
             netlist.unlink(missing_ok=True)
             raise ToolchainError(f"{name}: yosys failed (exit {r.returncode}):\n{r.stderr[-3000:]}")
