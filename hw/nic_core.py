@@ -399,16 +399,17 @@ class NicCore(wiring.Component):
             with m.State("IDLE"):
                 m.d.comb += rx_idle.eq(1)
                 with m.If(parser.o.valid & ~host_busy & ~h_accept):
-                    m.d.sync += hd.eq(parser.header)
-                    m.next = "LOOKUP"
-            with m.State("LOOKUP"):  # the op's context against the header, registered
-                # (no maker runs now: the host starts nothing while rx is busy)
-                m.d.sync += [
-                    ctx_hit.eq(c_valid[rs] & (c_op[rs] == hd.op_id)),
-                    exp_bad.eq(c_exp[rs] != hd.exponent.as_signed()),
-                    len_bad.eq(c_n[rs] != hd.op_len),
-                ]
-                m.next = "CHECK"
+                    # the op's context against the header, registered with it (125 MHz;
+                    # no maker writes now or before CHECK: the host is idle, rx is busy)
+                    ph = parser.header
+                    ps = slot_of(ph.op_id)
+                    m.d.sync += [
+                        hd.eq(ph),
+                        ctx_hit.eq(c_valid[ps] & (c_op[ps] == ph.op_id)),
+                        exp_bad.eq(c_exp[ps] != ph.exponent.as_signed()),
+                        len_bad.eq(c_n[ps] != ph.op_len),
+                    ]
+                    m.next = "CHECK"
             with m.State("CHECK"):  # checks 27 and 28 against the op's context
                 with m.If(ctx_hit):
                     with m.If(exp_bad):
