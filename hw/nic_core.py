@@ -173,6 +173,12 @@ class NicCore(wiring.Component):
             return Array(Signal(shape, name=f"{name}{k}", init=init) for k in range(n_ctx))
 
         c_valid, c_op = regs("ctx_valid", 1), regs("ctx_op", 32)
+
+        def holds(op_id):
+            """Op `op_id`'s context slot holds it."""
+            s = slot_of(op_id)
+            return c_valid[s] & (c_op[s] == op_id)
+
         c_n, c_exp = regs("ctx_n", range(p.c + 1)), regs("ctx_exp", signed(8))
         c_done, c_draining = regs("ctx_done", 1), regs("ctx_draining", 1)
         c_start = regs("ctx_start", TICK_BITS)
@@ -189,7 +195,7 @@ class NicCore(wiring.Component):
         next_op = Signal(32)  # the op the host starts next
         m.d.comb += parser.base.eq(base)
         bs = slot_of(base)
-        with m.If(c_valid[bs] & (c_op[bs] == base) & c_done[bs]):
+        with m.If(holds(base) & c_done[bs]):
             m.d.sync += base.eq(base + 1)
 
         # a context is made by its op's first accepted frame or START (one maker at a time)
@@ -318,7 +324,7 @@ class NicCore(wiring.Component):
             with m.State("CTX"):
                 m.d.comb += host_busy.eq(1)
                 with m.If(~clr_req):
-                    with m.If(~(c_valid[hs] & (c_op[hs] == h_op))):
+                    with m.If(~holds(h_op)):
                         m.d.comb += [
                             mk_go.eq(1), mk_slot.eq(hs), mk_op.eq(h_op), mk_n.eq(h_n),
                             mk_exp.eq(h_exp),
@@ -405,7 +411,7 @@ class NicCore(wiring.Component):
                     ps = slot_of(ph.op_id)
                     m.d.sync += [
                         hd.eq(ph),
-                        ctx_hit.eq(c_valid[ps] & (c_op[ps] == ph.op_id)),
+                        ctx_hit.eq(holds(ph.op_id)),
                         exp_bad.eq(c_exp[ps] != ph.exponent.as_signed()),
                         len_bad.eq(c_n[ps] != ph.op_len),
                     ]

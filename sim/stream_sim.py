@@ -167,3 +167,54 @@ def run_ops(
     sim.add_testbench(bench)
     sim.run()
     return run
+
+
+def run_registered_ready(
+    dut,
+    payloads: Sequence,
+    n_out: int,
+    *,
+    read: Callable,
+    seed: int = 0,
+    offer: float = 0.7,
+    take: float = 0.5,
+    max_cycles: int = 10_000,
+    on_cycle: Callable | None = None,
+) -> tuple[list, int]:
+    """Send `payloads` (each set whole on dut.i.payload) into dut.i while taking dut.o at
+    random, and in every cycle toggle o.ready and check that i.ready does not move: it
+    comes from a register, not from the consumer. `on_cycle(ctx, k, offered, ready,
+    took)` may check more each cycle (k: the beat offered). Returns (the `n_out` output
+    payloads read by `read`, cycles in which a beat was offered and refused)."""
+    rng = random.Random(seed)
+    got, stalls = [], 0
+
+    async def bench(ctx):
+        nonlocal stalls
+        k = 0
+        for _ in range(max_cycles):
+            offered = k < len(payloads) and rng.random() < offer
+            ctx.set(dut.i.valid, offered)
+            if offered:
+                ctx.set(dut.i.payload, payloads[k])
+            ready = ctx.get(dut.i.ready)
+            took = rng.random() < take
+            for r in (0, 1, took):  # o.ready toggled inside the cycle
+                ctx.set(dut.o.ready, int(r))
+                assert ctx.get(dut.i.ready) == ready, "i.ready follows o.ready"
+            if on_cycle is not None:
+                on_cycle(ctx, k, offered, ready, took)
+            if ctx.get(dut.o.valid) and took:
+                got.append(read(ctx.get(dut.o.payload)))
+            k += offered and ready
+            stalls += offered and not ready
+            await ctx.tick()
+            if len(got) == n_out:
+                return
+        raise TimeoutError(f"{len(got)} of {n_out} outputs after {max_cycles} cycles")
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    return got, stalls
