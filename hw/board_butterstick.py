@@ -31,7 +31,8 @@ BOARD = Board(
     name="butterstick",
     platform=ButterStickPlatform,
     params=PARAMS,
-    pll=(6, 25, 5),  # 30 MHz -> 125 MHz (yowasp-ecppll -i 30 -o 125)
+    pll=(6, 25, 5),  # 30 MHz -> 125 MHz (yowasp-ecppll -i 30 -o 125 --clkout1 52.08)
+    core_div=12,  # the core clock: 625 / 12 = 52.08 MHz (docs/boards.md, "Clocks")
     eth=(0,),
     leds=_leds,
     description="ButterStick r1.0, LFE5UM5G-85F-8, one GbE port (host + network)",

@@ -37,7 +37,8 @@ BOARD = Board(
     name="ecpix5",
     platform=Ecpix5Platform,
     params=PARAMS,
-    pll=(4, 5, 5),  # 100 MHz -> 125 MHz (yowasp-ecppll -i 100 -o 125)
+    pll=(4, 5, 5),  # 100 MHz -> 125 MHz (yowasp-ecppll -i 100 -o 125 --clkout1 52.08)
+    core_div=12,  # the core clock: 625 / 12 = 52.08 MHz (docs/boards.md, "Clocks")
     eth=(0,),
     leds=_leds,
     description="LambdaConcept ECPIX-5, LFE5UM5G-85F-8, one GbE port (host + network)",

@@ -1,8 +1,9 @@
 """The board top: a thin shell around the NIC core (docs/boards.md).
 
-  clk pin -> EHXPLLL -> sync (125 MHz, reset until the PLL locks) -> tick (1 per us)
-  eth port 0 (host)    <-> RgmiiMac <-> HostAdapter <-> core host_cmd / host_i / host_o, CSR bus
-  eth port 1 (network) <-> RgmiiMac <-> Widen / Narrow <-> core net_rx / net_tx
+  clk pin -> EHXPLLL -> sync (125 MHz: MACs, host adapter, tick 1 per us)
+                     -> core (the board's core clock: the NIC core); both reset until lock
+  eth port 0 (host)    <-> RgmiiMac <-> NicShell host_rx/host_tx (HostAdapter, crossings)
+  eth port 1 (network) <-> RgmiiMac <-> NicShell net_rx/net_tx (Widen / Narrow, crossings)
 
 On a board with one Ethernet port both share it: received frames are split by EtherType
 (host-port frames, 0x88B5, to the adapter; the rest to the core) and the two senders
@@ -25,8 +26,8 @@ from amaranth import ClockDomain, Elaboratable, Instance, Module, Signal
 from amaranth.lib import io, wiring
 from amaranth.lib.cdc import FFSynchronizer, ResetSynchronizer
 
-from optireduce.hw.board_frames import EtherTypeDemux, FrameMux, Narrow, Widen
-from optireduce.hw.host_adapter import HostAdapter
+from optireduce.hw.board_frames import EtherTypeDemux, FrameMux
+from optireduce.hw.nic_shell import NicShell
 from optireduce.hw.rgmii_mac import RgmiiMac
 from optireduce.params import NicParams
 
@@ -38,9 +39,12 @@ ACTIVITY_BITS = 22  # activity LEDs stay on 2^22 cycles (34 ms) after a frame
 @dataclass(frozen=True)
 class Board:
     """What a board module declares. `pll` = (CLKI_DIV, CLKFB_DIV, CLKOP_DIV) from
-    `yowasp-ecppll -i <clk MHz> -o 125`; `eth` = eth_rgmii resource numbers, host port
-    first (one entry: host and network share it); `leds(platform, m, status)` drives the
-    LEDs from status = {"link": [per port], "activity": [per port], "locked": Signal}."""
+    `yowasp-ecppll -i <clk MHz> -o 125 --clkout1 <core MHz>`; `eth` = eth_rgmii resource
+    numbers, host port first (one entry: host and network share it);
+    `leds(platform, m, status)` drives the LEDs from status = {"link": [per port],
+    "activity": [per port], "locked": Signal}.
+    `core_div`: the PLL's CLKOS divider, core clock = VCO / core_div (VCO = 125 MHz x
+    CLKOP_DIV), chosen below the core's measured Fmax (docs/boards.md, "Clocks")."""
 
     name: str
     platform: Callable[[], object]
@@ -49,6 +53,11 @@ class Board:
     eth: tuple[int, ...]
     leds: Callable[[object, Module, dict], None]
     description: str = ""
+    core_div: int = 12  # 52.08 MHz
+
+    @property
+    def core_mhz(self) -> float:
+        return SYNC_MHZ * self.pll[2] / self.core_div
 
 
 def rgmii_pads(pads) -> SimpleNamespace:
@@ -67,11 +76,7 @@ class BoardTop(Elaboratable):
 
     def __init__(self, board: Board, core: Callable[[NicParams], wiring.Component] | None = None):
         self.board = board
-        if core is None:
-            from optireduce.hw.nic_core import NicCore
-
-            core = NicCore
-        self.core = core
+        self.core = core  # None: NicCore (NicShell)
 
     def elaborate(self, platform):
         m = Module()
@@ -82,16 +87,19 @@ class BoardTop(Elaboratable):
         clk_in = platform.request(platform.default_clk, dir="i").i
         f_in = platform.default_clk_frequency
         clki_div, clkfb_div, clkop_div = b.pll
+        cphase = 2  # phase 0 for both outputs (yowasp-ecppll); sync and core are unrelated
         f_out = f_in * clkfb_div / clki_div
         if abs(f_out - SYNC_MHZ * 1e6) > 1e3:
             raise ValueError(f"{b.name}: PLL gives {f_out / 1e6:.3f} MHz, not {SYNC_MHZ}")
         locked = Signal()
         m.domains.sync = cd_sync = ClockDomain("sync")
+        m.domains.core = cd_core = ClockDomain("core")
         clk_pll = cd_sync.clk
         m.submodules.pll = Instance(
             "EHXPLLL",
             a_FREQUENCY_PIN_CLKI=f"{f_in / 1e6:g}",
             a_FREQUENCY_PIN_CLKOP=f"{SYNC_MHZ}",
+            a_FREQUENCY_PIN_CLKOS=f"{b.core_mhz:.4f}",
             a_ICP_CURRENT="12",
             a_LPF_RESISTOR="8",
             a_MFG_ENABLE_FILTEROPAMP="1",
@@ -107,14 +115,19 @@ class BoardTop(Elaboratable):
             p_CLKI_DIV=clki_div,
             p_CLKOP_ENABLE="ENABLED",
             p_CLKOP_DIV=clkop_div,
-            p_CLKOP_CPHASE=2,
+            p_CLKOP_CPHASE=cphase,
             p_CLKOP_FPHASE=0,
+            p_CLKOS_ENABLE="ENABLED",
+            p_CLKOS_DIV=b.core_div,
+            p_CLKOS_CPHASE=cphase,
+            p_CLKOS_FPHASE=0,
             p_FEEDBK_PATH="CLKOP",
             p_CLKFB_DIV=clkfb_div,
             i_RST=0,
             i_STDBY=0,
             i_CLKI=clk_in,
             o_CLKOP=clk_pll,
+            o_CLKOS=cd_core.clk,
             i_CLKFB=clk_pll,
             i_PHASESEL0=0,
             i_PHASESEL1=0,
@@ -125,8 +138,10 @@ class BoardTop(Elaboratable):
             i_ENCLKOP=0,
             o_LOCK=locked,
         )
-        # nextpnr derives sync's 125 MHz constraint from the PLL; the PHY clocks: lpf_preferences
+        # nextpnr derives the constraints of both outputs from the PLL; the PHY clocks:
+        # lpf_preferences
         m.submodules.rst_sync = ResetSynchronizer(~locked, domain="sync")
+        m.submodules.rst_core = ResetSynchronizer(~locked, domain="core")
 
         # ---- the microsecond tick ---------------------------------------------------------
         tick = Signal()
@@ -160,39 +175,24 @@ class BoardTop(Elaboratable):
             links.append(self._clock_alive(m, dom, k))
             acts.append(self._activity(m, mac, k))
 
-        # ---- core, host adapter, frame plumbing --------------------------------------------
-        m.submodules.core = core = self.core(p)
-        m.submodules.host = host = HostAdapter(p)
-        m.submodules.widen = widen = Widen(8)
-        m.submodules.narrow = narrow = Narrow(8)
-        m.d.comb += core.tick.eq(tick)
-        wiring.connect(m, host.host_cmd, core.host_cmd)
-        wiring.connect(m, host.host_i, core.host_i)
-        wiring.connect(m, core.host_o, host.host_o)
-        m.d.comb += [
-            core.csr_addr.eq(host.csr_addr),
-            core.csr_w_en.eq(host.csr_w_en),
-            core.csr_w_data.eq(host.csr_w_data),
-            core.csr_r_en.eq(host.csr_r_en),
-            host.csr_r_data.eq(core.csr_r_data),
-        ]
-        wiring.connect(m, widen.o, core.net_rx)
-        wiring.connect(m, core.net_tx, narrow.i)
+        # ---- the shell: host adapter, crossings, the core in `core` ------------------------
+        m.submodules.shell = shell = NicShell(p, self.core)
+        m.d.comb += shell.tick.eq(tick)
         if len(macs) == 2:
             host_mac, net_mac = macs
-            wiring.connect(m, host_mac.o, host.i)
-            wiring.connect(m, host.o, host_mac.i)
-            wiring.connect(m, net_mac.o, widen.i)
-            wiring.connect(m, narrow.o, net_mac.i)
+            wiring.connect(m, host_mac.o, shell.host_rx)
+            wiring.connect(m, shell.host_tx, host_mac.i)
+            wiring.connect(m, net_mac.o, shell.net_rx)
+            wiring.connect(m, shell.net_tx, net_mac.i)
         else:
             (mac,) = macs
             m.submodules.demux = demux = EtherTypeDemux()
             m.submodules.tx_mux = tx_mux = FrameMux()
             wiring.connect(m, mac.o, demux.i)
-            wiring.connect(m, demux.host, host.i)
-            wiring.connect(m, demux.net, widen.i)
-            wiring.connect(m, host.o, tx_mux.a)
-            wiring.connect(m, narrow.o, tx_mux.b)
+            wiring.connect(m, demux.host, shell.host_rx)
+            wiring.connect(m, demux.net, shell.net_rx)
+            wiring.connect(m, shell.host_tx, tx_mux.a)
+            wiring.connect(m, shell.net_tx, tx_mux.b)
             wiring.connect(m, tx_mux.o, mac.i)
 
         b.leds(platform, m, {"link": links, "activity": acts, "locked": locked})

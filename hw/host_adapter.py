@@ -180,8 +180,9 @@ class HostAdapter(wiring.Component):
 
     Ports: `i`/`o` byte frames (toward the host MAC), `host_cmd`, `host_i`, `host_o`
     (to be connected to the core's ports of the same names), the CSR bus master
-    (`csr_addr`, `csr_w_en`, `csr_w_data`, `csr_r_en`, `csr_r_data`) and one 32-bit
-    counter per COUNTERS name.
+    (`csr_addr`, `csr_w_en`, `csr_w_data`, `csr_r_en`; `csr_done` strobes when the access
+    has been applied, with a read's `csr_r_data`: hw/clock_crossing.py CsrCrossing) and
+    one 32-bit counter per COUNTERS name.
 
     `rx_words`: frame buffer (words of one START/DATA/REG frame; 512 words = one DP16KD
     and covers the 2048-byte MAC FIFO); `tx_fragment`: words per RESULT frame (256:
@@ -209,6 +210,7 @@ class HostAdapter(wiring.Component):
                 "csr_w_data": Out(32),
                 "csr_r_en": Out(1),
                 "csr_r_data": In(32),
+                "csr_done": In(1),
                 "world": Out(range(p.n_max + 1), init=self.world_reset),
                 **{name: Out(32) for name in COUNTERS},
             }
@@ -411,15 +413,17 @@ class HostAdapter(wiring.Component):
                         ]
                         with m.If(addr_w[31] & (addr_w[:31] == self.world_addr)):
                             m.d.sync += self.world.eq(data_w)
-                    with m.Case(4):  # read data valid now (Csr.LATENCY = 1)
-                        m.d.comb += [
-                            wr.addr.eq(Cat(1, reg_i)),
-                            wr.data.eq(Mux(addr_w[31], data_w, self.csr_r_data)),
-                            wr.en.eq(1),
-                        ]
-                        m.d.sync += [reg_i.eq(reg_i + 1), reg_phase.eq(0)]
-                        with m.If(reg_i == (count >> 1) - 1):
-                            m.next = "REPLY"
+                    with m.Case(4):  # wait for the access to come back (the core's clock)
+                        m.d.sync += reg_phase.eq(4)
+                        with m.If(self.csr_done):
+                            m.d.comb += [
+                                wr.addr.eq(Cat(1, reg_i)),
+                                wr.data.eq(Mux(addr_w[31], data_w, self.csr_r_data)),
+                                wr.en.eq(1),
+                            ]
+                            m.d.sync += [reg_i.eq(reg_i + 1), reg_phase.eq(0)]
+                            with m.If(reg_i == (count >> 1) - 1):
+                                m.next = "REPLY"
                 with m.If(count == 0):
                     m.next = "REPLY"
             with m.State("REPLY"):

@@ -218,3 +218,18 @@ def run_registered_ready(
     sim.add_testbench(bench)
     sim.run()
     return got, stalls
+
+
+async def send_bytes(ctx, port, frame: bytes, rng: random.Random | None = None,
+                     gap: float = 0.0, domain: str = "sync") -> None:  # fmt: skip
+    """One frame into a byte stream (frame_stream(1)), with idle cycles at random
+    (probability `gap` before each byte)."""
+    for k, b in enumerate(frame):
+        while rng is not None and rng.random() < gap:
+            await ctx.tick(domain)
+        ctx.set(port.valid, 1)
+        ctx.set(port.payload.data[0], b)
+        ctx.set(port.payload.keep, 1)
+        ctx.set(port.payload.last, k == len(frame) - 1)
+        await ctx.tick(domain).until(port.ready)
+        ctx.set(port.valid, 0)

@@ -60,6 +60,28 @@ def test_report_parsing():
     assert timing_met(res)
 
 
+def test_line_rate_follows_the_core_clock():
+    """The core's domain sets the datapath rate; the port reaches 1 Gb/s only when every
+    domain meets its target (hand-computed: 32 bits x 52.08 MHz = 1.667 Gb/s)."""
+    from optireduce.sim.bench_fpga import UBT_FRAME_OVERHEAD, line_rate
+
+    rep = {
+        "fmax": {
+            "$glbnet$clk": {"achieved": 140.0, "constraint": 125},
+            "$glbnet$core_clk": {"achieved": 60.0, "constraint": 52.083},
+            "$glbnet$eth0_mac.eth0_rx_clk": {"achieved": 150.0, "constraint": 125},
+        }
+    }
+    res = parse_report(rep)
+    assert set(res["fmax_mhz"]) == {"sync", "core", "eth0_rx"}
+    got = line_rate(res, lanes=1, p=256)
+    assert got["timing_met"] and got["datapath_gbps_at_fmax"] == 1.92
+    assert got["line_rate_gbps"] == 1.0
+    assert got["payload_gbps"] == round(1024 / (1024 + UBT_FRAME_OVERHEAD), 3)
+    res["fmax_mhz"]["core"] = 50.0  # below its target: no line rate
+    assert line_rate(res, lanes=1, p=256)["line_rate_gbps"] == 0.0
+
+
 @pytest.mark.parametrize("name", BOARDS)
 def test_every_board_top_elaborates_on_its_platform(name):
     """Pins, PLL and the core come together on the board's platform (no toolchain)."""
@@ -75,3 +97,6 @@ def test_every_board_top_elaborates_on_its_platform(name):
     f_in = plat.default_clk_frequency
     assert f_in * b.pll[1] / b.pll[0] == pytest.approx(125e6)
     assert 400e6 <= 125e6 * b.pll[2] <= 800e6  # the PLL's VCO range
+    # the core clock: VCO / CLKOS_DIV, fast enough for line rate (32 bits a cycle)
+    assert b.core_mhz == pytest.approx(125 * b.pll[2] / b.core_div)
+    assert 32 * b.core_mhz >= 1000

@@ -21,6 +21,7 @@ from optireduce.host.op_stats import OpStats
 from optireduce.hw.csr import register_map
 from optireduce.hw.host_adapter import COUNTERS, HostAdapter, reg_reply, reg_request
 from optireduce.params import NicParams
+from optireduce.sim.stream_sim import send_bytes
 
 P = NicParams(p=16, b=64, c=1024, n_max=8)
 FRAG = 96  # words per frame in and out (small, so ops span several frames)
@@ -71,15 +72,7 @@ def _run(
 
     async def drive_frames(ctx):
         for fr in frames_in:
-            for k, b in enumerate(fr):
-                while rng.random() < 0.2:
-                    await ctx.tick()
-                ctx.set(dut.i.valid, 1)
-                ctx.set(dut.i.payload.data[0], b)
-                ctx.set(dut.i.payload.keep, 1)
-                ctx.set(dut.i.payload.last, k == len(fr) - 1)
-                await ctx.tick().until(dut.i.ready)
-                ctx.set(dut.i.valid, 0)
+            await send_bytes(ctx, dut.i, fr, rng, gap=0.2)
         done["in"] = True
 
     async def drive_host_o(ctx):
@@ -101,15 +94,20 @@ def _run(
     async def sinks(ctx):
         frame = bytearray()
         idle = 0
+        pending = []  # [cycles to go, data] per access in flight
         for _ in range(max_cycles):
             # backpressure on every output
             for port in (dut.o, dut.host_cmd, dut.host_i):
                 ctx.set(port.ready, rng.random() < 0.7)
-            # register bank: data valid the cycle after r_en (Csr.LATENCY = 1)
+            # register bank across a clock crossing: each access comes back (csr_done,
+            # a read's data) 1..6 cycles later, and the adapter must wait for it
             r_en, addr = ctx.get(dut.csr_r_en), ctx.get(dut.csr_addr)
             if ctx.get(dut.csr_w_en):
                 out["writes"].append((addr, ctx.get(dut.csr_w_data)))
                 regs[addr] = ctx.get(dut.csr_w_data)
+                pending.append([rng.randint(1, 6), 0])
+            if r_en:
+                pending.append([rng.randint(1, 6), regs.get(addr, 0xDEAD0000 | addr)])
             busy = False
             if ctx.get(dut.o.valid) and ctx.get(dut.o.ready):
                 frame.append(ctx.get(dut.o.payload.data[0]))
@@ -126,8 +124,12 @@ def _run(
                 out["words"].append((pl.data[0], pl.first, pl.last))
                 busy = True
             await ctx.tick()
-            if r_en:
-                ctx.set(dut.csr_r_data, regs.get(addr, 0xDEAD0000 | addr))
+            ctx.set(dut.csr_done, 0)
+            if pending:
+                pending[0][0] -= 1
+                if pending[0][0] == 0:
+                    ctx.set(dut.csr_done, 1)
+                    ctx.set(dut.csr_r_data, pending.pop(0)[1])
             idle = 0 if busy or not (done["in"] and done["msg"]) else idle + 1
             if idle > 200:
                 break

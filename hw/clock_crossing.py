@@ -1,0 +1,112 @@
+"""Crossings between the board's clock domains: `sync` (125 MHz, the MACs and the host
+adapter, one byte per cycle is line rate) and `core` (the NIC core, at the board's
+`core_mhz`; docs/boards.md, "Clocks").
+
+  StreamCrossing  a stream through an AsyncFIFO (gray-coded pointers, amaranth.lib.fifo)
+  CsrCrossing     the register bus: each access goes over as a request, and comes back
+                  as one response (read data, or 0 for a write) a few cycles later
+
+The microsecond tick crosses as a pulse (amaranth.lib.cdc.PulseSynchronizer in the top).
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, Module, Shape, Signal
+from amaranth.lib import stream, wiring
+from amaranth.lib.fifo import AsyncFIFO
+from amaranth.lib.wiring import In, Out
+
+
+class StreamCrossing(wiring.Component):
+    """`i` (in `w_domain`) to `o` (in `r_domain`), in order, nothing dropped. `depth` beats
+    buffer the gap between the two clocks (AsyncFIFO rounds it to a power of two)."""
+
+    def __init__(self, shape, *, w_domain: str, r_domain: str, depth: int = 16) -> None:
+        self.shape, self.depth = shape, depth
+        self.w_domain, self.r_domain = w_domain, r_domain
+        super().__init__({"i": In(stream.Signature(shape)), "o": Out(stream.Signature(shape))})
+
+    def elaborate(self, platform):
+        m = Module()
+        width = Shape.cast(self.shape).width
+        m.submodules.fifo = fifo = AsyncFIFO(
+            width=width, depth=self.depth, w_domain=self.w_domain, r_domain=self.r_domain
+        )
+        m.d.comb += [
+            fifo.w_data.eq(self.i.payload),
+            fifo.w_en.eq(self.i.valid),
+            self.i.ready.eq(fifo.w_rdy),
+            self.o.payload.eq(fifo.r_data),
+            self.o.valid.eq(fifo.r_rdy),
+            fifo.r_en.eq(self.o.ready),
+        ]
+        return m
+
+
+class CsrCrossing(wiring.Component):
+    """The register bus from the host adapter (`domain`, usually sync) to the core's bank
+    (`core_domain`). An access (one cycle of `r_en` or `w_en` with addr and data) is
+    applied to the bank as one cycle there; `done` strobes when it has come back, with
+    `r_data` (a read's data; 0 for a write). One access at a time: the next waits for
+    `done`. Port names are those of the core's bus (csr_*)."""
+
+    def __init__(self, addr_bits: int, *, core_latency: int, domain: str = "sync",
+                 core_domain: str = "core") -> None:  # fmt: skip
+        self.addr_bits, self.core_latency = addr_bits, core_latency
+        self.domain, self.core_domain = domain, core_domain
+        super().__init__(
+            {
+                # the host adapter's side
+                "addr": In(addr_bits),
+                "w_en": In(1),
+                "w_data": In(32),
+                "r_en": In(1),
+                "r_data": Out(32),
+                "done": Out(1),
+                # the core's side
+                "csr_addr": Out(addr_bits),
+                "csr_w_en": Out(1),
+                "csr_w_data": Out(32),
+                "csr_r_en": Out(1),
+                "csr_r_data": In(32),
+            }
+        )
+
+    def elaborate(self, platform):
+        m = Module()
+        a = self.addr_bits
+        h, c = self.domain, self.core_domain
+        m.submodules.req = req = AsyncFIFO(width=a + 34, depth=4, w_domain=h, r_domain=c)
+        m.submodules.rsp = rsp = AsyncFIFO(width=32, depth=4, w_domain=c, r_domain=h)
+
+        # host side: the access goes in as one request; its response is `done`
+        m.d.comb += [
+            req.w_data.eq(Cat(self.addr, self.w_data, self.w_en, self.r_en)),
+            req.w_en.eq(self.w_en | self.r_en),
+            rsp.r_en.eq(1),
+            self.done.eq(rsp.r_rdy),
+            self.r_data.eq(rsp.r_data),
+        ]
+
+        # core side: a request is one bus cycle; core_latency cycles later its data is
+        # pushed back (the response FIFO has room: one access at a time)
+        addr, w_data = req.r_data[:a], req.r_data[a : a + 32]
+        w_en, r_en = req.r_data[a + 32], req.r_data[a + 33]
+        m.d.comb += [
+            req.r_en.eq(1),
+            self.csr_addr.eq(addr),
+            self.csr_w_data.eq(w_data),
+            self.csr_w_en.eq(req.r_rdy & w_en),
+            self.csr_r_en.eq(req.r_rdy & r_en),
+        ]
+        pending = Signal(self.core_latency, name="csr_pending")  # a shift of accesses
+        was_read = Signal(self.core_latency, name="csr_was_read")
+        m.d[c] += [
+            pending.eq(Cat(req.r_rdy, pending[:-1])),
+            was_read.eq(Cat(req.r_rdy & r_en, was_read[:-1])),
+        ]
+        m.d.comb += [
+            rsp.w_en.eq(pending[-1]),
+            rsp.w_data.eq(self.csr_r_data & was_read[-1].replicate(32)),
+        ]
+        return m

@@ -1,0 +1,116 @@
+"""What a board puts around the NIC core, between the MACs (domain `sync`, 125 MHz) and
+the core (domain `core`, the board's core clock; docs/boards.md, "Clocks"):
+
+  host_rx (bytes) -> HostAdapter -> host_cmd, host_i --StreamCrossing--> core
+                                 <- host_o          <-StreamCrossing--  core
+                     CSR bus     <-> CsrCrossing <-> core's register bank
+  net_rx (bytes)  -> Widen(8)    --StreamCrossing--> core net_rx
+  net_tx (bytes)  <- Narrow(8)  <-StreamCrossing--  core net_tx
+  tick (sync)     --PulseSynchronizer--> core tick
+
+The host adapter stays at 125 MHz so that the host port takes a byte per cycle, line rate;
+the core's network port (8 bytes a beat) and host words (4) are line rate at
+31.25 MHz and up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from amaranth import DomainRenamer, Module
+from amaranth.lib import wiring
+from amaranth.lib.cdc import PulseSynchronizer
+from amaranth.lib.wiring import In, Out
+
+from optireduce.hw.board_frames import Narrow, Widen
+from optireduce.hw.clock_crossing import CsrCrossing, StreamCrossing
+from optireduce.hw.csr import Csr
+from optireduce.hw.host_adapter import CMD_LAYOUT, OUT_LAYOUT, HostAdapter
+from optireduce.hw.streams import float_layout, frame_layout, frame_stream
+from optireduce.params import NicParams
+
+NET_BYTES = 8  # the core's network port: 8 bytes per beat
+
+
+class NicShell(wiring.Component):
+    """The host adapter, the width converters and the crossings around `core(p)`, which
+    runs in `core_domain`. Ports (all in sync): `host_rx`/`host_tx` and `net_rx`/`net_tx`
+    byte frames (toward the MACs), `tick` (one cycle per microsecond)."""
+
+    def __init__(self, p: NicParams, core: Callable[[NicParams], wiring.Component] | None = None,
+                 *, core_domain: str = "core", **adapter_args) -> None:  # fmt: skip
+        if core is None:
+            from optireduce.hw.nic_core import NicCore
+
+            core = NicCore
+        self.p, self.core_domain = p, core_domain
+        self.core = core(p)
+        self.host = HostAdapter(p, **adapter_args)
+        super().__init__(
+            {
+                "host_rx": In(frame_stream(1)),
+                "host_tx": Out(frame_stream(1)),
+                "net_rx": In(frame_stream(1)),
+                "net_tx": Out(frame_stream(1)),
+                "tick": In(1),
+            }
+        )
+
+    def elaborate(self, platform):
+        m = Module()
+        c = self.core_domain
+        m.submodules.core = core = DomainRenamer(c)(self.core)
+        m.submodules.host = host = self.host
+        m.submodules.widen = widen = Widen(NET_BYTES)
+        m.submodules.narrow = narrow = Narrow(NET_BYTES)
+
+        def crossing(name: str, shape, to_core: bool) -> StreamCrossing:
+            w, r = ("sync", c) if to_core else (c, "sync")
+            m.submodules[name] = x = StreamCrossing(shape, w_domain=w, r_domain=r)
+            return x
+
+        # host port: commands and words in, results out
+        cmd = crossing("x_host_cmd", CMD_LAYOUT, True)
+        h_in = crossing("x_host_i", float_layout(1), True)
+        h_out = crossing("x_host_o", OUT_LAYOUT, False)
+        wiring.connect(m, wiring.flipped(self.host_rx), host.i)
+        wiring.connect(m, host.o, wiring.flipped(self.host_tx))
+        wiring.connect(m, host.host_cmd, cmd.i)
+        wiring.connect(m, cmd.o, core.host_cmd)
+        wiring.connect(m, host.host_i, h_in.i)
+        wiring.connect(m, h_in.o, core.host_i)
+        wiring.connect(m, core.host_o, h_out.i)
+        wiring.connect(m, h_out.o, host.host_o)
+
+        # register bus
+        m.submodules.x_csr = csr = CsrCrossing(
+            host.csr_addr_bits, core_latency=Csr.LATENCY, core_domain=c
+        )
+        m.d.comb += [
+            csr.addr.eq(host.csr_addr),
+            csr.w_en.eq(host.csr_w_en),
+            csr.w_data.eq(host.csr_w_data),
+            csr.r_en.eq(host.csr_r_en),
+            host.csr_r_data.eq(csr.r_data),
+            host.csr_done.eq(csr.done),
+            core.csr_addr.eq(csr.csr_addr),
+            core.csr_w_en.eq(csr.csr_w_en),
+            core.csr_w_data.eq(csr.csr_w_data),
+            core.csr_r_en.eq(csr.csr_r_en),
+            csr.csr_r_data.eq(core.csr_r_data),
+        ]
+
+        # network port: 32-bit words cross
+        n_in = crossing("x_net_rx", frame_layout(NET_BYTES), True)
+        n_out = crossing("x_net_tx", frame_layout(NET_BYTES), False)
+        wiring.connect(m, wiring.flipped(self.net_rx), widen.i)
+        wiring.connect(m, widen.o, n_in.i)
+        wiring.connect(m, n_in.o, core.net_rx)
+        wiring.connect(m, core.net_tx, n_out.i)
+        wiring.connect(m, n_out.o, narrow.i)
+        wiring.connect(m, narrow.o, wiring.flipped(self.net_tx))
+
+        # the microsecond tick
+        m.submodules.x_tick = tick = PulseSynchronizer("sync", c)
+        m.d.comb += [tick.i.eq(self.tick), core.tick.eq(tick.o)]
+        return m
