@@ -3,6 +3,7 @@ the core (domain `core`, the board's core clock; docs/boards.md, "Clocks"):
 
   host_rx (bytes) -> HostAdapter -> host_cmd, host_i --StreamCrossing--> core
                                  <- host_o          <-StreamCrossing--  core
+                 (byte streams and host_o pass a registered Skid at the shell's edge)
                      CSR bus     <-> CsrCrossing <-> core's register bank
   net_rx (bytes)  -> Widen(8)    --StreamCrossing--> core net_rx
   net_tx (bytes)  <- Narrow(8)  <-StreamCrossing--  core net_tx
@@ -26,6 +27,7 @@ from optireduce.hw.board_frames import Narrow, Widen
 from optireduce.hw.clock_crossing import CsrCrossing, StreamCrossing
 from optireduce.hw.csr import Csr
 from optireduce.hw.host_adapter import CMD_LAYOUT, OUT_LAYOUT, HostAdapter
+from optireduce.hw.skid import Skid
 from optireduce.hw.streams import float_layout, frame_layout, frame_stream
 from optireduce.params import NicParams
 
@@ -69,18 +71,25 @@ class NicShell(wiring.Component):
             m.submodules[name] = x = StreamCrossing(shape, w_domain=w, r_domain=r)
             return x
 
+        def buffered(name: str, shape, src, dst) -> None:
+            """src -> a registered skid -> dst: no logic of one side in front of the
+            other's registers (the MACs, the demux and the FIFOs' flags at 125 MHz)."""
+            m.submodules[name] = b = Skid(shape, registered=True)
+            wiring.connect(m, src, b.i)
+            wiring.connect(m, b.o, dst)
+
         # host port: commands and words in, results out
         cmd = crossing("x_host_cmd", CMD_LAYOUT, True)
         h_in = crossing("x_host_i", float_layout(1), True)
         h_out = crossing("x_host_o", OUT_LAYOUT, False)
-        wiring.connect(m, wiring.flipped(self.host_rx), host.i)
-        wiring.connect(m, host.o, wiring.flipped(self.host_tx))
+        buffered("b_host_rx", frame_layout(1), wiring.flipped(self.host_rx), host.i)
+        buffered("b_host_tx", frame_layout(1), host.o, wiring.flipped(self.host_tx))
         wiring.connect(m, host.host_cmd, cmd.i)
         wiring.connect(m, cmd.o, core.host_cmd)
         wiring.connect(m, host.host_i, h_in.i)
         wiring.connect(m, h_in.o, core.host_i)
         wiring.connect(m, core.host_o, h_out.i)
-        wiring.connect(m, h_out.o, host.host_o)
+        buffered("b_host_o", OUT_LAYOUT, h_out.o, host.host_o)
 
         # register bus
         m.submodules.x_csr = csr = CsrCrossing(
@@ -103,12 +112,12 @@ class NicShell(wiring.Component):
         # network port: 32-bit words cross
         n_in = crossing("x_net_rx", frame_layout(NET_BYTES), True)
         n_out = crossing("x_net_tx", frame_layout(NET_BYTES), False)
-        wiring.connect(m, wiring.flipped(self.net_rx), widen.i)
+        buffered("b_net_rx", frame_layout(1), wiring.flipped(self.net_rx), widen.i)
         wiring.connect(m, widen.o, n_in.i)
         wiring.connect(m, n_in.o, core.net_rx)
         wiring.connect(m, core.net_tx, n_out.i)
         wiring.connect(m, n_out.o, narrow.i)
-        wiring.connect(m, narrow.o, wiring.flipped(self.net_tx))
+        buffered("b_net_tx", frame_layout(1), narrow.o, wiring.flipped(self.net_tx))
 
         # the microsecond tick
         m.submodules.x_tick = tick = PulseSynchronizer("sync", c)

@@ -62,19 +62,28 @@ class RgmiiTx(wiring.Component):
         frame_out = fifo.o.valid & fifo.o.ready & fifo.o.payload.last
         m.d.sync += frames.eq(frames + frame_in - frame_out)
 
+        txd, tx_en, tx_er = self.txd, self.tx_en, self.tx_er
+        m.d.sync += [tx_en.eq(0), tx_er.eq(0), txd.eq(0)]  # overridden below while sending
+
+        # The FCS runs one byte behind the wire: each cycle folds in the byte sent the cycle
+        # before (txd, when `upd`), so the CRC logic starts at a register, not the FIFO's
+        # block RAM output (125 MHz).
         crc = Signal(32, init=CRC_INIT)
+        upd = Signal()
+        crc_now = Signal(32)  # crc with the byte on txd folded in
+        m.d.comb += crc_now.eq(crc32_next(crc, txd))
+        m.d.sync += upd.eq(0)  # set by send() below
+        with m.If(upd):
+            m.d.sync += crc.eq(crc_now)
         cnt = Signal(range(self.min_payload + 1))  # bytes sent, saturating at min_payload
         k = Signal(range(max(PREAMBLE_LEN + 1, 4)))
         gap = Signal(range(max(self.ifg, 1)))
         fcs = Signal(32)
 
-        txd, tx_en, tx_er = self.txd, self.tx_en, self.tx_er
-        m.d.sync += [tx_en.eq(0), tx_er.eq(0), txd.eq(0)]  # overridden below while sending
-
         def send(byte, crc_update: bool = True):
             m.d.sync += [txd.eq(byte), tx_en.eq(1)]
             if crc_update:
-                m.d.sync += crc.eq(crc32_next(crc, byte))
+                m.d.sync += upd.eq(1)
                 with m.If(cnt < self.min_payload):
                     m.d.sync += cnt.eq(cnt + 1)
 
@@ -108,9 +117,10 @@ class RgmiiTx(wiring.Component):
                 with m.If(cnt == self.min_payload - 1):
                     m.next = "FCS"
             with m.State("FCS"):
-                # crc holds the register after the last data or pad byte.
+                # crc_now: the CRC with the last data or pad byte (on txd now) folded in.
                 with m.If(k == PREAMBLE_LEN):  # first FCS cycle (k still at its PRE value)
-                    m.d.sync += [txd.eq(~crc[:8]), tx_en.eq(1), fcs.eq(~crc >> 8), k.eq(1)]
+                    m.d.sync += [txd.eq(~crc_now[:8]), tx_en.eq(1), fcs.eq(~crc_now >> 8),
+                                 k.eq(1)]  # fmt: skip
                 with m.Else():
                     m.d.sync += [txd.eq(fcs[:8]), tx_en.eq(1), fcs.eq(fcs >> 8), k.eq(k + 1)]
                     with m.If(k == 3):

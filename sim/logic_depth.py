@@ -9,10 +9,12 @@ paths can be seen, and fixed, all at once; nextpnr's Fmax stays the measure.
 
     python -m optireduce.sim.logic_depth gather_tracker   # a block of `optireduce bench rtl`
     python -m optireduce.sim.logic_depth --board ecpix5   # a whole board, ranked by source
+    python -m optireduce.sim.logic_depth --board ecpix5 --domain sync   # one clock's paths
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import sys
@@ -35,6 +37,7 @@ class Endpoint:
     source: str  # the register the slowest path starts from
     cells: int  # combinational cells on that path
     via: tuple[str, str] | None = None  # the cell output driving it (for `path`)
+    clock: str = ""  # the sink's clock net
 
 
 def _base(name: str) -> str:
@@ -48,7 +51,13 @@ Arrival = tuple[float, str, int, "Key | None"]  # ns, start register, cells, slo
 
 def analyse(netlist: Path, top: str) -> tuple[list[Endpoint], dict]:
     """Every endpoint's arrival time (ns), slowest first, and the trace table for `path`."""
-    cells = json.loads(netlist.read_text())["modules"][top]["cells"]
+    module = json.loads(netlist.read_text())["modules"][top]
+    cells = module["cells"]
+    net_name: dict[int, str] = {}  # bit -> its shortest public net name
+    for n, info in module.get("netnames", {}).items():
+        for b in info["bits"]:
+            if isinstance(b, int) and (b not in net_name or len(n) < len(net_name[b])):
+                net_name[b] = n
     driver: dict[int, Key] = {}  # bit -> (cell, output port)
     for name, c in cells.items():
         for port, bits in c["connections"].items():
@@ -115,6 +124,9 @@ def analyse(netlist: Path, top: str) -> tuple[list[Endpoint], dict]:
         typ = c["type"]
         if typ not in CLK_TO_Q:
             continue
+        conn = c["connections"]
+        clks = [bits[0] for port, bits in conn.items() if port.startswith(("CLK", "WCK"))]
+        clock = next((net_name.get(b, "") for b in clks if isinstance(b, int)), "")
         for port, bits in c["connections"].items():
             if c["port_directions"].get(port) != "input" or port.startswith(("CLK", "WCK")):
                 continue
@@ -124,7 +136,7 @@ def analyse(netlist: Path, top: str) -> tuple[list[Endpoint], dict]:
                 t, src, n, via = arrival(b)
                 e = out.get(_base(name))
                 if e is None or t > e.ns:
-                    out[_base(name)] = Endpoint(round(t, 2), _base(name), src, n, via)
+                    out[_base(name)] = Endpoint(round(t, 2), _base(name), src, n, via, clock)
     return sorted(out.values(), key=lambda e: -e.ns), memo
 
 
@@ -149,12 +161,14 @@ def block_depth(block: str, limit_ns: float = 8.0) -> list[Endpoint]:
     return [e for e in analyse(ecp5_netlist(comp, top), top)[0] if e.ns > limit_ns]
 
 
-def board_depth(board: str, limit_ns: float = 8.0) -> list[Endpoint]:
+def board_depth(board: str, limit_ns: float = 8.0, domain: str | None = None) -> list[Endpoint]:
     """The endpoints of a whole board build (`sim/bitstream.py: board_netlist`) slower
-    than `limit_ns`: the paths between blocks, which no block's own netlist shows."""
-    from optireduce.sim.bitstream import board_netlist
+    than `limit_ns`: the paths between blocks, which no block's own netlist shows.
+    `domain`: only the registers of that clock domain (sync, core, eth0_rx, ...)."""
+    from optireduce.sim.bitstream import _domain, board_netlist
 
-    return [e for e in analyse(board_netlist(board), "top")[0] if e.ns > limit_ns]
+    slow = [e for e in analyse(board_netlist(board), "top")[0] if e.ns > limit_ns]
+    return [e for e in slow if domain is None or _domain(e.clock) == domain]
 
 
 def by_source(slow: list[Endpoint]) -> list[tuple[Endpoint, int]]:
@@ -167,16 +181,33 @@ def by_source(slow: list[Endpoint]) -> list[tuple[Endpoint, int]]:
     return [(e, count[s]) for s, e in first.items()]
 
 
-if __name__ == "__main__":
-    args = sys.argv[1:]
-    if args[:1] == ["--board"] and len(args) == 2:
-        slow = board_depth(args[1])
-        print(f"{args[1]}: {len(slow)} registers with paths over 8 ns (125 MHz), by source")
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m optireduce.sim.logic_depth",
+        description="Rank the registers whose input paths are slowest (fixed cost per cell).",
+    )
+    ap.add_argument("blocks", nargs="*", help="blocks of `optireduce bench rtl`")
+    ap.add_argument("--board", help="a whole board build instead (colorlight, ecpix5, ...)")
+    ap.add_argument("--domain", help="with --board: only this clock domain's registers")
+    ap.add_argument("--limit-ns", type=float, default=8.0, help="list paths over this (8: 125 MHz)")
+    args = ap.parse_args(argv)
+    if bool(args.board) == bool(args.blocks):
+        ap.error("give either --board NAME or block names")
+    if args.board:
+        slow = board_depth(args.board, args.limit_ns, args.domain)
+        where = f" in {args.domain}" if args.domain else ""
+        print(f"{args.board}: {len(slow)} registers{where} with paths over {args.limit_ns} ns, "
+              "by source")  # fmt: skip
         for e, n in by_source(slow)[:60]:
             print(f"  {e.ns:6.2f} ns  {e.cells:3d} cells  {n:4d} sinks  {e.source} -> {e.sink}")
-        sys.exit(0)
-    for blk in args:
-        slow = block_depth(blk)
-        print(f"{blk}: {len(slow)} registers with paths over 8 ns (125 MHz)")
+        return 0
+    for blk in args.blocks:
+        slow = block_depth(blk, args.limit_ns)
+        print(f"{blk}: {len(slow)} registers with paths over {args.limit_ns} ns")
         for e in slow[:40]:
             print(f"  {e.ns:6.2f} ns  {e.cells:3d} cells  {e.source} -> {e.sink}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -21,9 +21,9 @@ def _cell(typ, ins: dict, outs: dict) -> dict:
     return {"type": typ, "connections": conns, "port_directions": dirs}
 
 
-def _netlist(tmp_path, cells: dict):
+def _netlist(tmp_path, cells: dict, netnames: dict | None = None):
     f = tmp_path / "n.json"
-    f.write_text(json.dumps({"modules": {"top": {"cells": cells}}}))
+    f.write_text(json.dumps({"modules": {"top": {"cells": cells, "netnames": netnames or {}}}}))
     return f
 
 
@@ -41,6 +41,21 @@ def test_two_luts_between_registers(tmp_path):
     assert b.source == "a" and b.cells == 2
     assert b.ns == pytest.approx(CLK_TO_Q["TRELLIS_FF"] + 3 * NET_NS + 2 * LUT, abs=0.01)
     assert [s.split()[1] for s in path(b, memo)] == ["a_TRELLIS_FF_Q.Q", "l1.Z", "l2.Z"]
+
+
+def test_each_endpoint_names_its_clock(tmp_path):
+    # two registers on two clocks: each endpoint carries its own clock net, mapped to its
+    # domain as nextpnr's report is (sim/bitstream.py _domain)
+    from optireduce.sim.bitstream import _domain
+
+    cells = {
+        "a_TRELLIS_FF_Q": _cell("TRELLIS_FF", {"CLK": [1], "DI": [4]}, {"Q": [2]}),
+        "b_TRELLIS_FF_Q": _cell("TRELLIS_FF", {"CLK": [6], "DI": [2]}, {"Q": [4]}),
+    }
+    names = {"clk": {"bits": [1]}, "core_clk": {"bits": [6]}, "shell.core.clk": {"bits": [6]}}
+    eps, _ = analyse(_netlist(tmp_path, cells, names), "top")
+    clocks = {e.sink: _domain(e.clock) for e in eps}
+    assert clocks == {"a": "sync", "b": "core"}
 
 
 def test_a_carry_chain_has_no_net_between_its_cells(tmp_path):
