@@ -287,19 +287,28 @@ class HostAdapter(wiring.Component):
 
         payload_bytes = nbytes - HEAD
         word_kind = (kind == host_port.START) | (kind == host_port.DATA) | (kind == REG)
+        # the sequence checks' wide compares and sums, registered in PRE_JUDGE (125 MHz)
+        plen, end = Signal(16), Signal(33)
+        new_op, other_op, gap = Signal(), Signal(), Signal()
+        pre_judge = [
+            plen.eq(payload_bytes),
+            end.eq(offset + count),
+            new_op.eq(op_id != next_op),
+            other_op.eq(op_id != cur_op),
+            gap.eq(offset != got),
+        ]
         verdicts = {
             "drop_not_host": (nbytes < HEAD) | (ethertype != host_port.ETHERTYPE),
             "drop_bad_header": (version != host_port.VERSION) | (kind > REG),
             "drop_unsupported": ~word_kind,
-            "drop_bad_length": (payload_bytes != count * 4) | ((kind == REG) & count[0]),
+            "drop_bad_length": (plen != count * 4) | ((kind == REG) & count[0]),
             "drop_too_long": count > self.rx_words,
             "drop_bad_op": (kind == host_port.START)
             & ((n == 0) | (n > p.c) | (offset != 0) | (count > n)),
             "drop_sequence": Mux(
                 kind == host_port.START,
-                op_id != next_op,
-                (kind == host_port.DATA)
-                & (~open_ | (op_id != cur_op) | (offset != got) | (offset + count > cur_n)),
+                new_op,
+                (kind == host_port.DATA) & (~open_ | other_op | gap | (cur_n < end)),
             ),
         }  # first that holds names the drop, in this order
         reg_i = Signal(16)  # REG: index of the pair
@@ -322,12 +331,15 @@ class HostAdapter(wiring.Component):
                             wr.en.eq((k[:2] == 3) & (k[2:] < self.rx_words)),
                         ]
                     with m.If(self.i.payload.last):
-                        m.next = "JUDGE"
+                        m.next = "PRE_JUDGE"
+            with m.State("PRE_JUDGE"):
+                m.d.sync += pre_judge
+                m.next = "JUDGE"
             bits = [Signal(name=f"v_{k}") for k in verdicts]
             with m.State("JUDGE"):
                 # every check registered on its own (125 MHz), the first that holds is
                 # picked in CHECK; nbytes counts every byte but the last one's increment is
-                # in: all in. Nothing the checks read moves in these two states.
+                # in: all in. Nothing the checks read moves in these three states.
                 m.d.sync += [b.eq(v) for b, v in zip(bits, verdicts.values(), strict=True)]
                 m.next = "CHECK"
             with m.State("CHECK"):
@@ -458,9 +470,13 @@ class HostAdapter(wiring.Component):
         s = Signal(range(depth + 1))  # record start = n
         rec = {k: Signal(32, name=f"rec_{k}") for k in ("op_id", "n", "exponent", "world")}
         off = Signal(32)
+        left = Signal(32)  # result words not sent yet (s - off)
+        chunk = Signal(range(self.tx_fragment + 1))  # the next fragment's words
         frag = self.tx_fragment
         want = {"op_id": 0, "n": 1, "exponent": 2, "world": RECORD_FIXED - 1}
         rec_idx = Signal(range(len(want) + 1))
+        raddr = Signal.like(s)  # the next record word's address (registered: 125 MHz)
+        offs = Array(Const(v, 8) for v in [*want.values(), 0, 0])  # rec_idx + 1 <= 5
 
         with m.FSM():
             with m.State("FILL"):
@@ -477,7 +493,7 @@ class HostAdapter(wiring.Component):
             with m.State("SPLIT"):
                 rlen = RECORD_FIXED + 1 + self.world
                 ok = (nwords <= depth) & (nwords >= rlen)
-                m.d.sync += [s.eq(nwords - rlen), rec_idx.eq(0)]
+                m.d.sync += [s.eq(nwords - rlen), raddr.eq(nwords - rlen), rec_idx.eq(0)]
                 with m.If(ok):
                     m.next = "RECORD"
                 with m.Else():
@@ -486,9 +502,8 @@ class HostAdapter(wiring.Component):
                     m.next = "FILL"
             with m.State("RECORD"):
                 # read the four record words the headers need, one per cycle (latency 1)
-                offs = Array(Const(v, 8) for v in want.values())
-                m.d.comb += rd.addr.eq(s + offs[rec_idx])
-                m.d.sync += rec_idx.eq(rec_idx + 1)
+                m.d.comb += rd.addr.eq(raddr)
+                m.d.sync += [rec_idx.eq(rec_idx + 1), raddr.eq(s + offs[rec_idx + 1])]
                 for k, name in enumerate(want):
                     with m.If(rec_idx == k + 1):
                         m.d.sync += rec[name].eq(rd.data)
@@ -496,37 +511,39 @@ class HostAdapter(wiring.Component):
                     m.next = "VERIFY"
             with m.State("VERIFY"):
                 good = (rec["n"] == s) & (rec["world"] == self.world)
-                m.d.sync += off.eq(0)
+                m.d.sync += [off.eq(0), left.eq(s)]
                 with m.If(good & (s == 0)):
                     m.next = "STATS"
                 with m.Elif(good):
-                    m.next = "RESULT"
+                    m.next = "CHUNK"
                 with m.Else():
                     m.d.comb += inc["bad_records"].eq(1)
                     m.d.sync += nwords.eq(0)
                     m.next = "FILL"
-            left = s - off
             fields = [
                 sender.op_id.eq(rec["op_id"]),
                 sender.n.eq(s),
                 sender.exponent.eq(rec["exponent"][:8]),
             ]
+            with m.State("CHUNK"):  # the fragment's size, registered before it is used
+                m.d.sync += chunk.eq(Mux(left > frag, frag, left))
+                m.next = "RESULT"
             with m.State("RESULT"):
                 m.d.comb += [
                     *fields,
                     sender.kind.eq(host_port.RESULT),
                     sender.offset.eq(off),
                     sender.base.eq(off),
-                    sender.count.eq(Mux(left > frag, frag, left)),
+                    sender.count.eq(chunk),
                     sender.start.eq(1),
                 ]
-                m.d.sync += off.eq(off + Mux(left > frag, frag, left))
+                m.d.sync += [off.eq(off + chunk), left.eq(left - chunk)]
                 m.next = "RESULT_WAIT"
             with m.State("RESULT_WAIT"), m.If(~sender.busy & ~sender.start):
-                with m.If(off == s):
+                with m.If(left == 0):
                     m.next = "STATS"
                 with m.Else():
-                    m.next = "RESULT"
+                    m.next = "CHUNK"
             with m.State("STATS"):
                 m.d.comb += [
                     *fields,
