@@ -29,6 +29,8 @@ from amaranth.lib.cdc import FFSynchronizer, ResetSynchronizer
 from optireduce.hw.board_frames import EtherTypeDemux, FrameMux
 from optireduce.hw.nic_shell import NicShell
 from optireduce.hw.rgmii_mac import RgmiiMac
+from optireduce.hw.skid import Skid
+from optireduce.hw.streams import frame_layout
 from optireduce.params import NicParams
 
 SYNC_MHZ = 125  # one byte per cycle on the RGMII side is 1 Gb/s
@@ -171,7 +173,11 @@ class BoardTop(Elaboratable):
                 m.d.comb += phy_rst.o.eq(phy_in_reset)
             mac = RgmiiMac(p, pads=rgmii_pads(pads), rx_domain=dom)
             m.submodules[f"eth{k}_mac"] = mac
-            macs.append(mac)
+            # received frames leave through a registered skid: the MAC's CDC FIFO flags
+            # and the demux / adapter logic never share a path (125 MHz)
+            m.submodules[f"eth{k}_rx_skid"] = rx = Skid(frame_layout(1), registered=True)
+            wiring.connect(m, mac.o, rx.i)
+            macs.append((rx.o, mac.i))
             links.append(self._clock_alive(m, dom, k))
             acts.append(self._activity(m, mac, k))
 
@@ -179,21 +185,21 @@ class BoardTop(Elaboratable):
         m.submodules.shell = shell = NicShell(p, self.core)
         m.d.comb += shell.tick.eq(tick)
         if len(macs) == 2:
-            host_mac, net_mac = macs
-            wiring.connect(m, host_mac.o, shell.host_rx)
-            wiring.connect(m, shell.host_tx, host_mac.i)
-            wiring.connect(m, net_mac.o, shell.net_rx)
-            wiring.connect(m, shell.net_tx, net_mac.i)
+            (host_rx, host_tx), (net_rx, net_tx) = macs
+            wiring.connect(m, host_rx, shell.host_rx)
+            wiring.connect(m, shell.host_tx, host_tx)
+            wiring.connect(m, net_rx, shell.net_rx)
+            wiring.connect(m, shell.net_tx, net_tx)
         else:
-            (mac,) = macs
+            ((mac_rx, mac_tx),) = macs
             m.submodules.demux = demux = EtherTypeDemux()
             m.submodules.tx_mux = tx_mux = FrameMux()
-            wiring.connect(m, mac.o, demux.i)
+            wiring.connect(m, mac_rx, demux.i)
             wiring.connect(m, demux.host, shell.host_rx)
             wiring.connect(m, demux.net, shell.net_rx)
             wiring.connect(m, shell.host_tx, tx_mux.a)
             wiring.connect(m, shell.net_tx, tx_mux.b)
-            wiring.connect(m, tx_mux.o, mac.i)
+            wiring.connect(m, tx_mux.o, mac_tx)
 
         b.leds(platform, m, {"link": links, "activity": acts, "locked": locked})
         return m

@@ -11,15 +11,18 @@ The microsecond tick crosses as a pulse (amaranth.lib.cdc.PulseSynchronizer in t
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Shape, Signal
+from amaranth import Cat, DomainRenamer, Module, Shape, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.fifo import AsyncFIFO
 from amaranth.lib.wiring import In, Out
 
+from optireduce.hw.skid import Skid
+
 
 class StreamCrossing(wiring.Component):
     """`i` (in `w_domain`) to `o` (in `r_domain`), in order, nothing dropped. `depth` beats
-    buffer the gap between the two clocks (AsyncFIFO rounds it to a power of two)."""
+    buffer the gap between the two clocks (AsyncFIFO rounds it to a power of two); both
+    ends are registers (a registered Skid on each side)."""
 
     def __init__(self, shape, *, w_domain: str, r_domain: str, depth: int = 16) -> None:
         self.shape, self.depth = shape, depth
@@ -32,13 +35,19 @@ class StreamCrossing(wiring.Component):
         m.submodules.fifo = fifo = AsyncFIFO(
             width=width, depth=self.depth, w_domain=self.w_domain, r_domain=self.r_domain
         )
+        # a registered skid on each side: the FIFO's flag logic (gray compares) and the
+        # neighbours' logic never share a path (125 MHz on the MACs' side)
+        m.submodules.w_skid = w = DomainRenamer(self.w_domain)(Skid(self.shape, registered=True))
+        m.submodules.r_skid = r = DomainRenamer(self.r_domain)(Skid(self.shape, registered=True))
+        wiring.connect(m, wiring.flipped(self.i), w.i)
+        wiring.connect(m, r.o, wiring.flipped(self.o))
         m.d.comb += [
-            fifo.w_data.eq(self.i.payload),
-            fifo.w_en.eq(self.i.valid),
-            self.i.ready.eq(fifo.w_rdy),
-            self.o.payload.eq(fifo.r_data),
-            self.o.valid.eq(fifo.r_rdy),
-            fifo.r_en.eq(self.o.ready),
+            fifo.w_data.eq(w.o.payload),
+            fifo.w_en.eq(w.o.valid),
+            w.o.ready.eq(fifo.w_rdy),
+            r.i.payload.eq(fifo.r_data),
+            r.i.valid.eq(fifo.r_rdy),
+            fifo.r_en.eq(r.i.ready),
         ]
         return m
 
@@ -79,14 +88,14 @@ class CsrCrossing(wiring.Component):
         m.submodules.req = req = AsyncFIFO(width=a + 34, depth=4, w_domain=h, r_domain=c)
         m.submodules.rsp = rsp = AsyncFIFO(width=32, depth=4, w_domain=c, r_domain=h)
 
-        # host side: the access goes in as one request; its response is `done`
+        # host side: the access goes in as one request; its response is `done`, registered
+        # (the FIFO's flag logic is not in front of the adapter's registers)
         m.d.comb += [
             req.w_data.eq(Cat(self.addr, self.w_data, self.w_en, self.r_en)),
             req.w_en.eq(self.w_en | self.r_en),
             rsp.r_en.eq(1),
-            self.done.eq(rsp.r_rdy),
-            self.r_data.eq(rsp.r_data),
         ]
+        m.d[h] += [self.done.eq(rsp.r_rdy), self.r_data.eq(rsp.r_data)]
 
         # core side: a request is one bus cycle; core_latency cycles later its data is
         # pushed back (the response FIFO has room: one access at a time)

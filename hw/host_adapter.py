@@ -43,7 +43,8 @@ from optireduce.host import host_port
 from optireduce.hw.board_frames import FrameMux
 from optireduce.hw.csr import register_map
 from optireduce.hw.nic_core import host_cmd_layout, host_word_layout
-from optireduce.hw.streams import float_stream, frame_stream
+from optireduce.hw.skid import Skid
+from optireduce.hw.streams import float_stream, frame_layout, frame_stream
 from optireduce.params import NicParams
 
 REG = host_port.REG  # register access on the board (CONFIG is the replay's JSON)
@@ -119,6 +120,10 @@ class _FrameSender(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
+        # the bytes leave through a registered skid: nothing of the header mux or the
+        # word select is in front of the next block's registers (125 MHz)
+        m.submodules.out = out = Skid(frame_layout(1), registered=True)
+        wiring.connect(m, out.o, wiring.flipped(self.o))
         f = {k: Signal.like(getattr(self, k), name=f"f_{k}") for k in
              ("kind", "count", "op_id", "offset", "n", "exponent", "base")}  # fmt: skip
         dst = Const(int.from_bytes(host_port.HOST_MAC, "big"), 48)
@@ -134,11 +139,11 @@ class _FrameSender(wiring.Component):
         byte = Signal(2)
         word = Signal(32)  # the word being sent, loaded from rd_data (BRAM -> FF, no logic)
         hs = Signal()
-        m.d.comb += hs.eq(self.o.valid & self.o.ready)
+        m.d.comb += hs.eq(out.i.valid & out.i.ready)
         last_word = widx == f["count"] - 1
         # the next word's address is out for the whole of this word (>= 4 cycles), so
         # rd_data holds it when the last byte goes
-        m.d.comb += [self.o.payload.keep.eq(1), self.rd_addr.eq(f["base"] + widx + 1)]
+        m.d.comb += [out.i.payload.keep.eq(1), self.rd_addr.eq(f["base"] + widx + 1)]
         with m.FSM():
             with m.State("IDLE"), m.If(self.start):
                 m.d.sync += [f[k].eq(getattr(self, k)) for k in f]
@@ -148,9 +153,9 @@ class _FrameSender(wiring.Component):
                 m.d.comb += [
                     self.busy.eq(1),
                     self.rd_addr.eq(f["base"]),
-                    self.o.valid.eq(1),
-                    self.o.payload.data[0].eq(head_bytes[pos]),
-                    self.o.payload.last.eq((pos == HEAD - 1) & (f["count"] == 0)),
+                    out.i.valid.eq(1),
+                    out.i.payload.data[0].eq(head_bytes[pos]),
+                    out.i.payload.last.eq((pos == HEAD - 1) & (f["count"] == 0)),
                 ]
                 with m.If(hs):
                     m.d.sync += pos.eq(pos + 1)
@@ -162,9 +167,9 @@ class _FrameSender(wiring.Component):
             with m.State("WORDS"):
                 m.d.comb += [
                     self.busy.eq(1),
-                    self.o.valid.eq(1),
-                    self.o.payload.data[0].eq(word.word_select(~byte, 8)),
-                    self.o.payload.last.eq(last_word & (byte == 3)),
+                    out.i.valid.eq(1),
+                    out.i.payload.data[0].eq(word.word_select(~byte, 8)),
+                    out.i.payload.last.eq(last_word & (byte == 3)),
                 ]
                 with m.If(hs):
                     m.d.sync += byte.eq(byte + 1)
@@ -474,9 +479,11 @@ class HostAdapter(wiring.Component):
         chunk = Signal(range(self.tx_fragment + 1))  # the next fragment's words
         frag = self.tx_fragment
         want = {"op_id": 0, "n": 1, "exponent": 2, "world": RECORD_FIXED - 1}
-        rec_idx = Signal(range(len(want) + 1))
+        rec_idx = Signal(range(len(want) + 2))
+        rd_q = Signal(32)
+        m.d.sync += rd_q.eq(rd.data)
         raddr = Signal.like(s)  # the next record word's address (registered: 125 MHz)
-        offs = Array(Const(v, 8) for v in [*want.values(), 0, 0])  # rec_idx + 1 <= 5
+        offs = Array(Const(v, 8) for v in [*want.values(), 0, 0, 0])  # rec_idx + 1 <= 6
 
         with m.FSM():
             with m.State("FILL"):
@@ -502,12 +509,13 @@ class HostAdapter(wiring.Component):
                     m.next = "FILL"
             with m.State("RECORD"):
                 # read the four record words the headers need, one per cycle (latency 1)
+                # (the word lands in rd_q first: no logic after the block RAM's output)
                 m.d.comb += rd.addr.eq(raddr)
                 m.d.sync += [rec_idx.eq(rec_idx + 1), raddr.eq(s + offs[rec_idx + 1])]
                 for k, name in enumerate(want):
-                    with m.If(rec_idx == k + 1):
-                        m.d.sync += rec[name].eq(rd.data)
-                with m.If(rec_idx == len(want)):
+                    with m.If(rec_idx == k + 2):
+                        m.d.sync += rec[name].eq(rd_q)
+                with m.If(rec_idx == len(want) + 1):
                     m.next = "VERIFY"
             with m.State("VERIFY"):
                 good = (rec["n"] == s) & (rec["world"] == self.world)

@@ -56,11 +56,16 @@ class RgmiiTx(wiring.Component):
             fifo.w_en.eq(self.i.valid),
             fifo.commit.eq(1),  # bytes are visible at once; `frames` says when to start
         ]
-        # Whole frames in the FIFO: +1 when a last beat goes in, -1 when one goes out.
+        # Whole frames in the FIFO: +1 when a last beat goes in, -1 when one goes out. The
+        # outgoing strobe is registered first (the FIFO's output is a block RAM's: 125 MHz);
+        # the count is read in IDLE, which a frame's FCS and gap keep >= 16 cycles away.
         frames = Signal(range(self.fifo_bytes + 1))
         frame_in = take & self.i.payload.last
-        frame_out = fifo.o.valid & fifo.o.ready & fifo.o.payload.last
-        m.d.sync += frames.eq(frames + frame_in - frame_out)
+        frame_out = Signal()
+        m.d.sync += [
+            frame_out.eq(fifo.o.valid & fifo.o.ready & fifo.o.payload.last),
+            frames.eq(frames + frame_in - frame_out),
+        ]
 
         txd, tx_en, tx_er = self.txd, self.tx_en, self.tx_er
         m.d.sync += [tx_en.eq(0), tx_er.eq(0), txd.eq(0)]  # overridden below while sending
