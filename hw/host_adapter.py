@@ -140,29 +140,31 @@ class _FrameSender(wiring.Component):
         word = Signal(32)  # the word being sent, loaded from rd_data (BRAM -> FF, no logic)
         hs = Signal()
         m.d.comb += hs.eq(out.i.valid & out.i.ready)
-        last_word = widx == f["count"] - 1
-        # the next word's address is out for the whole of this word (>= 4 cycles), so
-        # rd_data holds it when the last byte goes
-        m.d.comb += [out.i.payload.keep.eq(1), self.rd_addr.eq(f["base"] + widx + 1)]
+        # registered at the start and per word (125 MHz): "no words", "this is the last
+        # word", and the read address (base in HEAD, then the next word's: it is out for
+        # the whole of this word, >= 4 cycles, so rd_data holds it when the last byte goes)
+        empty, last_word = Signal(), Signal()
+        rd_addr = Signal.like(self.rd_addr)
+        m.d.comb += [out.i.payload.keep.eq(1), self.rd_addr.eq(rd_addr)]
         with m.FSM():
             with m.State("IDLE"), m.If(self.start):
                 m.d.sync += [f[k].eq(getattr(self, k)) for k in f]
-                m.d.sync += [pos.eq(0), widx.eq(0), byte.eq(0)]
+                m.d.sync += [pos.eq(0), widx.eq(0), byte.eq(0), rd_addr.eq(self.base)]
+                m.d.sync += [empty.eq(self.count == 0), last_word.eq(self.count == 1)]
                 m.next = "HEAD"
             with m.State("HEAD"):
                 m.d.comb += [
                     self.busy.eq(1),
-                    self.rd_addr.eq(f["base"]),
                     out.i.valid.eq(1),
                     out.i.payload.data[0].eq(head_bytes[pos]),
-                    out.i.payload.last.eq((pos == HEAD - 1) & (f["count"] == 0)),
+                    out.i.payload.last.eq((pos == HEAD - 1) & empty),
                 ]
                 with m.If(hs):
                     m.d.sync += pos.eq(pos + 1)
                     with m.If(pos == HEAD - 1):
-                        m.d.sync += word.eq(self.rd_data)
+                        m.d.sync += [word.eq(self.rd_data), rd_addr.eq(rd_addr + 1)]
                         m.next = "WORDS"
-                        with m.If(f["count"] == 0):
+                        with m.If(empty):
                             m.next = "IDLE"
             with m.State("WORDS"):
                 m.d.comb += [
@@ -174,7 +176,12 @@ class _FrameSender(wiring.Component):
                 with m.If(hs):
                     m.d.sync += byte.eq(byte + 1)
                     with m.If(byte == 3):
-                        m.d.sync += [widx.eq(widx + 1), word.eq(self.rd_data)]
+                        m.d.sync += [
+                            widx.eq(widx + 1),
+                            word.eq(self.rd_data),
+                            rd_addr.eq(rd_addr + 1),
+                            last_word.eq(widx + 2 == f["count"]),
+                        ]
                         with m.If(last_word):
                             m.next = "IDLE"
         return m
@@ -265,6 +272,7 @@ class HostAdapter(wiring.Component):
         # the open op (its START was taken and it still owes words)
         open_ = Signal()
         cur_op, cur_n, got = Signal(32), Signal(32), Signal(32)
+        cur_last = Signal(32)  # cur_n - 1, registered with it
         next_op = Signal(32)  # the core takes ops in order from 0 (NicModel.last_started)
         idx = Signal(16)  # word of the frame being emitted
         pad_left = Signal(32)
@@ -281,13 +289,13 @@ class HostAdapter(wiring.Component):
             self.host_i.valid.eq(emit_valid),
             self.host_i.payload.data[0].eq(emit_data),
             self.host_i.payload.first.eq(got == 0),
-            self.host_i.payload.last.eq(got == cur_n - 1),
+            self.host_i.payload.last.eq(got == cur_last),
         ]
         took = Signal()
         m.d.comb += took.eq(self.host_i.valid & self.host_i.ready)
         with m.If(took):
             m.d.sync += got.eq(got + 1)
-            with m.If(got == cur_n - 1):
+            with m.If(got == cur_last):
                 m.d.sync += open_.eq(0)
 
         payload_bytes = nbytes - HEAD
@@ -295,7 +303,10 @@ class HostAdapter(wiring.Component):
         # the sequence checks' wide compares and sums, registered in PRE_JUDGE (125 MHz)
         plen, end = Signal(16), Signal(33)
         new_op, other_op, gap = Signal(), Signal(), Signal()
+        is_reg, is_start = Signal(), Signal()
         pre_judge = [
+            is_reg.eq(kind == REG),
+            is_start.eq(kind == host_port.START),
             plen.eq(payload_bytes),
             end.eq(offset + count),
             new_op.eq(op_id != next_op),
@@ -306,12 +317,11 @@ class HostAdapter(wiring.Component):
             "drop_not_host": (nbytes < HEAD) | (ethertype != host_port.ETHERTYPE),
             "drop_bad_header": (version != host_port.VERSION) | (kind > REG),
             "drop_unsupported": ~word_kind,
-            "drop_bad_length": (plen != count * 4) | ((kind == REG) & count[0]),
+            "drop_bad_length": (plen != count * 4) | (is_reg & count[0]),
             "drop_too_long": count > self.rx_words,
-            "drop_bad_op": (kind == host_port.START)
-            & ((n == 0) | (n > p.c) | (offset != 0) | (count > n)),
+            "drop_bad_op": is_start & ((n == 0) | (n > p.c) | (offset != 0) | (count > n)),
             "drop_sequence": Mux(
-                kind == host_port.START,
+                is_start,
                 new_op,
                 (kind == host_port.DATA) & (~open_ | other_op | gap | (cur_n < end)),
             ),
@@ -359,13 +369,13 @@ class HostAdapter(wiring.Component):
                     m.next = "RECV"
                 with m.Else():
                     m.d.comb += inc["rx_frames"].eq(1)
-                    with m.If(kind == REG):
+                    with m.If(is_reg):
                         m.next = "REG"
-                    with m.Elif((kind == host_port.START) & open_):
+                    with m.Elif(is_start & open_):
                         m.d.sync += pad_left.eq(cur_n - got)
                         m.d.comb += inc["truncated_ops"].eq(1)
                         m.next = "PAD"
-                    with m.Elif(kind == host_port.START):
+                    with m.Elif(is_start):
                         m.next = "CMD"
                     with m.Else():
                         m.next = "LOAD"
@@ -387,6 +397,7 @@ class HostAdapter(wiring.Component):
                         open_.eq(1),
                         cur_op.eq(op_id),
                         cur_n.eq(n),
+                        cur_last.eq(n - 1),
                         got.eq(0),
                         next_op.eq(op_id + 1),
                     ]

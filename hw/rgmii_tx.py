@@ -19,7 +19,8 @@ from amaranth.lib.wiring import In, Out
 
 from optireduce.hw.crc32 import CRC_INIT, crc32_next
 from optireduce.hw.rgmii_rx import COUNTER_WIDTH, PREAMBLE, SFD, FrameFifo
-from optireduce.hw.streams import frame_stream
+from optireduce.hw.skid import Skid
+from optireduce.hw.streams import frame_layout, frame_stream
 
 PREAMBLE_LEN = 7
 
@@ -48,6 +49,10 @@ class RgmiiTx(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         m.submodules.fifo = fifo = FrameFifo(self.fifo_bytes)
+        # the FIFO's block RAM output reaches the FSM through a registered skid (125 MHz);
+        # the preamble's 8 cycles hide its cycle
+        m.submodules.q = q = Skid(frame_layout(1), registered=True)
+        wiring.connect(m, fifo.o, q.i)
         take = self.i.valid & self.i.ready
         m.d.comb += [
             self.i.ready.eq(fifo.room),
@@ -57,13 +62,13 @@ class RgmiiTx(wiring.Component):
             fifo.commit.eq(1),  # bytes are visible at once; `frames` says when to start
         ]
         # Whole frames in the FIFO: +1 when a last beat goes in, -1 when one goes out. The
-        # outgoing strobe is registered first (the FIFO's output is a block RAM's: 125 MHz);
+        # outgoing strobe is registered first (125 MHz);
         # the count is read in IDLE, which a frame's FCS and gap keep >= 16 cycles away.
         frames = Signal(range(self.fifo_bytes + 1))
         frame_in = take & self.i.payload.last
         frame_out = Signal()
         m.d.sync += [
-            frame_out.eq(fifo.o.valid & fifo.o.ready & fifo.o.payload.last),
+            frame_out.eq(q.o.valid & q.o.ready & q.o.payload.last),
             frames.eq(frames + frame_in - frame_out),
         ]
 
@@ -107,10 +112,10 @@ class RgmiiTx(wiring.Component):
                     send(PREAMBLE, crc_update=False)
                     m.d.sync += k.eq(k + 1)
             with m.State("DATA"):
-                m.d.comb += fifo.o.ready.eq(1)
-                with m.If(fifo.o.valid):
-                    send(fifo.o.payload.data[0])
-                    with m.If(fifo.o.payload.last):
+                m.d.comb += q.o.ready.eq(1)
+                with m.If(q.o.valid):
+                    send(q.o.payload.data[0])
+                    with m.If(q.o.payload.last):
                         m.next = "FCS"
                         with m.If(cnt < self.min_payload - 1):
                             m.next = "PAD"
