@@ -124,16 +124,17 @@ class _FrameSender(wiring.Component):
         # word select is in front of the next block's registers (125 MHz)
         m.submodules.out = out = Skid(frame_layout(1), registered=True)
         wiring.connect(m, out.o, wiring.flipped(self.o))
-        f = {k: Signal.like(getattr(self, k), name=f"f_{k}") for k in
-             ("kind", "count", "op_id", "offset", "n", "exponent", "base")}  # fmt: skip
+        f_count = Signal.like(self.count)
         dst = Const(int.from_bytes(host_port.HOST_MAC, "big"), 48)
         src = Const(int.from_bytes(host_port.NIC_MAC, "big"), 48)
         head = [
             *_be(dst, 6), *_be(src, 6), *_be(Const(host_port.ETHERTYPE, 16), 2),
-            Const(host_port.VERSION, 8), f["kind"], *_be(f["count"], 2), *_be(f["op_id"], 4),
-            *_be(f["offset"], 4), *_be(f["n"], 4), f["exponent"], Const(0, 24),
+            Const(host_port.VERSION, 8), self.kind, *_be(self.count, 2), *_be(self.op_id, 4),
+            *_be(self.offset, 4), *_be(self.n, 4), self.exponent, Const(0, 24),
         ]  # fmt: skip
-        head_bytes = Array(Cat(*head).word_select(k, 8) for k in range(HEAD))
+        # the header is loaded whole at the start and shifted out a byte at a time: no
+        # 34-way byte mux in front of the output (125 MHz)
+        head_sr = Signal(8 * HEAD)
         pos = Signal(range(HEAD))
         widx = Signal(16)
         byte = Signal(2)
@@ -148,7 +149,7 @@ class _FrameSender(wiring.Component):
         m.d.comb += [out.i.payload.keep.eq(1), self.rd_addr.eq(rd_addr)]
         with m.FSM():
             with m.State("IDLE"), m.If(self.start):
-                m.d.sync += [f[k].eq(getattr(self, k)) for k in f]
+                m.d.sync += [head_sr.eq(Cat(*head)), f_count.eq(self.count)]
                 m.d.sync += [pos.eq(0), widx.eq(0), byte.eq(0), rd_addr.eq(self.base)]
                 m.d.sync += [empty.eq(self.count == 0), last_word.eq(self.count == 1)]
                 m.next = "HEAD"
@@ -156,11 +157,11 @@ class _FrameSender(wiring.Component):
                 m.d.comb += [
                     self.busy.eq(1),
                     out.i.valid.eq(1),
-                    out.i.payload.data[0].eq(head_bytes[pos]),
+                    out.i.payload.data[0].eq(head_sr[:8]),
                     out.i.payload.last.eq((pos == HEAD - 1) & empty),
                 ]
                 with m.If(hs):
-                    m.d.sync += pos.eq(pos + 1)
+                    m.d.sync += [pos.eq(pos + 1), head_sr.eq(head_sr >> 8)]
                     with m.If(pos == HEAD - 1):
                         m.d.sync += [word.eq(self.rd_data), rd_addr.eq(rd_addr + 1)]
                         m.next = "WORDS"
@@ -180,7 +181,7 @@ class _FrameSender(wiring.Component):
                             widx.eq(widx + 1),
                             word.eq(self.rd_data),
                             rd_addr.eq(rd_addr + 1),
-                            last_word.eq(widx + 2 == f["count"]),
+                            last_word.eq(widx + 2 == f_count),
                         ]
                         with m.If(last_word):
                             m.next = "IDLE"
@@ -490,6 +491,9 @@ class HostAdapter(wiring.Component):
         chunk = Signal(range(self.tx_fragment + 1))  # the next fragment's words
         frag = self.tx_fragment
         want = {"op_id": 0, "n": 1, "exponent": 2, "world": RECORD_FIXED - 1}
+        good, s_zero = Signal(), Signal()
+        snd_kind, snd_count = Signal(8), Signal(16)
+        snd_base = Signal.like(sender.base)
         rec_idx = Signal(range(len(want) + 2))
         rd_q = Signal(32)
         m.d.sync += rd_q.eq(rd.data)
@@ -528,50 +532,60 @@ class HostAdapter(wiring.Component):
                         m.d.sync += rec[name].eq(rd_q)
                 with m.If(rec_idx == len(want) + 1):
                     m.next = "VERIFY"
-            with m.State("VERIFY"):
-                good = (rec["n"] == s) & (rec["world"] == self.world)
-                m.d.sync += [off.eq(0), left.eq(s)]
-                with m.If(good & (s == 0)):
-                    m.next = "STATS"
+            with m.State("VERIFY"):  # the record's compares, registered
+                m.d.sync += [
+                    good.eq((rec["n"] == s) & (rec["world"] == self.world)),
+                    s_zero.eq(s == 0),
+                    off.eq(0),
+                    left.eq(s),
+                ]
+                m.next = "DECIDE"
+            with m.State("DECIDE"):
+                with m.If(good & s_zero):
+                    m.next = "STATS_SET"
                 with m.Elif(good):
                     m.next = "CHUNK"
                 with m.Else():
                     m.d.comb += inc["bad_records"].eq(1)
                     m.d.sync += nwords.eq(0)
                     m.next = "FILL"
-            fields = [
+            # the sender's fields come from registers set the state before its start
+            m.d.comb += [
                 sender.op_id.eq(rec["op_id"]),
                 sender.n.eq(s),
                 sender.exponent.eq(rec["exponent"][:8]),
+                sender.kind.eq(snd_kind),
+                sender.offset.eq(off),
+                sender.base.eq(snd_base),
+                sender.count.eq(snd_count),
             ]
             with m.State("CHUNK"):  # the fragment's size, registered before it is used
-                m.d.sync += chunk.eq(Mux(left > frag, frag, left))
+                m.d.sync += [
+                    chunk.eq(Mux(left > frag, frag, left)),
+                    snd_count.eq(Mux(left > frag, frag, left)),
+                    snd_kind.eq(host_port.RESULT),
+                    snd_base.eq(off),
+                ]
                 m.next = "RESULT"
             with m.State("RESULT"):
-                m.d.comb += [
-                    *fields,
-                    sender.kind.eq(host_port.RESULT),
-                    sender.offset.eq(off),
-                    sender.base.eq(off),
-                    sender.count.eq(chunk),
-                    sender.start.eq(1),
-                ]
+                m.d.comb += sender.start.eq(1)
                 m.d.sync += [off.eq(off + chunk), left.eq(left - chunk)]
                 m.next = "RESULT_WAIT"
             with m.State("RESULT_WAIT"), m.If(~sender.busy & ~sender.start):
                 with m.If(left == 0):
-                    m.next = "STATS"
+                    m.next = "STATS_SET"
                 with m.Else():
                     m.next = "CHUNK"
-            with m.State("STATS"):
-                m.d.comb += [
-                    *fields,
-                    sender.kind.eq(host_port.STATS),
-                    sender.offset.eq(0),
-                    sender.base.eq(s),
-                    sender.count.eq(nwords - s),
-                    sender.start.eq(1),
+            with m.State("STATS_SET"):
+                m.d.sync += [
+                    snd_kind.eq(host_port.STATS),
+                    snd_count.eq(nwords - s),
+                    snd_base.eq(s),
+                    off.eq(0),
                 ]
+                m.next = "STATS"
+            with m.State("STATS"):
+                m.d.comb += sender.start.eq(1)
                 m.next = "STATS_WAIT"
             with m.State("STATS_WAIT"), m.If(~sender.busy):
                 m.d.sync += nwords.eq(0)
