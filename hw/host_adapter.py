@@ -305,7 +305,11 @@ class HostAdapter(wiring.Component):
         plen, end = Signal(16), Signal(33)
         new_op, other_op, gap = Signal(), Signal(), Signal()
         is_reg, is_start = Signal(), Signal()
+        count_m1, pairs_m1, count_zero = Signal(16), Signal(16), Signal()  # for the FSM
         pre_judge = [
+            count_m1.eq(count - 1),
+            pairs_m1.eq((count >> 1) - 1),
+            count_zero.eq(count == 0),
             is_reg.eq(kind == REG),
             is_start.eq(kind == host_port.START),
             plen.eq(payload_bytes),
@@ -405,7 +409,7 @@ class HostAdapter(wiring.Component):
                     m.next = "LOAD"
             with m.State("LOAD"):
                 m.d.sync += [ridx.eq(0), inflight.eq(0)]
-                with m.If(count == 0):
+                with m.If(count_zero):
                     m.next = "RECV"
                 with m.Else():
                     m.next = "EMIT"
@@ -420,7 +424,7 @@ class HostAdapter(wiring.Component):
                 m.d.sync += [inflight.eq(issue), ridx.eq(ridx + issue)]
                 with m.If(took):
                     m.d.sync += idx.eq(idx + 1)
-                    with m.If(idx == count - 1):
+                    with m.If(idx == count_m1):
                         m.next = "RECV"
             with m.State("REG"):
                 # per pair: read the address word, then the data word (both land in
@@ -451,9 +455,9 @@ class HostAdapter(wiring.Component):
                                 wr.en.eq(1),
                             ]
                             m.d.sync += [reg_i.eq(reg_i + 1), reg_phase.eq(0)]
-                            with m.If(reg_i == (count >> 1) - 1):
+                            with m.If(reg_i == pairs_m1):
                                 m.next = "REPLY"
-                with m.If(count == 0):
+                with m.If(count_zero):
                     m.next = "REPLY"
             with m.State("REPLY"):
                 m.d.comb += [
