@@ -40,6 +40,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from optireduce.host import host_port
+from optireduce.hw.banked_memory import BankedMemory
 from optireduce.hw.board_frames import FrameMux
 from optireduce.hw.csr import register_map
 from optireduce.hw.nic_core import host_cmd_layout, host_word_layout
@@ -98,7 +99,8 @@ def _be(value, nbytes: int) -> list:
 
 class _FrameSender(wiring.Component):
     """Sends one host-port frame: the 34-byte header from its fields, then `count` words
-    read from a memory (rd_addr/rd_data, read latency 1) starting at `base`."""
+    read from a memory (rd_addr/rd_data, read latency 1 or 2: the address is out for the
+    whole header or word before) starting at `base`."""
 
     def __init__(self, addr_bits: int) -> None:
         super().__init__(
@@ -483,9 +485,9 @@ class HostAdapter(wiring.Component):
     # ---- core -> host ----------------------------------------------------------------
     def _results(self, m: Module, inc: dict, sender: _FrameSender) -> None:
         depth = self.msg_words
-        m.submodules.res_buf = buf = Memory(shape=32, depth=depth, init=[])
-        wr, rd = buf.write_port(), buf.read_port()
-        m.d.comb += [sender.rd_data.eq(rd.data), rd.addr.eq(sender.rd_addr)]
+        # banks with registered outputs (read latency 2): no logic after a block RAM
+        m.submodules.res_buf = buf = BankedMemory(32, depth)
+        m.d.comb += [sender.rd_data.eq(buf.r_data), buf.r_addr.eq(sender.rd_addr)]
 
         nwords = Signal(range(depth + 2))  # words of the message so far (depth + 1: too many)
         s = Signal(range(depth + 1))  # record start = n
@@ -499,8 +501,6 @@ class HostAdapter(wiring.Component):
         snd_kind, snd_count = Signal(8), Signal(16)
         snd_base = Signal.like(sender.base)
         rec_idx = Signal(range(len(want) + 2))
-        rd_q = Signal(32)
-        m.d.sync += rd_q.eq(rd.data)
         raddr = Signal.like(s)  # the next record word's address (registered: 125 MHz)
         offs = Array(Const(v, 8) for v in [*want.values(), 0, 0, 0])  # rec_idx + 1 <= 6
 
@@ -509,9 +509,9 @@ class HostAdapter(wiring.Component):
                 m.d.comb += self.host_o.ready.eq(1)
                 with m.If(self.host_o.valid):
                     m.d.comb += [
-                        wr.addr.eq(nwords),
-                        wr.data.eq(self.host_o.payload.data),
-                        wr.en.eq(nwords < depth),
+                        buf.w_addr.eq(nwords),
+                        buf.w_data.eq(self.host_o.payload.data),
+                        buf.w_en.eq(nwords < depth),
                     ]
                     m.d.sync += nwords.eq(nwords + (nwords <= depth))
                     with m.If(self.host_o.payload.last):
@@ -528,12 +528,12 @@ class HostAdapter(wiring.Component):
                     m.next = "FILL"
             with m.State("RECORD"):
                 # read the four record words the headers need, one per cycle (latency 1)
-                # (the word lands in rd_q first: no logic after the block RAM's output)
-                m.d.comb += rd.addr.eq(raddr)
+                # (BankedMemory.LATENCY = 2: the word for rec_idx i is out at i + 2)
+                m.d.comb += buf.r_addr.eq(raddr)
                 m.d.sync += [rec_idx.eq(rec_idx + 1), raddr.eq(s + offs[rec_idx + 1])]
                 for k, name in enumerate(want):
                     with m.If(rec_idx == k + 2):
-                        m.d.sync += rec[name].eq(rd_q)
+                        m.d.sync += rec[name].eq(buf.r_data)
                 with m.If(rec_idx == len(want) + 1):
                     m.next = "VERIFY"
             with m.State("VERIFY"):  # the record's compares, registered
