@@ -527,7 +527,7 @@ class HostAdapter(wiring.Component):
                     m.d.sync += nwords.eq(0)
                     m.next = "FILL"
             with m.State("RECORD"):
-                # read the four record words the headers need, one per cycle (latency 1)
+                # read the four record words the headers need, one per cycle (pipelined)
                 # (BankedMemory.LATENCY = 2: the word for rec_idx i is out at i + 2)
                 m.d.comb += buf.r_addr.eq(raddr)
                 m.d.sync += [rec_idx.eq(rec_idx + 1), raddr.eq(s + offs[rec_idx + 1])]

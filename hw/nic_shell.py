@@ -109,7 +109,7 @@ class NicShell(wiring.Component):
             csr.csr_r_data.eq(core.csr_r_data),
         ]
 
-        # network port: 32-bit words cross
+        # network port: 8-byte beats cross
         n_in = crossing("x_net_rx", frame_layout(NET_BYTES), True)
         n_out = crossing("x_net_tx", frame_layout(NET_BYTES), False)
         buffered("b_net_rx", frame_layout(1), wiring.flipped(self.net_rx), widen.i)

@@ -49,6 +49,16 @@ Key = tuple[str, str]  # (cell, output port)
 Arrival = tuple[float, str, int, "Key | None"]  # ns, start register, cells, slowest input
 
 
+def _clock_of(port: str, clks: dict, net_name: dict) -> str:
+    """The clock net an input port is sampled on: a DP16KD's A-side ports (DIA3, ADA5,
+    WEA, ...) on CLKA and B-side ones on CLKB; a one-clock cell's on its clock."""
+    side = re.fullmatch(r"[A-Z]+?([AB])\d*", port)
+    bit = clks.get(f"CLK{side.group(1)}") if side and len(clks) > 1 else None
+    if bit is None:
+        bit = next(iter(clks.values()), None)
+    return net_name.get(bit, "") if isinstance(bit, int) else ""
+
+
 def analyse(netlist: Path, top: str) -> tuple[list[Endpoint], dict]:
     """Every endpoint's arrival time (ns), slowest first, and the trace table for `path`."""
     module = json.loads(netlist.read_text())["modules"][top]
@@ -125,11 +135,11 @@ def analyse(netlist: Path, top: str) -> tuple[list[Endpoint], dict]:
         if typ not in CLK_TO_Q:
             continue
         conn = c["connections"]
-        clks = [bits[0] for port, bits in conn.items() if port.startswith(("CLK", "WCK"))]
-        clock = next((net_name.get(b, "") for b in clks if isinstance(b, int)), "")
+        clks = {port: bits[0] for port, bits in conn.items() if port.startswith(("CLK", "WCK"))}
         for port, bits in c["connections"].items():
             if c["port_directions"].get(port) != "input" or port.startswith(("CLK", "WCK")):
                 continue
+            clock = _clock_of(port, clks, net_name)
             if typ == "TRELLIS_DPR16X4" and port.startswith("RAD"):
                 continue  # timed through the read (above)
             for b in bits:

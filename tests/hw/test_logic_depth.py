@@ -52,10 +52,15 @@ def test_each_endpoint_names_its_clock(tmp_path):
         "a_TRELLIS_FF_Q": _cell("TRELLIS_FF", {"CLK": [1], "DI": [4]}, {"Q": [2]}),
         "b_TRELLIS_FF_Q": _cell("TRELLIS_FF", {"CLK": [6], "DI": [2]}, {"Q": [4]}),
     }
+    # and a two-clock block RAM: written on port A (sync), read on port B (core), whose
+    # address comes through a LUT, so the slowest input is on the B side
+    cells["l"] = _cell("LUT4", {"A": [4], "B": ["0"], "C": ["0"], "D": ["0"]}, {"Z": [5]})
+    cells["m"] = _cell("DP16KD", {"CLKA": [1], "CLKB": [6], "DIA0": [2], "ADB5": [5]},
+                       {"DOB0": [8]})  # fmt: skip
     names = {"clk": {"bits": [1]}, "core_clk": {"bits": [6]}, "shell.core.clk": {"bits": [6]}}
     eps, _ = analyse(_netlist(tmp_path, cells, names), "top")
     clocks = {e.sink: _domain(e.clock) for e in eps}
-    assert clocks == {"a": "sync", "b": "core"}
+    assert clocks == {"a": "sync", "b": "core", "m": "core"}
 
 
 def test_a_carry_chain_has_no_net_between_its_cells(tmp_path):
