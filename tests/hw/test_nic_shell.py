@@ -4,21 +4,28 @@ amaranth.sim: sync at 125 MHz, core at 52.08 MHz. Frames on the network port cro
 into the core and are counted there by drop reason, as the software parser
 (host/ubt.py parse_frame) classifies them; a REG frame on the host port crosses to the
 core's register bank and comes back as the model (host_adapter.reg_reply) says, with
-the counters' values and the writes applied."""
+the counters' values and the writes applied. With a loopback in place of the core, an
+op's words go out and its RESULT and STATS frames come back, network frames come back
+whole, and the core counts every microsecond tick: every crossing carries data."""
 
 from __future__ import annotations
 
 import collections
 import random
 
-from amaranth import ClockDomain, Module
+import numpy as np
+from amaranth import Array, ClockDomain, Module, Signal
+from amaranth.lib import stream, wiring
+from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 
-from optireduce.host import ubt
+from optireduce.host import host_port, ubt
+from optireduce.host.host_port import HostFrame
 from optireduce.host.trace import TRACE_PARAMS
-from optireduce.hw.csr import register_map
-from optireduce.hw.host_adapter import reg_reply, reg_request
-from optireduce.hw.nic_shell import NicShell
+from optireduce.hw.csr import Csr, register_map
+from optireduce.hw.host_adapter import CMD_LAYOUT, OUT_LAYOUT, RECORD_FIXED, reg_reply, reg_request
+from optireduce.hw.nic_shell import NET_BYTES, NicShell
+from optireduce.hw.streams import float_stream, frame_stream
 from optireduce.sim.stream_sim import send_bytes
 
 SYNC_NS, CORE_NS = 8.0, 19.2
@@ -98,3 +105,143 @@ def test_frames_and_registers_cross_between_the_clocks():
     sim.add_testbench(host)
     sim.run()
     assert replies == [want]
+
+
+class _Loopback(wiring.Component):
+    """A stand-in core with NicCore's ports: net_rx straight back to net_tx; an op's
+    words back on host_o, then a record [op_id, n, exponent, 0.., world = 2 at
+    RECORD_FIXED - 1, 0, 0, 0]; every register reads the ticks counted so far."""
+
+    WORLD = 2  # the world register's reset value, which the adapter shadows
+
+    def __init__(self, p) -> None:
+        super().__init__({
+            "host_cmd": In(stream.Signature(CMD_LAYOUT)), "host_i": In(float_stream(1)),
+            "host_o": Out(stream.Signature(OUT_LAYOUT)),
+            "net_rx": In(frame_stream(NET_BYTES)), "net_tx": Out(frame_stream(NET_BYTES)),
+            "csr_addr": In(Csr(p).addr_bits), "csr_w_en": In(1), "csr_w_data": In(32),
+            "csr_r_en": In(1), "csr_r_data": Out(32), "tick": In(1),
+        })  # fmt: skip
+
+    def elaborate(self, platform):
+        m = Module()
+        m.d.comb += [
+            self.net_tx.valid.eq(self.net_rx.valid),
+            self.net_tx.payload.eq(self.net_rx.payload),
+            self.net_rx.ready.eq(self.net_tx.ready),
+        ]
+        ticks = Signal(32)
+        m.d.sync += ticks.eq(ticks + self.tick)
+        with m.If(self.csr_r_en):
+            m.d.sync += self.csr_r_data.eq(ticks)
+        op, n, e = Signal(32), Signal(32), Signal(8)
+        k = Signal(32)
+        rlen = RECORD_FIXED + 1 + self.WORLD
+        rec = [op, n, e] + [0] * (RECORD_FIXED - 4) + [self.WORLD] + [0] * (1 + self.WORLD)
+        with m.FSM():
+            with m.State("CMD"):
+                m.d.comb += self.host_cmd.ready.eq(1)
+                with m.If(self.host_cmd.valid):
+                    c = self.host_cmd.payload
+                    m.d.sync += [op.eq(c.op_id), n.eq(c.n), e.eq(c.exponent), k.eq(0)]
+                    m.next = "WORDS"
+            with m.State("WORDS"):
+                m.d.comb += [
+                    self.host_o.valid.eq(self.host_i.valid),
+                    self.host_o.payload.data.eq(self.host_i.payload.data[0]),
+                    self.host_i.ready.eq(self.host_o.ready),
+                ]
+                with m.If(self.host_i.valid & self.host_o.ready):
+                    m.d.sync += k.eq(k + 1)
+                    with m.If(k == n - 1):
+                        m.d.sync += k.eq(0)
+                        m.next = "RECORD"
+            with m.State("RECORD"):
+                m.d.comb += [
+                    self.host_o.valid.eq(1),
+                    self.host_o.payload.data.eq(Array(rec)[k]),
+                    self.host_o.payload.last.eq(k == rlen - 1),
+                ]
+                with m.If(self.host_o.ready):
+                    m.d.sync += k.eq(k + 1)
+                    with m.If(k == rlen - 1):
+                        m.next = "CMD"
+        return m
+
+
+def test_every_crossing_carries_data_both_ways():
+    p = TRACE_PARAMS
+    rng = random.Random(5)
+    x = np.float32([rng.uniform(-4, 4) for _ in range(200)])  # two RESULT frames of <= 128
+    start = host_port.build(HostFrame(host_port.START, 0, 0, len(x), 5,
+                                      x.astype(">f4").tobytes()), to_nic=True)  # fmt: skip
+    net = [bytes(rng.getrandbits(8) for _ in range(rng.randint(60, 200))) for _ in range(6)]
+    ticks = 9
+    reg = reg_request([(0x0, None)])
+    want_rec = [0, len(x), 5] + [0] * (RECORD_FIXED - 4) + [2] + [0] * 3
+
+    shell = NicShell(p, _Loopback, tx_fragment=128)
+    top = Module()
+    top.domains.sync = ClockDomain("sync")
+    top.domains.core = ClockDomain("core")
+    top.submodules.shell = shell
+    sim = Simulator(top)
+    sim.add_clock(SYNC_NS * 1e-9, domain="sync")
+    sim.add_clock(CORE_NS * 1e-9, domain="core")
+    out = {"host": [], "net": []}
+    done = {"net_in": False}
+
+    async def drive(ctx):
+        for _ in range(ticks):  # microsecond ticks, a pulse every 20 cycles
+            ctx.set(shell.tick, 1)
+            await ctx.tick()
+            ctx.set(shell.tick, 0)
+            await ctx.tick().repeat(19)
+        for f in net:
+            await send_bytes(ctx, shell.net_rx, f, rng, gap=0.2)
+        done["net_in"] = True
+        await send_bytes(ctx, shell.host_rx, start, rng, gap=0.1)
+        await ctx.tick().repeat(200)
+        await send_bytes(ctx, shell.host_rx, reg, rng, gap=0.1)
+
+    def collector(port, key):
+        async def collect(ctx):
+            await _collect(ctx, port, key)
+
+        return collect
+
+    async def _collect(ctx, port, key):
+        frame = bytearray()
+        while True:
+            ready = rng.random() < 0.8
+            ctx.set(port.ready, ready)
+            if ready and ctx.get(port.valid):  # taken at this cycle's edge
+                frame.append(ctx.get(port.payload.data[0]))
+                if ctx.get(port.payload.last):
+                    out[key].append(bytes(frame))
+                    frame = bytearray()
+            await ctx.tick()
+
+    async def stop(ctx):
+        for _ in range(60_000):
+            await ctx.tick()
+            if len(out["host"]) == 4 and len(out["net"]) == len(net):  # 2 RESULT, STATS, REG
+                return
+        raise AssertionError(f"frames out: {len(out['host'])} host, {len(out['net'])} net")
+
+    sim.add_testbench(drive, background=True)
+    sim.add_testbench(collector(shell.host_tx, "host"), background=True)
+    sim.add_testbench(collector(shell.net_tx, "net"), background=True)
+    sim.add_testbench(stop)
+    sim.run()
+
+    assert out["net"] == net
+    # the REG reply may come before the results (the adapter's two sides are independent)
+    regs = [f for f in out["host"] if host_port.parse(f).kind == host_port.REG]
+    assert regs == [reg_reply(reg, {0x0: ticks})]  # every tick reached the core
+    res = [host_port.parse(f) for f in out["host"] if f not in regs]
+    assert [f.kind for f in res] == [host_port.RESULT, host_port.RESULT, host_port.STATS]
+    assert [(f.op_id, f.n, f.exponent) for f in res[:2]] == [(0, len(x), 5)] * 2
+    got = np.frombuffer(res[0].payload + res[1].payload, ">f4")
+    assert np.array_equal(got.view(">u4"), x.astype(">f4").view(">u4"))
+    assert np.frombuffer(res[2].payload, ">u4").tolist() == want_rec
