@@ -233,3 +233,23 @@ async def send_bytes(ctx, port, frame: bytes, rng: random.Random | None = None,
         ctx.set(port.payload.last, k == len(frame) - 1)
         await ctx.tick(domain).until(port.ready)
         ctx.set(port.valid, 0)
+
+
+SYNC_NS, CORE_NS = 8.0, 19.2  # the boards' 125 MHz and 52.08 MHz (docs/boards.md, "Clocks")
+
+
+def two_clock_sim(dut, extra=None) -> Simulator:
+    """A simulator of `dut` with a `sync` clock of 8 ns and a `core` clock of 19.2 ns, the
+    two unrelated; `extra(top)` may add more to the top module (e.g. a bank in `core`)."""
+    from amaranth import ClockDomain, Module
+
+    top = Module()
+    top.domains.sync = ClockDomain("sync")
+    top.domains.core = ClockDomain("core")
+    top.submodules.dut = dut
+    if extra is not None:
+        extra(top)
+    sim = Simulator(top)
+    sim.add_clock(SYNC_NS * 1e-9, domain="sync")
+    sim.add_clock(CORE_NS * 1e-9, domain="core")
+    return sim

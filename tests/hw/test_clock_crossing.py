@@ -8,30 +8,13 @@ from __future__ import annotations
 import random
 
 import pytest
-from amaranth import ClockDomain, DomainRenamer, Module
-from amaranth.sim import Simulator
+from amaranth import DomainRenamer
 
 from optireduce.hw.clock_crossing import CsrCrossing, StreamCrossing
 from optireduce.hw.csr import Csr, register_map
 from optireduce.hw.streams import frame_layout
 from optireduce.params import NicParams
-
-SYNC_NS, CORE_NS = 8.0, 19.2  # 125 MHz and 52.08 MHz (the boards' core clock)
-
-
-def _two_domains(dut) -> Module:
-    m = Module()
-    m.domains.sync = ClockDomain("sync")
-    m.domains.core = ClockDomain("core")
-    m.submodules.dut = dut
-    return m
-
-
-def _sim(top: Module) -> Simulator:
-    sim = Simulator(top)
-    sim.add_clock(SYNC_NS * 1e-9, domain="sync")
-    sim.add_clock(CORE_NS * 1e-9, domain="core")
-    return sim
+from optireduce.sim.stream_sim import two_clock_sim
 
 
 @pytest.mark.parametrize("w_domain, r_domain", [("sync", "core"), ("core", "sync")])
@@ -39,7 +22,7 @@ def test_stream_crossing_keeps_every_beat_in_order(w_domain, r_domain):
     rng = random.Random(7)
     beats = [(rng.getrandbits(64), rng.getrandbits(8), rng.random() < 0.2) for _ in range(300)]
     dut = StreamCrossing(frame_layout(8), w_domain=w_domain, r_domain=r_domain, depth=8)
-    sim = _sim(_two_domains(dut))
+    sim = two_clock_sim(dut)
     got = []
 
     async def producer(ctx):
@@ -81,15 +64,17 @@ def test_csr_crossing_reaches_the_bank_and_returns_each_access():
     regs = [r for blk in register_map(p) for r in blk.regs]
     csr = Csr(p)
     x = CsrCrossing(csr.addr_bits, core_latency=Csr.LATENCY)
-    top = _two_domains(x)
-    top.submodules.csr = DomainRenamer("core")(csr)
-    top.d.comb += [
-        csr.addr.eq(x.csr_addr),
-        csr.w_en.eq(x.csr_w_en),
-        csr.w_data.eq(x.csr_w_data),
-        csr.r_en.eq(x.csr_r_en),
-        x.csr_r_data.eq(csr.r_data),
-    ]
+
+    def bank_in_core(top):
+        top.submodules.csr = DomainRenamer("core")(csr)
+        top.d.comb += [
+            csr.addr.eq(x.csr_addr),
+            csr.w_en.eq(x.csr_w_en),
+            csr.w_data.eq(x.csr_w_data),
+            csr.r_en.eq(x.csr_r_en),
+            x.csr_r_data.eq(csr.r_data),
+        ]
+
     rng = random.Random(3)
     config = [r for r in regs if r.kind == "config"]
     expect = {r.offset: r.reset for r in regs if r.access != "WO"}
@@ -131,7 +116,7 @@ def test_csr_crossing_reaches_the_bank_and_returns_each_access():
             else:
                 want.append(expect.get(addr, 0))
 
-    sim = _sim(top)
+    sim = two_clock_sim(x, bank_in_core)
     sim.add_testbench(host)
     sim.run()
     assert got == want

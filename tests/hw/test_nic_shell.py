@@ -14,10 +14,9 @@ import collections
 import random
 
 import numpy as np
-from amaranth import Array, ClockDomain, Module, Signal
+from amaranth import Array, Module, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
-from amaranth.sim import Simulator
 
 from optireduce.host import host_port, ubt
 from optireduce.host.host_port import HostFrame
@@ -26,9 +25,7 @@ from optireduce.hw.csr import Csr, register_map
 from optireduce.hw.host_adapter import CMD_LAYOUT, OUT_LAYOUT, RECORD_FIXED, reg_reply, reg_request
 from optireduce.hw.nic_shell import NET_BYTES, NicShell
 from optireduce.hw.streams import float_stream, frame_stream
-from optireduce.sim.stream_sim import send_bytes
-
-SYNC_NS, CORE_NS = 8.0, 19.2
+from optireduce.sim.stream_sim import send_bytes, two_clock_sim
 
 
 def _junk(rng: random.Random) -> list[bytes]:
@@ -69,13 +66,7 @@ def test_frames_and_registers_cross_between_the_clocks():
     want = reg_reply(request, read)
 
     shell = NicShell(p)
-    top = Module()
-    top.domains.sync = ClockDomain("sync")
-    top.domains.core = ClockDomain("core")
-    top.submodules.shell = shell
-    sim = Simulator(top)
-    sim.add_clock(SYNC_NS * 1e-9, domain="sync")
-    sim.add_clock(CORE_NS * 1e-9, domain="core")
+    sim = two_clock_sim(shell)
     state = {"net_done": False}
     replies = []
 
@@ -181,13 +172,7 @@ def test_every_crossing_carries_data_both_ways():
     want_rec = [0, len(x), 5] + [0] * (RECORD_FIXED - 4) + [2] + [0] * 3
 
     shell = NicShell(p, _Loopback, tx_fragment=128)
-    top = Module()
-    top.domains.sync = ClockDomain("sync")
-    top.domains.core = ClockDomain("core")
-    top.submodules.shell = shell
-    sim = Simulator(top)
-    sim.add_clock(SYNC_NS * 1e-9, domain="sync")
-    sim.add_clock(CORE_NS * 1e-9, domain="core")
+    sim = two_clock_sim(shell)
     out = {"host": [], "net": []}
     done = {"net_in": False}
 
