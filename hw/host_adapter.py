@@ -494,7 +494,6 @@ class HostAdapter(wiring.Component):
         rec = {k: Signal(32, name=f"rec_{k}") for k in ("op_id", "n", "exponent", "world")}
         off = Signal(32)
         left = Signal(32)  # result words not sent yet (s - off)
-        chunk = Signal(range(self.tx_fragment + 1))  # the next fragment's words
         frag = self.tx_fragment
         want = {"op_id": 0, "n": 1, "exponent": 2, "world": RECORD_FIXED - 1}
         good, s_zero = Signal(), Signal()
@@ -565,7 +564,6 @@ class HostAdapter(wiring.Component):
             ]
             with m.State("CHUNK"):  # the fragment's size, registered before it is used
                 m.d.sync += [
-                    chunk.eq(Mux(left > frag, frag, left)),
                     snd_count.eq(Mux(left > frag, frag, left)),
                     snd_kind.eq(host_port.RESULT),
                     snd_base.eq(off),
@@ -573,7 +571,7 @@ class HostAdapter(wiring.Component):
                 m.next = "RESULT"
             with m.State("RESULT"):
                 m.d.comb += sender.start.eq(1)
-                m.d.sync += [off.eq(off + chunk), left.eq(left - chunk)]
+                m.d.sync += [off.eq(off + snd_count), left.eq(left - snd_count)]
                 m.next = "RESULT_WAIT"
             with m.State("RESULT_WAIT"), m.If(~sender.busy & ~sender.start):
                 with m.If(left == 0):
