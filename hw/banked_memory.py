@@ -4,13 +4,17 @@ the bank is picked.
 A memory deeper than one DP16KD (512 x 36) is built by yosys as a cascade whose read data
 goes through a mux tree straight out of the block RAMs: the RAM's clock-to-out plus the
 tree is a whole 8 ns cycle at 125 MHz (the host adapter's result buffer, 17 blocks at
-C = 8192). Here each bank's data lands in a register first, and the mux runs from those
-registers: read LATENCY 2 (address -> data), one write port, one read port.
+C = 8192). Here each bank's data lands in a register first (zero unless the read was
+for that bank), and the OR of those registers lands in a register of its own: read
+LATENCY 3 (address -> data), one write port, one read port.
 """
 
 from __future__ import annotations
 
-from amaranth import Array, Module, Signal
+import operator
+from functools import reduce
+
+from amaranth import Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -22,7 +26,7 @@ class BankedMemory(wiring.Component):
     """`depth` words of `width` bits; write: w_addr/w_data/w_en; read: r_addr, then
     r_data LATENCY cycles later."""
 
-    LATENCY = 2
+    LATENCY = 3  # the block RAM, its bank register, the OR's register
 
     def __init__(self, width: int, depth: int, bank_depth: int = BANK_DEPTH) -> None:
         if depth < 1 or bank_depth < 1 or bank_depth & (bank_depth - 1):
@@ -43,22 +47,26 @@ class BankedMemory(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         lo = (self.bank_depth - 1).bit_length()  # address bits inside a bank
+        sel = Signal(range(self.n_banks))  # the bank of the read on rd.data now
+        m.d.sync += sel.eq(self.r_addr >> lo)
         outs = []
         for k in range(self.n_banks):
             d = min(self.bank_depth, self.depth - k * self.bank_depth)
             m.submodules[f"bank{k}"] = mem = Memory(shape=self.width, depth=d, init=[])
             wr, rd = mem.write_port(), mem.read_port()
-            q = Signal(self.width, name=f"bank{k}_q")
+            # the bank's register keeps its read only if the read was for this bank, and
+            # is zero otherwise (no domain reset: the clear is the flip-flop's own
+            # synchronous reset, not a LUT after the block RAM)
+            q = Signal(self.width, name=f"bank{k}_q", reset_less=True)
             m.d.comb += [
                 wr.addr.eq(self.w_addr[:lo]),
                 wr.data.eq(self.w_data),
                 wr.en.eq(self.w_en & ((self.w_addr >> lo) == k)),
                 rd.addr.eq(self.r_addr[:lo]),
             ]
-            m.d.sync += q.eq(rd.data)
+            m.d.sync += q.eq(Mux(sel == k, rd.data, 0))
             outs.append(q)
-        # which bank, delayed with the data (the read, then its register)
-        sel1, sel2 = Signal(range(self.n_banks)), Signal(range(self.n_banks))
-        m.d.sync += [sel1.eq(self.r_addr >> lo), sel2.eq(sel1)]
-        m.d.comb += self.r_data.eq(Array(outs)[sel2])
+        # so the output is the OR of the banks' registers, registered: no select wider
+        # than a bank's own compare fans out over 17 x 32 bits (125 MHz)
+        m.d.sync += self.r_data.eq(reduce(operator.or_, outs))
         return m

@@ -152,13 +152,16 @@ class EtherTypeDemux(wiring.Component):
                         ]
                         m.next = "REPLAY"
             with m.State("REPLAY"):
+                # the held bytes shift out from hdr[0]: no 14-way byte mux in front of
+                # the next block's registers (125 MHz)
                 m.d.comb += [
                     sel_valid.eq(1),
-                    sel_data.eq(hdr[out_i]),
+                    sel_data.eq(hdr[0]),
                     sel_last.eq(ended & (out_i == cnt - 1)),
                 ]
                 with m.If(sel_ready):
                     m.d.sync += out_i.eq(out_i + 1)
+                    m.d.sync += [hdr[k].eq(hdr[k + 1]) for k in range(head_len - 1)]
                     with m.If(out_i == cnt - 1):
                         m.d.sync += cnt.eq(0)
                         with m.If(ended):

@@ -24,13 +24,11 @@ from types import SimpleNamespace
 
 from amaranth import ClockDomain, Elaboratable, Instance, Module, Signal
 from amaranth.lib import io, wiring
-from amaranth.lib.cdc import FFSynchronizer, ResetSynchronizer
+from amaranth.lib.cdc import AsyncFFSynchronizer, FFSynchronizer, ResetSynchronizer
 
 from optireduce.hw.board_frames import EtherTypeDemux, FrameMux
 from optireduce.hw.nic_shell import NicShell
 from optireduce.hw.rgmii_mac import RgmiiMac
-from optireduce.hw.skid import Skid
-from optireduce.hw.streams import frame_layout
 from optireduce.params import NicParams
 
 SYNC_MHZ = 125  # one byte per cycle on the RGMII side is 1 Gb/s
@@ -79,6 +77,15 @@ class BoardTop(Elaboratable):
     def __init__(self, board: Board, core: Callable[[NicParams], wiring.Component] | None = None):
         self.board = board
         self.core = core  # None: NicCore (NicShell)
+
+    @staticmethod
+    def _global_reset(m: Module, cd: ClockDomain, arst) -> None:
+        """`cd`'s reset, synchronized from `arst`, through a DCCA onto a global network: it
+        reaches every register of the domain (thousands of LSR pins), which fabric
+        routing did in 8.7 ns, more than a 125 MHz cycle (docs/boards.md, "Clocks")."""
+        raw = Signal(name=f"{cd.name}_rst_raw")
+        m.submodules[f"rst_{cd.name}"] = AsyncFFSynchronizer(arst, raw, o_domain=cd.name)
+        m.submodules[f"rst_{cd.name}_dcc"] = Instance("DCCA", i_CLKI=raw, i_CE=1, o_CLKO=cd.rst)
 
     def elaborate(self, platform):
         m = Module()
@@ -142,8 +149,8 @@ class BoardTop(Elaboratable):
         )
         # nextpnr derives the constraints of both outputs from the PLL; the PHY clocks:
         # lpf_preferences
-        m.submodules.rst_sync = ResetSynchronizer(~locked, domain="sync")
-        m.submodules.rst_core = ResetSynchronizer(~locked, domain="core")
+        for cd in (cd_sync, cd_core):
+            self._global_reset(m, cd, ~locked)
 
         # ---- the microsecond tick ---------------------------------------------------------
         tick = Signal()
@@ -173,11 +180,9 @@ class BoardTop(Elaboratable):
                 m.d.comb += phy_rst.o.eq(phy_in_reset)
             mac = RgmiiMac(p, pads=rgmii_pads(pads), rx_domain=dom)
             m.submodules[f"eth{k}_mac"] = mac
-            # received frames leave through a registered skid: the MAC's CDC FIFO flags
-            # and the demux / adapter logic never share a path (125 MHz)
-            m.submodules[f"eth{k}_rx_skid"] = rx = Skid(frame_layout(1), registered=True)
-            wiring.connect(m, mac.o, rx.i)
-            macs.append((rx.o, mac.i))
+            # (received frames leave the MAC's crossing from a registered skid: its FIFO
+            # flags and the demux / adapter logic never share a path at 125 MHz)
+            macs.append((mac.o, mac.i))
             links.append(self._clock_alive(m, dom, k))
             acts.append(self._activity(m, mac, k))
 
@@ -230,7 +235,9 @@ class BoardTop(Elaboratable):
     @staticmethod
     def _activity(m: Module, mac: RgmiiMac, k: int) -> Signal:
         hold = Signal(ACTIVITY_BITS, name=f"eth{k}_act")
-        with m.If((mac.o.valid & mac.o.ready) | (mac.i.valid & mac.i.ready)):
+        beat = Signal(name=f"eth{k}_beat")  # registered: the streams' handshakes stay local
+        m.d.sync += beat.eq((mac.o.valid & mac.o.ready) | (mac.i.valid & mac.i.ready))
+        with m.If(beat):
             m.d.sync += hold.eq(~0)
         with m.Elif(hold != 0):
             m.d.sync += hold.eq(hold - 1)

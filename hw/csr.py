@@ -201,6 +201,11 @@ def render_markdown(p: NicParams | None = None) -> str:
     return "\n".join(out)
 
 
+def addr_bits(p: NicParams) -> int:
+    """Width of the bank's word address (its highest register's offset)."""
+    return max(r.offset for blk in register_map(p) for r in blk.regs).bit_length()
+
+
 class Csr(wiring.Component):
     """The register bank. Ports: the bus, one output per configuration field, one
     `inc_<counter>` strobe per counter (see the module docstring)."""
@@ -212,7 +217,7 @@ class Csr(wiring.Component):
         self.p = p
         self.blocks = register_map(p)
         self.regs = [r for blk in self.blocks for r in blk.regs]
-        self.addr_bits = max(r.offset for r in self.regs).bit_length()
+        self.addr_bits = addr_bits(p)
         members = {
             "addr": In(self.addr_bits),
             "w_en": In(1),

@@ -42,6 +42,7 @@ from amaranth.lib.wiring import In, Out
 from optireduce.host import host_port
 from optireduce.hw.banked_memory import BankedMemory
 from optireduce.hw.board_frames import FrameMux
+from optireduce.hw.csr import addr_bits as csr_addr_bits
 from optireduce.hw.csr import register_map
 from optireduce.hw.nic_core import host_cmd_layout, host_word_layout
 from optireduce.hw.skid import Skid
@@ -99,8 +100,12 @@ def _be(value, nbytes: int) -> list:
 
 class _FrameSender(wiring.Component):
     """Sends one host-port frame: the 34-byte header from its fields, then `count` words
-    read from a memory (rd_addr/rd_data, read latency 1 or 2: the address is out for the
+    read from a memory (rd_addr/rd_data, read latency 1 to 3: the address is out for the
     whole header or word before) starting at `base`."""
+
+    # a word's 4 bytes take >= 4 cycles, and the next word's address is out from the
+    # cycle after the load: 3 cycles of read latency fit
+    MAX_READ_LATENCY = 3
 
     def __init__(self, addr_bits: int) -> None:
         super().__init__(
@@ -150,11 +155,14 @@ class _FrameSender(wiring.Component):
         rd_addr = Signal.like(self.rd_addr)
         m.d.comb += [out.i.payload.keep.eq(1), self.rd_addr.eq(rd_addr)]
         with m.FSM():
-            with m.State("IDLE"), m.If(self.start):
+            with m.State("IDLE"):
+                # loaded every idle cycle, so `start` only moves the FSM: it is not the
+                # enable of the 272 header registers (125 MHz)
                 m.d.sync += [head_sr.eq(Cat(*head)), f_count.eq(self.count)]
                 m.d.sync += [pos.eq(0), widx.eq(0), byte.eq(0), rd_addr.eq(self.base)]
                 m.d.sync += [empty.eq(self.count == 0), last_word.eq(self.count == 1)]
-                m.next = "HEAD"
+                with m.If(self.start):
+                    m.next = "HEAD"
             with m.State("HEAD"):
                 m.d.comb += [
                     self.busy.eq(1),
@@ -209,7 +217,7 @@ class HostAdapter(wiring.Component):
             raise ValueError("HostAdapter: tx_fragment and rx_words must be in 1..65535")
         self.p, self.rx_words, self.tx_fragment = p, rx_words, tx_fragment
         regs = [r for blk in register_map(p) for r in blk.regs]
-        self.csr_addr_bits = max(r.offset for r in regs).bit_length()
+        self.csr_addr_bits = csr_addr_bits(p)
         world = next(r for r in regs if r.name == "world")
         self.world_addr, self.world_reset = world.offset, world.reset
         self.msg_words = p.c + RECORD_FIXED + p.n_max + 1  # results + the largest record
@@ -280,12 +288,16 @@ class HostAdapter(wiring.Component):
         idx = Signal(16)  # word of the frame being emitted
         pad_left = Signal(32)
 
-        # EMIT reads the buffer ahead into a 4-word FIFO: the BRAM output goes straight
-        # into it and host_i comes from its output register
-        m.submodules.emit_fifo = ef = SyncFIFOBuffered(width=32, depth=4)
+        # EMIT reads the buffer ahead into a small FIFO: the BRAM output lands in a
+        # register, then in the FIFO (a block RAM's clock-to-out and a LUT RAM's write
+        # setup do not fit one 125 MHz cycle on the 25F-6), and host_i comes from the
+        # FIFO's output register
+        m.submodules.emit_fifo = ef = SyncFIFOBuffered(width=32, depth=8)
         ridx = Signal(16)  # next word to read
-        inflight = Signal()  # a read issued last cycle: its word enters the FIFO now
-        m.d.comb += [ef.w_en.eq(inflight), ef.w_data.eq(rd.data)]
+        inflight = Signal()  # a read issued last cycle: its word is on rd.data now
+        landed, landed_data = Signal(), Signal(32)  # ... and in this register a cycle later
+        m.d.sync += [landed.eq(inflight), landed_data.eq(rd.data)]
+        m.d.comb += [ef.w_en.eq(landed), ef.w_data.eq(landed_data)]
         emit_valid = Signal()
         emit_data = Signal(32)
         m.d.comb += [
@@ -392,22 +404,27 @@ class HostAdapter(wiring.Component):
                     m.d.sync += pad_left.eq(pad_left - 1)
                     with m.If(pad_left == 1):
                         m.next = "CMD"
+            # the command's fields are driven in every state (only `valid` waits for CMD):
+            # no FSM decode in front of the crossing's registers (125 MHz)
+            m.d.comb += [
+                self.host_cmd.payload.op_id.eq(op_id),
+                self.host_cmd.payload.n.eq(n),
+                self.host_cmd.payload.exponent.eq(exponent),
+            ]
             with m.State("CMD"):
-                m.d.comb += [
-                    self.host_cmd.valid.eq(1),
-                    self.host_cmd.payload.op_id.eq(op_id),
-                    self.host_cmd.payload.n.eq(n),
-                    self.host_cmd.payload.exponent.eq(exponent),
+                m.d.comb += self.host_cmd.valid.eq(1)
+                # the new op's registers load in every CMD cycle (no word moves here and
+                # the old op is closed), so their ~130 enables are the state alone, not
+                # also the crossing's ready (125 MHz); only `open_` waits for the take
+                m.d.sync += [
+                    cur_op.eq(op_id),
+                    cur_n.eq(n),
+                    cur_last.eq(n - 1),
+                    got.eq(0),
+                    next_op.eq(op_id + 1),
                 ]
                 with m.If(self.host_cmd.ready):
-                    m.d.sync += [
-                        open_.eq(1),
-                        cur_op.eq(op_id),
-                        cur_n.eq(n),
-                        cur_last.eq(n - 1),
-                        got.eq(0),
-                        next_op.eq(op_id + 1),
-                    ]
+                    m.d.sync += open_.eq(1)
                     m.next = "LOAD"
             with m.State("LOAD"):
                 m.d.sync += [ridx.eq(0), inflight.eq(0)]
@@ -416,14 +433,16 @@ class HostAdapter(wiring.Component):
                 with m.Else():
                     m.next = "EMIT"
             with m.State("EMIT"):
-                issue = (ridx < count) & (ef.level + inflight < ef.depth - 1)
+                issue = (ridx < count) & (ef.level + inflight + landed < ef.depth - 1)
                 m.d.comb += [
                     rd.addr.eq(ridx),
                     emit_valid.eq(ef.r_rdy),
                     emit_data.eq(ef.r_data),
                     ef.r_en.eq(self.host_i.ready),
                 ]
-                m.d.sync += [inflight.eq(issue), ridx.eq(ridx + issue)]
+                m.d.sync += inflight.eq(issue)
+                with m.If(issue):  # issue as the enable: no carry chain after the compare
+                    m.d.sync += ridx.eq(ridx + 1)
                 with m.If(took):
                     m.d.sync += idx.eq(idx + 1)
                     with m.If(idx == count_m1):
@@ -485,9 +504,16 @@ class HostAdapter(wiring.Component):
     # ---- core -> host ----------------------------------------------------------------
     def _results(self, m: Module, inc: dict, sender: _FrameSender) -> None:
         depth = self.msg_words
-        # banks with registered outputs (read latency 2): no logic after a block RAM
+        # banks with registered outputs (BankedMemory.LATENCY): no logic after a block RAM
         m.submodules.res_buf = buf = BankedMemory(32, depth)
-        m.d.comb += [sender.rd_data.eq(buf.r_data), buf.r_addr.eq(sender.rd_addr)]
+        # the record reader or the sender addresses the banks, picked by a flip-flop of
+        # its own, not by a decode of the FSM's state (17 banks' address pins: 125 MHz)
+        rec_rd = Signal()
+        raddr = Signal(range(depth + 1))  # the next record word's address (registered)
+        m.d.comb += [
+            sender.rd_data.eq(buf.r_data),
+            buf.r_addr.eq(Mux(rec_rd, raddr, sender.rd_addr)),
+        ]
 
         nwords = Signal(range(depth + 2))  # words of the message so far (depth + 1: too many)
         s = Signal(range(depth + 1))  # record start = n
@@ -499,9 +525,10 @@ class HostAdapter(wiring.Component):
         good, s_zero = Signal(), Signal()
         snd_kind, snd_count = Signal(8), Signal(16)
         snd_base = Signal.like(sender.base)
-        rec_idx = Signal(range(len(want) + 2))
-        raddr = Signal.like(s)  # the next record word's address (registered: 125 MHz)
-        offs = Array(Const(v, 8) for v in [*want.values(), 0, 0, 0])  # rec_idx + 1 <= 6
+        lat = BankedMemory.LATENCY
+        assert lat <= _FrameSender.MAX_READ_LATENCY, "the sender would send stale words"
+        rec_idx = Signal(range(len(want) + lat))
+        offs = Array(Const(v, 8) for v in [*want.values()] + [0] * (lat + 1))  # rec_idx + 1
 
         with m.FSM():
             with m.State("FILL"):
@@ -520,6 +547,7 @@ class HostAdapter(wiring.Component):
                 ok = (nwords <= depth) & (nwords >= rlen)
                 m.d.sync += [s.eq(nwords - rlen), raddr.eq(nwords - rlen), rec_idx.eq(0)]
                 with m.If(ok):
+                    m.d.sync += rec_rd.eq(1)
                     m.next = "RECORD"
                 with m.Else():
                     m.d.comb += inc["bad_records"].eq(1)
@@ -527,13 +555,13 @@ class HostAdapter(wiring.Component):
                     m.next = "FILL"
             with m.State("RECORD"):
                 # read the four record words the headers need, one per cycle (pipelined)
-                # (BankedMemory.LATENCY = 2: the word for rec_idx i is out at i + 2)
-                m.d.comb += buf.r_addr.eq(raddr)
+                # (the word for rec_idx i is out at i + lat)
                 m.d.sync += [rec_idx.eq(rec_idx + 1), raddr.eq(s + offs[rec_idx + 1])]
                 for k, name in enumerate(want):
-                    with m.If(rec_idx == k + 2):
+                    with m.If(rec_idx == k + lat):
                         m.d.sync += rec[name].eq(buf.r_data)
-                with m.If(rec_idx == len(want) + 1):
+                with m.If(rec_idx == len(want) + lat - 1):
+                    m.d.sync += rec_rd.eq(0)
                     m.next = "VERIFY"
             with m.State("VERIFY"):  # the record's compares, registered
                 m.d.sync += [

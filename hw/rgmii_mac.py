@@ -11,8 +11,9 @@ ports of this component (rgmii_txd, rgmii_tx_ctl, rgmii_rxd, rgmii_rx_ctl) clock
 `sync` on both edges: for amaranth.sim and Verilator. With `pads` (an amaranth-boards
 `eth_rgmii` resource, dir="-") it uses the platform's DDR buffers. On a board the RX
 side must run on the PHY's RX clock: pass `rx_domain` (a domain clocked by rx_clk); the
-receiver then runs in that domain, its frames cross to `sync` through an AsyncFIFO and
-its counters through Gray-coded synchronizers.
+receiver then runs in that domain, its frames cross to `sync` through a StreamCrossing
+(hw/clock_crossing.py: an AsyncFIFO, registered on both sides) and its counters through
+Gray-coded synchronizers.
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ from __future__ import annotations
 from amaranth import Cat, DomainRenamer, Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.cdc import FFSynchronizer
-from amaranth.lib.fifo import AsyncFIFO
 from amaranth.lib.wiring import In, Out
 
+from optireduce.hw.clock_crossing import StreamCrossing
 from optireduce.hw.rgmii_io import RgmiiDdrBuffers, RgmiiDdrGeneric
 from optireduce.hw.rgmii_rx import COUNTER_WIDTH, RgmiiRx
 from optireduce.hw.rgmii_tx import RgmiiTx
-from optireduce.hw.streams import frame_stream
+from optireduce.hw.streams import frame_layout, frame_stream
 from optireduce.params import NicParams
 
 RX_COUNTERS = ("rx_good", "rx_bad_fcs", "rx_runt", "rx_error", "rx_overflow")
@@ -116,21 +117,15 @@ class RgmiiMac(wiring.Component):
                 m.d.comb += getattr(self, name).eq(getattr(rx, name))
             return m
 
-        # Board: PHY RX clock -> sync. Bytes through an AsyncFIFO, counters as Gray codes
-        # (they step by one, so one bit changes at a time and a synchronized read is exact).
-        m.submodules.cdc = fifo = AsyncFIFO(
-            width=9, depth=CDC_DEPTH, w_domain=self.rx_domain, r_domain="sync"
+        # Board: PHY RX clock -> sync. Bytes through a StreamCrossing (an AsyncFIFO with a
+        # register on each side: the frame FIFO's block RAM output and the crossing's LUT
+        # RAM never share a cycle), counters as Gray codes (they step by one, so one bit
+        # changes at a time and a synchronized read is exact).
+        m.submodules.cdc = cdc = StreamCrossing(
+            frame_layout(1), w_domain=self.rx_domain, r_domain="sync", depth=CDC_DEPTH
         )
-        m.d.comb += [
-            fifo.w_data.eq(Cat(rx.o.payload.data[0], rx.o.payload.last)),
-            fifo.w_en.eq(rx.o.valid),
-            rx.o.ready.eq(fifo.w_rdy),
-            self.o.payload.data[0].eq(fifo.r_data[:8]),
-            self.o.payload.last.eq(fifo.r_data[8]),
-            self.o.payload.keep.eq(1),
-            self.o.valid.eq(fifo.r_rdy),
-            fifo.r_en.eq(self.o.ready),
-        ]
+        wiring.connect(m, rx.o, cdc.i)
+        wiring.connect(m, cdc.o, wiring.flipped(self.o))
         for name in RX_COUNTERS:
             g = Signal(COUNTER_WIDTH, name=f"{name}_gray")
             m.d[self.rx_domain] += g.eq(_gray(getattr(rx, name)))

@@ -38,7 +38,8 @@ class FrameFifo(wiring.Component):
     """Byte FIFO with speculative writes: `commit` publishes everything written so far
     (including this cycle's write), `rewind` forgets the uncommitted bytes (and this
     cycle's write). `o` is a registered stream of committed bytes (1 per cycle).
-    `room` says a write this cycle would be kept; `level` counts bytes stored."""
+    `room` says a write this cycle would be kept (registered: it may say no with one
+    byte free, so at least depth - 1 bytes always fit); `level` counts bytes stored."""
 
     def __init__(self, depth: int) -> None:
         assert depth & (depth - 1) == 0, "depth must be a power of two"
@@ -65,9 +66,14 @@ class FrameFifo(wiring.Component):
         rd = mem.read_port(transparent_for=())
         wp, cp, rp = Signal(aw), Signal(aw), Signal(aw)
 
+        # `room` is a register, one byte short of full: a write this cycle always fits
+        # (the level rises by at most one a cycle), and the pointers' subtract and compare
+        # are not in front of the writer's logic (125 MHz)
+        room = Signal(init=1)
+        m.d.sync += room.eq(self.level < self.depth - 1)
         m.d.comb += [
             self.level.eq(wp - rp),
-            self.room.eq(self.level < self.depth),
+            self.room.eq(room),
             wr.addr.eq(wp[: aw - 1]),
             wr.data.eq(Cat(self.w_data, self.w_last)),
             wr.en.eq(self.w_en & self.room),

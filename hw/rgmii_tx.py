@@ -5,7 +5,7 @@ zero-padded to 60, followed by `zlib.crc32` little-endian (`docs/rgmii.md`).
 
 Frames from `i` (frame_stream(1), one byte per beat, `last`) go into a FrameFifo, so
 idle cycles inside an input frame never reach the wire. A frame starts once it is
-whole in the FIFO (or the FIFO is full: a frame longer than the FIFO is sent cut-through
+whole in the FIFO (or the FIFO has no room: a frame longer than the FIFO is sent cut-through
 and an input gap then shows as TX_ER, which any receiver drops) and once the
 inter-frame gap has passed. On the wire: 7 x 0x55, 0xD5, the bytes, zeros up to
 `min_payload` (60), the FCS (LSB first), then `ifg` (12) idle cycles at least.

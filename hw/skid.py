@@ -44,7 +44,9 @@ class Skid(wiring.Component):
         with m.If(ready):
             m.d.sync += held.eq(0)
         with m.Elif(~held & self.i.valid):  # the consumer stalls: keep the offered beat
-            m.d.sync += [held.eq(1), spare.eq(self.i.payload)]
+            m.d.sync += held.eq(1)
+        with m.If(~held):  # the spare copies the input while empty: its enable is `held`
+            m.d.sync += spare.eq(self.i.payload)  # alone, not the upstream's valid logic
 
         if not self.registered:
             m.d.comb += [self.o.valid.eq(valid), self.o.payload.eq(payload), ready.eq(self.o.ready)]
