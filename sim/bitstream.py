@@ -8,7 +8,8 @@ files>/, so a second call with the same design reads the reports of the first.
 
     build_bitstream("colorlight") -> {"board", "device", "fmax_mhz": {domain: MHz},
         "target_mhz": {domain: MHz}, "luts", "ffs", "brams", "dsps", "capacity": {...},
-        "bitstream", "build_s", "cached", ...}
+        "critical_path": {domain: {"ns", "from", "to"}}, "bitstream", "build_s", "cached",
+        ...}
 """
 
 from __future__ import annotations
@@ -50,6 +51,21 @@ def board(name: str):
     return importlib.import_module(f"optireduce.hw.board_{name}").BOARD
 
 
+CORES = ("nic", "loopback")  # `build bitstream --core`
+
+
+def core_by_name(name: str) -> Callable | None:
+    """The core a build puts in the shell: "nic" (NicCore) or "loopback"
+    (hw/loopback_core.py: the 125 MHz side placed and routed alone)."""
+    if name not in CORES:
+        raise ValueError(f"unknown core {name!r}: one of {', '.join(CORES)}")
+    if name == "nic":
+        return None
+    from optireduce.hw.loopback_core import LoopbackCore
+
+    return LoopbackCore
+
+
 def _tool_env() -> dict[str, str]:
     """The environment of the build script: YoWASP tools from this venv, no programmer."""
     env = dict(os.environ)
@@ -87,6 +103,19 @@ def parse_report(report: dict) -> dict:
     out["capacity"] = {
         key: int(util.get(cell, {}).get("available", 0)) for key, cell in CELLS.items()
     }
+    # each domain's worst path inside itself (routed builds only): where to pipeline next
+    paths = {}
+    for cp in report.get("critical_paths", []):
+        src, dst = (cp.get(k, "").split()[-1:] for k in ("from", "to"))
+        steps = cp.get("path", [])
+        if not src or src != dst or not steps:
+            continue
+        paths[_domain(src[0])] = {
+            "ns": round(sum(float(s["delay"]) for s in steps), 2),
+            "from": steps[0]["from"]["cell"],
+            "to": steps[-1]["to"]["cell"],
+        }
+    out["critical_path"] = paths
     return out
 
 

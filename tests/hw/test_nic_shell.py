@@ -14,17 +14,14 @@ import collections
 import random
 
 import numpy as np
-from amaranth import Array, Module, Signal
-from amaranth.lib import stream, wiring
-from amaranth.lib.wiring import In, Out
 
 from optireduce.host import host_port, ubt
 from optireduce.host.host_port import HostFrame
 from optireduce.host.trace import TRACE_PARAMS
-from optireduce.hw.csr import Csr, register_map
-from optireduce.hw.host_adapter import CMD_LAYOUT, OUT_LAYOUT, RECORD_FIXED, reg_reply, reg_request
-from optireduce.hw.nic_shell import NET_BYTES, NicShell
-from optireduce.hw.streams import float_stream, frame_stream
+from optireduce.hw.csr import register_map
+from optireduce.hw.host_adapter import RECORD_FIXED, reg_reply, reg_request
+from optireduce.hw.loopback_core import LoopbackCore
+from optireduce.hw.nic_shell import NicShell
 from optireduce.sim.stream_sim import send_bytes, two_clock_sim
 
 
@@ -98,68 +95,6 @@ def test_frames_and_registers_cross_between_the_clocks():
     assert replies == [want]
 
 
-class _Loopback(wiring.Component):
-    """A stand-in core with NicCore's ports: net_rx straight back to net_tx; an op's
-    words back on host_o, then a record [op_id, n, exponent, 0.., world = 2 at
-    RECORD_FIXED - 1, 0, 0, 0]; every register reads the ticks counted so far."""
-
-    WORLD = 2  # the world register's reset value, which the adapter shadows
-
-    def __init__(self, p) -> None:
-        super().__init__({
-            "host_cmd": In(stream.Signature(CMD_LAYOUT)), "host_i": In(float_stream(1)),
-            "host_o": Out(stream.Signature(OUT_LAYOUT)),
-            "net_rx": In(frame_stream(NET_BYTES)), "net_tx": Out(frame_stream(NET_BYTES)),
-            "csr_addr": In(Csr(p).addr_bits), "csr_w_en": In(1), "csr_w_data": In(32),
-            "csr_r_en": In(1), "csr_r_data": Out(32), "tick": In(1),
-        })  # fmt: skip
-
-    def elaborate(self, platform):
-        m = Module()
-        m.d.comb += [
-            self.net_tx.valid.eq(self.net_rx.valid),
-            self.net_tx.payload.eq(self.net_rx.payload),
-            self.net_rx.ready.eq(self.net_tx.ready),
-        ]
-        ticks = Signal(32)
-        m.d.sync += ticks.eq(ticks + self.tick)
-        with m.If(self.csr_r_en):
-            m.d.sync += self.csr_r_data.eq(ticks)
-        op, n, e = Signal(32), Signal(32), Signal(8)
-        k = Signal(32)
-        rlen = RECORD_FIXED + 1 + self.WORLD
-        rec = [op, n, e] + [0] * (RECORD_FIXED - 4) + [self.WORLD] + [0] * (1 + self.WORLD)
-        with m.FSM():
-            with m.State("CMD"):
-                m.d.comb += self.host_cmd.ready.eq(1)
-                with m.If(self.host_cmd.valid):
-                    c = self.host_cmd.payload
-                    m.d.sync += [op.eq(c.op_id), n.eq(c.n), e.eq(c.exponent), k.eq(0)]
-                    m.next = "WORDS"
-            with m.State("WORDS"):
-                m.d.comb += [
-                    self.host_o.valid.eq(self.host_i.valid),
-                    self.host_o.payload.data.eq(self.host_i.payload.data[0]),
-                    self.host_i.ready.eq(self.host_o.ready),
-                ]
-                with m.If(self.host_i.valid & self.host_o.ready):
-                    m.d.sync += k.eq(k + 1)
-                    with m.If(k == n - 1):
-                        m.d.sync += k.eq(0)
-                        m.next = "RECORD"
-            with m.State("RECORD"):
-                m.d.comb += [
-                    self.host_o.valid.eq(1),
-                    self.host_o.payload.data.eq(Array(rec)[k]),
-                    self.host_o.payload.last.eq(k == rlen - 1),
-                ]
-                with m.If(self.host_o.ready):
-                    m.d.sync += k.eq(k + 1)
-                    with m.If(k == rlen - 1):
-                        m.next = "CMD"
-        return m
-
-
 def test_every_crossing_carries_data_both_ways():
     p = TRACE_PARAMS
     rng = random.Random(5)
@@ -171,7 +106,7 @@ def test_every_crossing_carries_data_both_ways():
     reg = reg_request([(0x0, None)])
     want_rec = [0, len(x), 5] + [0] * (RECORD_FIXED - 4) + [2] + [0] * 3
 
-    shell = NicShell(p, _Loopback, tx_fragment=128)
+    shell = NicShell(p, LoopbackCore, tx_fragment=128)
     sim = two_clock_sim(shell)
     out = {"host": [], "net": []}
     done = {"net_in": False}
