@@ -20,7 +20,9 @@ from optireduce.params import NicParams
 class LoopbackCore(wiring.Component):
     """A stand-in core with NicCore's ports: net_rx straight back to net_tx; an op's
     words back on host_o, then a record [op_id, n, exponent, 0.., world = 2 at
-    RECORD_FIXED - 1, 0, 0, 0]; every register reads the ticks counted so far."""
+    RECORD_FIXED - 1, 0, 0, 0]; every register reads the ticks counted so far and writes
+    are ignored. A REG frame that writes `world` therefore makes every later result a
+    bad record: the adapter checks records against its copy of `world`."""
 
     WORLD = 2  # the world register's reset value, which the adapter shadows
 

@@ -38,8 +38,10 @@ class FrameFifo(wiring.Component):
     """Byte FIFO with speculative writes: `commit` publishes everything written so far
     (including this cycle's write), `rewind` forgets the uncommitted bytes (and this
     cycle's write). `o` is a registered stream of committed bytes (1 per cycle).
-    `room` says a write this cycle would be kept (registered: it may say no with one
-    byte free, so at least depth - 1 bytes always fit); `level` counts bytes stored."""
+    `room` says a write this cycle would be kept. It is a register (level < depth - 1 a
+    cycle ago), so it may say no with one byte free, and for one cycle after a read or
+    rewind frees space: at least depth - 1 bytes always fit, and a frame that needed the
+    last byte is now an overflow. `level` counts bytes stored."""
 
     def __init__(self, depth: int) -> None:
         assert depth & (depth - 1) == 0, "depth must be a power of two"
