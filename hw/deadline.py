@@ -84,7 +84,9 @@ class PhaseTimer(wiring.Component):
     # one level of logic: LATENCY register stages from the inputs, then the candidate end
     # ticks are compared with the live `now` (the owner registers the outputs). After a
     # change of the inputs (but `now`, which may move any time), the outputs are valid
-    # LATENCY cycles later (owners settle).
+    # LATENCY cycles later (owners settle). So a stage reads the inputs, or the first
+    # register that holds a value, directly: with the inputs held, a 48-bit copy carried
+    # from stage to stage would only repeat it (about 700 flip-flops a timer).
     LATENCY = 5
 
     def __init__(self) -> None:
@@ -119,41 +121,30 @@ class PhaseTimer(wiring.Component):
             m.d.sync += r.eq(value)
             return r
 
+        floor = self.floor
         # stage 0: arrival after start? anchor + T
         arr_gt = stage("arr_gt", self.has_arrival & (self.start < self.last_arrival), 1)
-        arr0, start0 = stage("arr0", self.last_arrival), stage("start0", self.start)
         dl_sum = stage("dl_sum", self.anchor + self.timeout, t + 1)
-        gone0 = stage("gone0", self.last_gone)
-        flags = Cat(self.active, self.all_in, self.in_or_gone, self.all_flagged)
-        f0 = stage("f0", flags, 4)
         # stage 1: the base tick (start or last arrival); anchor + T against the floor
-        base1 = stage("base1", Mux(arr_gt, arr0, start0))
-        dl_gt = stage("dl_gt", self.floor < dl_sum, 1)
-        dl_sum1, floor1 = stage("dl_sum1", dl_sum, t + 1), stage("floor1", self.floor)
-        gone1, f1 = stage("gone1", gone0), stage("f1", f0, 4)
+        base = stage("base1", Mux(arr_gt, self.last_arrival, self.start))
+        dl_gt = stage("dl_gt", floor < dl_sum, 1)
         # stage 2: the deadline; base + idle; base against the last gone tick
-        deadline2 = stage("deadline2", Mux(dl_gt, dl_sum1, floor1), t + 1)
-        e_sum2 = stage("e_sum2", base1 + self.idle, t + 1)
-        gone_gt = stage("gone_gt", gone1 < base1, 1)
-        base2, gone2 = stage("base2", base1), stage("gone2", gone1)
-        floor2, f2 = stage("floor2", floor1), stage("f2", f1, 4)
+        deadline = stage("deadline2", Mux(dl_gt, dl_sum, floor), t + 1)
+        e_sum = stage("e_sum2", base + self.idle, t + 1)
+        gone_gt = stage("gone_gt", self.last_gone < base, 1)
         # stage 3: base + idle against the floor; does the early end beat the deadline
         # (max(e_sum, floor) < deadline <=> both are)
-        early_gt = stage("early_gt", floor2 < e_sum2, 1)
-        beats = stage("beats", (e_sum2 < deadline2) & (floor2 < deadline2), 1)
-        gone_end3 = stage("gone_end3", Mux(gone_gt, base2, gone2))
-        e_sum3, floor3 = stage("e_sum3", e_sum2, t + 1), stage("floor3", floor2)
-        deadline3, base3 = stage("deadline3", deadline2, t + 1), stage("base3", base2)
-        f3 = stage("f3", f2, 4)
-        active3, all_in3, in_or_gone3, flagged3 = f3
+        early_gt = stage("early_gt", floor < e_sum, 1)
+        beats = stage("beats", (e_sum < deadline) & (floor < deadline), 1)
+        gone_end = stage("gone_end3", Mux(gone_gt, base, self.last_gone))
         # stage 4: the early end tick; which rule decides; the end when it is due now
-        early = stage("early4", Mux(early_gt, e_sum3, floor3), t + 1)
-        deadline = stage("deadline4", deadline3, t + 1)
-        use_early = stage("use_early", flagged3 & beats, 1)
-        fixed = stage("fixed", Mux(all_in3, base3, gone_end3))  # all in, or in or gone
-        imm = stage("imm", active3 & (all_in3 | in_or_gone3), 1)  # due whatever the clock
-        wait = stage("wait", active3 & ~(all_in3 | in_or_gone3), 1)
-        imm_reason = stage("imm_reason", Mux(all_in3, Reason.COMPLETE, Reason.EARLY), 2)
+        early = stage("early4", Mux(early_gt, e_sum, floor), t + 1)
+        use_early = stage("use_early", self.all_flagged & beats, 1)
+        fixed = stage("fixed", Mux(self.all_in, base, gone_end))  # all in, or in or gone
+        settled_in = self.all_in | self.in_or_gone
+        imm = stage("imm", self.active & settled_in, 1)  # due whatever the clock
+        wait = stage("wait", self.active & ~settled_in, 1)
+        imm_reason = stage("imm_reason", Mux(self.all_in, Reason.COMPLETE, Reason.EARLY), 2)
         # then against the live clock (both compares at once, the rule picks one); the end
         # tick and reason do not wait for the compare (they mean something while `due`)
         reached = Mux(use_early, self.now >= early, self.now >= deadline)
