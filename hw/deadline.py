@@ -86,7 +86,10 @@ class PhaseTimer(wiring.Component):
     # change of the inputs (but `now`, which may move any time), the outputs are valid
     # LATENCY cycles later (owners settle). So a stage reads the inputs, or the first
     # register that holds a value, directly: with the inputs held, a 48-bit copy carried
-    # from stage to stage would only repeat it (about 700 flip-flops a timer).
+    # from stage to stage would only repeat it (about 700 flip-flops a timer). The four
+    # flags do travel through every stage: "due" only ever follows an `active` LATENCY
+    # cycles before, whatever the inputs do (the cut timers of the formal harness assume
+    # it), and never pairs a new `active` with a stale end tick.
     LATENCY = 5
 
     def __init__(self) -> None:
@@ -122,6 +125,11 @@ class PhaseTimer(wiring.Component):
             return r
 
         floor = self.floor
+        flags = Cat(self.active, self.all_in, self.in_or_gone, self.all_flagged)
+        f = flags
+        for k in range(self.LATENCY - 1):  # the flags of stage 4 left the inputs 4 cycles ago
+            f = stage(f"f{k}", f, 4)
+        active, all_in, in_or_gone, all_flagged = f
         # stage 0: arrival after start? anchor + T
         arr_gt = stage("arr_gt", self.has_arrival & (self.start < self.last_arrival), 1)
         dl_sum = stage("dl_sum", self.anchor + self.timeout, t + 1)
@@ -139,12 +147,12 @@ class PhaseTimer(wiring.Component):
         gone_end = stage("gone_end3", Mux(gone_gt, base, self.last_gone))
         # stage 4: the early end tick; which rule decides; the end when it is due now
         early = stage("early4", Mux(early_gt, e_sum, floor), t + 1)
-        use_early = stage("use_early", self.all_flagged & beats, 1)
-        fixed = stage("fixed", Mux(self.all_in, base, gone_end))  # all in, or in or gone
-        settled_in = self.all_in | self.in_or_gone
-        imm = stage("imm", self.active & settled_in, 1)  # due whatever the clock
-        wait = stage("wait", self.active & ~settled_in, 1)
-        imm_reason = stage("imm_reason", Mux(self.all_in, Reason.COMPLETE, Reason.EARLY), 2)
+        use_early = stage("use_early", all_flagged & beats, 1)
+        fixed = stage("fixed", Mux(all_in, base, gone_end))  # all in, or in or gone
+        settled_in = all_in | in_or_gone
+        imm = stage("imm", active & settled_in, 1)  # due whatever the clock
+        wait = stage("wait", active & ~settled_in, 1)
+        imm_reason = stage("imm_reason", Mux(all_in, Reason.COMPLETE, Reason.EARLY), 2)
         # then against the live clock (both compares at once, the rule picks one); the end
         # tick and reason do not wait for the compare (they mean something while `due`)
         reached = Mux(use_early, self.now >= early, self.now >= deadline)

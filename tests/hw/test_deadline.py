@@ -82,6 +82,55 @@ def test_phase_timer_matches_phase_tracker_due():
     _run(dut, bench)
 
 
+def test_phase_timer_due_only_follows_active_latency_cycles_before():
+    """With every input moving every cycle, "due" is high only where `active` was high
+    LATENCY cycles before (the formal harness's cut timers assume it); and a START that
+    moves start and anchor past an old deadline gives no "due" with the stale end tick."""
+    rng = np.random.default_rng(7)
+    dut = PhaseTimer()
+    lat = PhaseTimer.LATENCY
+    ticks = [0, 1, 99, 100, 500, 600, (1 << 47) + 5]
+
+    async def bench(ctx):
+        hist, violations = [], 0
+        for _ in range(4000):
+            ctx.set(dut.active, int(rng.random() < 0.5))
+            for port in (dut.start, dut.anchor, dut.last_arrival, dut.last_gone, dut.floor,
+                         dut.now):  # fmt: skip
+                ctx.set(port, int(rng.choice(ticks)))
+            for port in (dut.has_arrival, dut.all_in, dut.in_or_gone, dut.all_flagged):
+                ctx.set(port, int(rng.random() < 0.5))
+            ctx.set(dut.timeout, int(rng.choice([1, 100, (1 << 32) - 1])))
+            ctx.set(dut.idle, int(rng.choice([1, 25, 1 << 20])))
+            hist.append(ctx.get(dut.active))
+            await ctx.tick()
+            # after the edge: due reads the stages, `active` as set lat + 1 sets ago counts
+            if ctx.get(dut.due) and len(hist) > lat and not hist[-lat]:
+                violations += 1
+        assert violations == 0
+
+        # a context idle with start = anchor = 0 (deadline 100), then START at tick 500
+        for port, v in ((dut.active, 0), (dut.start, 0), (dut.anchor, 0), (dut.timeout, 100),
+                        (dut.idle, 25), (dut.floor, 0), (dut.now, 500), (dut.has_arrival, 0),
+                        (dut.last_arrival, 0), (dut.last_gone, 0), (dut.all_in, 0),
+                        (dut.in_or_gone, 0), (dut.all_flagged, 0)):  # fmt: skip
+            ctx.set(port, v)
+        await ctx.tick().repeat(lat + 1)
+        ctx.set(dut.active, 1)
+        ctx.set(dut.start, 500)
+        ctx.set(dut.anchor, 500)
+        seen = []
+        for _ in range(lat + 2):
+            await ctx.tick()
+            seen.append(ctx.get(dut.due))
+        assert seen == [0] * (lat + 2)  # due at 600, not at the stale 100
+        ctx.set(dut.now, 600)
+        await ctx.tick()
+        assert ctx.get(dut.due) and ctx.get(dut.end_tick) == 600
+
+    _run(dut, bench)
+
+
 @pytest.mark.parametrize(("world", "t_c_min"), [(2, 1), (5, 1), (8, 1), (5, 300)])
 def test_tc_estimator_and_median_match_the_model(world, t_c_min):
     rng = np.random.default_rng(world * 1000 + t_c_min)
