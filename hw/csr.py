@@ -206,6 +206,11 @@ def addr_bits(p: NicParams) -> int:
     return max(r.offset for blk in register_map(p) for r in blk.regs).bit_length()
 
 
+def register(p: NicParams, name: str) -> Reg:
+    """The register called `name` in the map (its offset, reset value, ...)."""
+    return next(r for blk in register_map(p) for r in blk.regs if r.name == name)
+
+
 class Csr(wiring.Component):
     """The register bank. Ports: the bus, one output per configuration field, one
     `inc_<counter>` strobe per counter (see the module docstring)."""

@@ -125,8 +125,7 @@ class PhaseTimer(wiring.Component):
             return r
 
         floor = self.floor
-        flags = Cat(self.active, self.all_in, self.in_or_gone, self.all_flagged)
-        f = flags
+        f = Cat(self.active, self.all_in, self.in_or_gone, self.all_flagged)
         for k in range(self.LATENCY - 1):  # the flags of stage 4 left the inputs 4 cycles ago
             f = stage(f"f{k}", f, 4)
         active, all_in, in_or_gone, all_flagged = f

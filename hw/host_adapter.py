@@ -43,7 +43,7 @@ from optireduce.host import host_port
 from optireduce.hw.banked_memory import BankedMemory
 from optireduce.hw.board_frames import FrameMux
 from optireduce.hw.csr import addr_bits as csr_addr_bits
-from optireduce.hw.csr import register_map
+from optireduce.hw.csr import register
 from optireduce.hw.nic_core import host_cmd_layout, host_word_layout
 from optireduce.hw.skid import Skid
 from optireduce.hw.streams import float_stream, frame_layout, frame_stream
@@ -216,9 +216,8 @@ class HostAdapter(wiring.Component):
         if not 1 <= tx_fragment <= 0xFFFF or not 2 <= rx_words <= 0xFFFF:
             raise ValueError("HostAdapter: tx_fragment and rx_words must be in 1..65535")
         self.p, self.rx_words, self.tx_fragment = p, rx_words, tx_fragment
-        regs = [r for blk in register_map(p) for r in blk.regs]
         self.csr_addr_bits = csr_addr_bits(p)
-        world = next(r for r in regs if r.name == "world")
+        world = register(p, "world")
         self.world_addr, self.world_reset = world.offset, world.reset
         self.msg_words = p.c + RECORD_FIXED + p.n_max + 1  # results + the largest record
         super().__init__(

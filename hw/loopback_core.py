@@ -10,7 +10,7 @@ from amaranth import Array, Module, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from optireduce.hw.csr import addr_bits
+from optireduce.hw.csr import addr_bits, register
 from optireduce.hw.host_adapter import CMD_LAYOUT, OUT_LAYOUT, RECORD_FIXED
 from optireduce.hw.nic_shell import NET_BYTES
 from optireduce.hw.streams import float_stream, frame_stream
@@ -19,14 +19,14 @@ from optireduce.params import NicParams
 
 class LoopbackCore(wiring.Component):
     """A stand-in core with NicCore's ports: net_rx straight back to net_tx; an op's
-    words back on host_o, then a record [op_id, n, exponent, 0.., world = 2 at
-    RECORD_FIXED - 1, 0, 0, 0]; every register reads the ticks counted so far and writes
+    words back on host_o, then a record [op_id, n, exponent, 0.., world at
+    RECORD_FIXED - 1, 0 x (world + 1)], with `world` the register's reset value (the
+    adapter's copy after reset); every register reads the ticks counted so far and writes
     are ignored. A REG frame that writes `world` therefore makes every later result a
     bad record: the adapter checks records against its copy of `world`."""
 
-    WORLD = 2  # the world register's reset value, which the adapter shadows
-
     def __init__(self, p: NicParams) -> None:
+        self.world = register(p, "world").reset
         super().__init__({
             "host_cmd": In(stream.Signature(CMD_LAYOUT)), "host_i": In(float_stream(1)),
             "host_o": Out(stream.Signature(OUT_LAYOUT)),
@@ -48,8 +48,8 @@ class LoopbackCore(wiring.Component):
             m.d.sync += self.csr_r_data.eq(ticks)
         op, n, e = Signal(32), Signal(32), Signal(8)
         k = Signal(32)
-        rlen = RECORD_FIXED + 1 + self.WORLD
-        rec = [op, n, e] + [0] * (RECORD_FIXED - 4) + [self.WORLD] + [0] * (1 + self.WORLD)
+        rlen = RECORD_FIXED + 1 + self.world
+        rec = [op, n, e] + [0] * (RECORD_FIXED - 4) + [self.world] + [0] * (1 + self.world)
         with m.FSM():
             with m.State("CMD"):
                 m.d.comb += self.host_cmd.ready.eq(1)
