@@ -80,7 +80,7 @@ from amaranth.lib.wiring import In, Out
 
 from optireduce.host.aggregator import reciprocal_shift, reciprocal_table
 from optireduce.hw import wide_multiplier as wmul
-from optireduce.hw.deadline import SETTLE, TICK_BITS, PhaseContexts, Reason, settle_step
+from optireduce.hw.deadline import TICK_BITS, PhaseContexts, Reason, settle_cycles, settle_step
 from optireduce.hw.staged_write import StagedWrite
 from optireduce.hw.streams import element_stream
 from optireduce.hw.tc_estimator import TC_BITS, TcEstimator
@@ -275,9 +275,10 @@ class Aggregator(wiring.Component):
         # firing
         fire_c = Signal(cb)
         ret_post = Signal()
-        # cycles the end evaluation has been stable (deadline.SETTLE: it is valid)
-        settle = Signal(range(SETTLE + 1))
-        settled = settle == SETTLE
+        # cycles the end evaluation has been stable (deadline.settle_cycles: it is valid)
+        settle_n = settle_cycles(n_ctx)
+        settle = Signal(range(settle_n + 1))
+        settled = settle == settle_n
         post_b = Signal()  # POST has done the older ops; next, the event's own op
         accepted = Signal()  # the scatter frame was added (not late, not a duplicate)
         gone_c = Signal(range(n_ctx + 1))
@@ -587,7 +588,8 @@ class Aggregator(wiring.Component):
             cx.end_states(m, self, tc, T, fire_c, due_end, due_reason, settle, ret_post,
                           select=[(f_mine, c_mine[fire_c] != 0)], report=queue_readout)  # fmt: skip
 
-            with m.State("SETTLE"), m.If(settle_step(m, settle, tc)):  # the evaluation catches up
+            # the evaluation catches up
+            with m.State("SETTLE"), m.If(settle_step(m, settle, tc, settle_n)):
                 m.next = "IDLE"
 
         m.d.comb += self.ev.ready.eq(

@@ -7,8 +7,8 @@ facts: every expected packet is in, every sender still owing is gone, every
 expected sender's LAST is in. This block turns them and the live T into
 (due, end tick, reason): the base tick and anchor + T registered, then the candidate
 end ticks, then compared with the live `now` (PhaseTimer.LATENCY = 5 register stages);
-`PhaseContexts` registers the result and the blocks settle SETTLE cycles after every
-change.
+`PhaseContexts` runs one timer over its contexts in turn and registers the results; the
+blocks settle `settle_cycles(n_ctx)` cycles after every change.
 
   complete   all in                       -> max(start, last arrival)
   early      all in or gone               -> max(start, last arrival, last gone)
@@ -82,14 +82,13 @@ class PhaseTimer(wiring.Component):
 
     # For 125 MHz every 48-bit compare or add has a register stage of its own, and a mux
     # one level of logic: LATENCY register stages from the inputs, then the candidate end
-    # ticks are compared with the live `now` (the owner registers the outputs). After a
-    # change of the inputs (but `now`, which may move any time), the outputs are valid
-    # LATENCY cycles later (owners settle). So a stage reads the inputs, or the first
-    # register that holds a value, directly: with the inputs held, a 48-bit copy carried
-    # from stage to stage would only repeat it (about 700 flip-flops a timer). The four
-    # flags do travel through every stage: "due" only ever follows an `active` LATENCY
-    # cycles before, whatever the inputs do (the cut timers of the formal harness assume
-    # it), and never pairs a new `active` with a stale end tick.
+    # ticks are compared with the live `now` (the owner registers the outputs). One timer
+    # serves every context of an owner in turn (`PhaseContexts.evaluate`), so the inputs
+    # of one context may follow those of another in the next cycle: each per-context value
+    # travels with its context from stage to stage, flags included ("due" only ever follows
+    # an `active` LATENCY cycles before; the cut timers of the formal harness assume it).
+    # `timeout`, `idle` and `floor` are the owner's, the same for every context: they are
+    # read where they are used, and the owner settles after they change.
     LATENCY = 5
 
     def __init__(self) -> None:
@@ -124,30 +123,36 @@ class PhaseTimer(wiring.Component):
             m.d.sync += r.eq(value)
             return r
 
-        floor = self.floor
-        f = Cat(self.active, self.all_in, self.in_or_gone, self.all_flagged)
-        for k in range(self.LATENCY - 1):  # the flags of stage 4 left the inputs 4 cycles ago
-            f = stage(f"f{k}", f, 4)
-        active, all_in, in_or_gone, all_flagged = f
+        floor = self.floor  # the owner's: held while it settles
+        flags = Cat(self.active, self.all_in, self.in_or_gone, self.all_flagged)
         # stage 0: arrival after start? anchor + T
         arr_gt = stage("arr_gt", self.has_arrival & (self.start < self.last_arrival), 1)
+        arr0, start0 = stage("arr0", self.last_arrival), stage("start0", self.start)
         dl_sum = stage("dl_sum", self.anchor + self.timeout, t + 1)
+        gone0, f0 = stage("gone0", self.last_gone), stage("f0", flags, 4)
         # stage 1: the base tick (start or last arrival); anchor + T against the floor
-        base = stage("base1", Mux(arr_gt, self.last_arrival, self.start))
+        base1 = stage("base1", Mux(arr_gt, arr0, start0))
         dl_gt = stage("dl_gt", floor < dl_sum, 1)
+        dl_sum1 = stage("dl_sum1", dl_sum, t + 1)
+        gone1, f1 = stage("gone1", gone0), stage("f1", f0, 4)
         # stage 2: the deadline; base + idle; base against the last gone tick
-        deadline = stage("deadline2", Mux(dl_gt, dl_sum, floor), t + 1)
-        e_sum = stage("e_sum2", base + self.idle, t + 1)
-        gone_gt = stage("gone_gt", self.last_gone < base, 1)
+        deadline2 = stage("deadline2", Mux(dl_gt, dl_sum1, floor), t + 1)
+        e_sum2 = stage("e_sum2", base1 + self.idle, t + 1)
+        gone_gt = stage("gone_gt", gone1 < base1, 1)
+        base2, gone2, f2 = stage("base2", base1), stage("gone2", gone1), stage("f2", f1, 4)
         # stage 3: base + idle against the floor; does the early end beat the deadline
         # (max(e_sum, floor) < deadline <=> both are)
-        early_gt = stage("early_gt", floor < e_sum, 1)
-        beats = stage("beats", (e_sum < deadline) & (floor < deadline), 1)
-        gone_end = stage("gone_end3", Mux(gone_gt, base, self.last_gone))
+        early_gt = stage("early_gt", floor < e_sum2, 1)
+        beats = stage("beats", (e_sum2 < deadline2) & (floor < deadline2), 1)
+        gone_end3 = stage("gone_end3", Mux(gone_gt, base2, gone2))
+        e_sum3, deadline3 = stage("e_sum3", e_sum2, t + 1), stage("deadline3", deadline2, t + 1)
+        base3, f3 = stage("base3", base2), stage("f3", f2, 4)
+        active, all_in, in_or_gone, all_flagged = f3
         # stage 4: the early end tick; which rule decides; the end when it is due now
-        early = stage("early4", Mux(early_gt, e_sum, floor), t + 1)
+        early = stage("early4", Mux(early_gt, e_sum3, floor), t + 1)
+        deadline = stage("deadline4", deadline3, t + 1)
         use_early = stage("use_early", all_flagged & beats, 1)
-        fixed = stage("fixed", Mux(all_in, base, gone_end))  # all in, or in or gone
+        fixed = stage("fixed", Mux(all_in, base3, gone_end3))  # all in, or in or gone
         settled_in = all_in | in_or_gone
         imm = stage("imm", active & settled_in, 1)  # due whatever the clock
         wait = stage("wait", active & ~settled_in, 1)
@@ -167,20 +172,25 @@ class PhaseTimer(wiring.Component):
 
 
 # Cycles from a change (with the t_C estimator idle) to a trustworthy end evaluation
-# and pick: T, the idle gap's two steps, the PhaseTimer's stages, the due registers,
-# pick_first.
+# and pick: T, the idle gap's two steps, the wait for the context's turn at the shared
+# PhaseTimer (n_ctx - 1), its stages, the due registers, pick_first.
 PICK_LATENCY = 2  # cycles from stable `eligible` and keys to a valid `pick_first`
-SETTLE = 2 + IDLE_LATENCY + PhaseTimer.LATENCY + PICK_LATENCY  # 11
 
 
-def settle_step(m: Module, settle, tc):
-    """One cycle of an owner's settle count (Signal(range(SETTLE + 1))): back to 0 while
-    the t_C estimator is busy, else up to SETTLE. Returns "settled" for this cycle."""
+def settle_cycles(n_ctx: int) -> int:
+    """Cycles an owner waits after a change before it trusts its end evaluation and picks."""
+    return 2 + IDLE_LATENCY + (n_ctx - 1) + PhaseTimer.LATENCY + PICK_LATENCY  # 14 at 4
+
+
+def settle_step(m: Module, settle, tc, target: int):
+    """One cycle of an owner's settle count (Signal(range(target + 1))): back to 0 while
+    the t_C estimator is busy, else up to `target` (settle_cycles). Returns "settled"
+    for this cycle."""
     with m.If(tc.busy):
         m.d.sync += settle.eq(0)
-    with m.Elif(settle != SETTLE):
+    with m.Elif(settle != target):
         m.d.sync += settle.eq(settle + 1)
-    return ~tc.busy & (settle == SETTLE)
+    return ~tc.busy & (settle == target)
 
 
 class PhaseContexts:
@@ -235,8 +245,9 @@ class PhaseContexts:
 
     def evaluate(self, m: Module, tc, alpha_q8, now):
         """Every context's phase end: T = tc.timeout and its idle gap registered, one
-        PhaseTimer per context, and its outputs registered. Valid SETTLE cycles after
-        the last change, with tc not busy throughout.
+        PhaseTimer that takes the contexts in turn (a context a cycle), and its outputs
+        registered by context. Valid `settle_cycles(n_ctx)` cycles after the last change,
+        with tc not busy throughout.
 
         Returns (T, due, due_end, due_reason): T registered, the rest Arrays by context.
         """
@@ -247,25 +258,39 @@ class PhaseContexts:
         due = Array(Signal(name=f"due{k}") for k in range(n))
         due_end = Array(Signal(TICK_BITS, name=f"due_end{k}") for k in range(n))
         due_reason = Array(Signal(Reason, name=f"due_reason{k}") for k in range(n))
-        for k in range(n):
-            pt = PhaseTimer()
-            m.submodules[f"timer{k}"] = pt
-            m.d.comb += [
-                pt.active.eq(self.valid[k] & self.begun[k] & ~self.ended[k]),
-                pt.start.eq(self.start[k]),
-                pt.anchor.eq(self.anchor[k]),
-                pt.has_arrival.eq(self.has_arr[k]),
-                pt.last_arrival.eq(self.last_arr[k]),
-                pt.last_gone.eq(self.last_gone[k]),
-                pt.all_in.eq(self.recv[k] == self.exp[k]),
-                pt.in_or_gone.eq(self.owing[k] == 0),
-                pt.all_flagged.eq(self.unflag[k] == 0),
-                pt.timeout.eq(T),
-                pt.idle.eq(idle),
-                pt.floor.eq(tc.floor),
-                pt.now.eq(now),
-            ]
-            m.d.sync += [due[k].eq(pt.due), due_end[k].eq(pt.end_tick), due_reason[k].eq(pt.reason)]
+        # one timer for all contexts: a 48-bit timer per context was most of an owner's
+        # carry chains and a sixth of the core's flip-flops (docs/gateware.md, "Timers")
+        turn = Signal(range(max(2, n)), name="timer_turn")
+        m.d.sync += turn.eq(Mux(turn == n - 1, 0, turn + 1))
+        m.submodules.timer = pt = PhaseTimer()
+        facts = {
+            "all_in": Array(self.recv[k] == self.exp[k] for k in range(n)),
+            "in_or_gone": Array(self.owing[k] == 0 for k in range(n)),
+            "all_flagged": Array(self.unflag[k] == 0 for k in range(n)),
+        }
+        m.d.comb += [
+            pt.active.eq(self.valid[turn] & self.begun[turn] & ~self.ended[turn]),
+            pt.start.eq(self.start[turn]),
+            pt.anchor.eq(self.anchor[turn]),
+            pt.has_arrival.eq(self.has_arr[turn]),
+            pt.last_arrival.eq(self.last_arr[turn]),
+            pt.last_gone.eq(self.last_gone[turn]),
+            *(getattr(pt, name).eq(fact[turn]) for name, fact in facts.items()),
+            pt.timeout.eq(T),
+            pt.idle.eq(idle),
+            pt.floor.eq(tc.floor),
+            pt.now.eq(now),
+        ]
+        whose = turn  # the context whose result leaves the timer now
+        for k in range(PhaseTimer.LATENCY):
+            r = Signal.like(turn, name=f"timer_whose{k}")
+            m.d.sync += r.eq(whose)
+            whose = r
+        m.d.sync += [
+            due[whose].eq(pt.due),
+            due_end[whose].eq(pt.end_tick),
+            due_reason[whose].eq(pt.reason),
+        ]
         return T, due, due_end, due_reason
 
     def picks(self, m: Module, due, due_end, done):

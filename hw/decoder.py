@@ -10,7 +10,7 @@ The last stage trims the padding: an op of n elements leaves as exactly n floats
 
 from __future__ import annotations
 
-from amaranth import Module, Mux, Signal, signed
+from amaranth import Cat, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
@@ -86,13 +86,22 @@ class Decoder(wiring.Component):
             self.hist_data.eq(g.hist_data),
         ]
 
-        # One context FIFO per consumer, all written when a DRAIN is taken.
-        consumers = ["deq", "trim", "marks"] + (["signs"] if p.rht else [])
-        fifos = {}
-        for name in consumers:
-            f = SyncFIFOBuffered(width=len(self.cmd.payload.as_value()), depth=CTX_DEPTH)
-            m.submodules[f"ctx_{name}"] = fifos[name] = f
+        # One context FIFO per consumer, all written when a DRAIN is taken; each keeps
+        # only the fields its consumer reads (a whole command is 100-odd bits).
         cmd = self.cmd
+        given = {"exponent": cmd.payload.exponent, "n": cmd.payload.gather.n,
+                 "seed": cmd.payload.seed, "op_id": cmd.payload.op_id}  # fmt: skip
+        wants = {"deq": ("exponent",), "trim": ("n",), "marks": ("n",)}
+        if p.rht:
+            wants["signs"] = ("seed", "op_id")
+        layouts = {
+            name: data.StructLayout({f: given[f].shape() for f in fields})
+            for name, fields in wants.items()
+        }
+        fifos = {}
+        for name, lay in layouts.items():
+            f = SyncFIFOBuffered(width=lay.size, depth=CTX_DEPTH)
+            m.submodules[f"ctx_{name}"] = fifos[name] = f
         is_drain = cmd.payload.gather.op == GatherOp.DRAIN
         room = Signal()
         m.d.comb += room.eq(1)
@@ -105,14 +114,14 @@ class Decoder(wiring.Component):
             g.cmd.valid.eq(cmd.valid & (room | ~is_drain)),
             cmd.ready.eq(g.cmd.ready & (room | ~is_drain)),
         ]
-        for f in fifos.values():
+        for name, f in fifos.items():
             m.d.comb += [
-                f.w_data.eq(cmd.payload.as_value()),
+                f.w_data.eq(Cat(*(given[field] for field in wants[name]))),
                 f.w_en.eq(cmd.valid & cmd.ready & is_drain),
             ]
 
         def head(name):
-            return data.View(decode_command_layout(p, self.n_slots), fifos[name].r_data)
+            return data.View(layouts[name], fifos[name].r_data)
 
         def take_on_first(name, port):
             m.d.comb += fifos[name].r_en.eq(port.valid & port.ready & port.payload.first)
@@ -122,7 +131,7 @@ class Decoder(wiring.Component):
             elements from an op's first beat and the trim ends at its last: turn the
             block marks into op marks."""
             blocks = Signal(range(p.c // p.b + 1))
-            n = head("marks").gather.n
+            n = head("marks").n
             total = Signal(range(p.c // p.b + 1))
             op_first, op_last = Signal(), Signal()
             m.d.comb += [
@@ -166,7 +175,7 @@ class Decoder(wiring.Component):
 
         # Trim the padding: pass the op's first n elements, drop the rest.
         d, o = self.deq.o, self.o
-        n = head("trim").gather.n
+        n = head("trim").n
         count = Signal(32)  # elements of the current op already passed or dropped
         keep = Signal()
         end = Signal()  # this beat is the op's last padded beat

@@ -71,7 +71,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from optireduce.hw.deadline import SETTLE, TICK_BITS, PhaseContexts, Reason, settle_step
+from optireduce.hw.deadline import TICK_BITS, PhaseContexts, Reason, settle_cycles, settle_step
 from optireduce.hw.staged_write import StagedWrite
 from optireduce.hw.tc_estimator import TC_BITS, TcEstimator
 from optireduce.params import NicParams
@@ -117,8 +117,8 @@ class GatherTracker(wiring.Component):
 
     LATENCY: cycles from taking a GATHER event (ev.valid & ev.ready) to its verdict
     strobe, no context to claim and no phase due: n_ctx + 9 (13 at K = 2); the next
-    event is taken after the end evaluation settles (deadline.SETTLE) and its picks
-    (about n_ctx + 16 cycles per event). The first event of an
+    event is taken after the end evaluation settles (deadline.settle_cycles) and its picks
+    (about 2 n_ctx + 15 cycles per event). The first event of an
     op claims its context: max(n_max, c/p) + about 10 cycles more.
     MODEL: host/nic_model.py NicModel phase 2 (_accept, _peer_progress, _end_phase2).
     """
@@ -264,8 +264,9 @@ class GatherTracker(wiring.Component):
         fire_c = Signal(cb)
         ret_post = Signal()
         # cycles the end evaluation has been stable: T, idle, the timer stage, due
-        settle = Signal(range(SETTLE + 1))
-        settled = settle == SETTLE
+        settle_n = settle_cycles(n_ctx)
+        settle = Signal(range(settle_n + 1))
+        settled = settle == settle_n
         post_b = Signal()  # the older ops are done; next, the event's own op
         accepted = Signal()
         gone_c = Signal(range(n_ctx + 1))
@@ -524,7 +525,8 @@ class GatherTracker(wiring.Component):
             # an end in three states (125 MHz)
             cx.end_states(m, self, tc, T, fire_c, due_end, due_reason, settle, ret_post)
 
-            with m.State("SETTLE"), m.If(settle_step(m, settle, tc)):  # the evaluation catches up
+            # the evaluation catches up
+            with m.State("SETTLE"), m.If(settle_step(m, settle, tc, settle_n)):
                 m.next = "IDLE"
 
         m.d.comb += self.ev.ready.eq(

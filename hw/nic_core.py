@@ -52,19 +52,20 @@ from optireduce.hw import gather_tracker as gt
 from optireduce.hw.aggregator import Aggregator
 from optireduce.hw.aggregator import Kind as AggKind
 from optireduce.hw.csr import Csr
-from optireduce.hw.deadline import SETTLE, TICK_BITS
+from optireduce.hw.deadline import TICK_BITS, settle_cycles
 from optireduce.hw.decoder import Decoder
 from optireduce.hw.encoder import Encoder
 from optireduce.hw.gather_buffer import GatherOp
 from optireduce.hw.gather_tracker import GatherTracker, Verdict
+from optireduce.hw.op_records import OpRecords
 from optireduce.hw.packetizer import Packetizer
 from optireduce.hw.parser import PARSER_REASONS, Parser
 from optireduce.hw.streams import float_stream, frame_stream
 from optireduce.hw.tc_estimator import TC_BITS, TcEstimator
 from optireduce.params import NicParams
 
-# an end's fields are held while its strobe is delayed: the next end is SETTLE cycles on
-assert TcEstimator.OWN_LATENCY < SETTLE
+# an end's fields are held while its strobe is delayed: the next end is settle_cycles on
+assert settle_cycles(1) > TcEstimator.OWN_LATENCY
 
 STATS_FIXED = len(host_port.STATS_FIELDS)  # record words before the histogram
 IDLE_HOLD = 4  # cycles the no-work condition must hold: covers the blocks' inner pipelines
@@ -184,12 +185,23 @@ class NicCore(wiring.Component):
         c_start = regs("ctx_start", TICK_BITS)
         c_gtc, c_gtc_ok = regs("ctx_gtc", TC_BITS), regs("ctx_gtc_ok", 1)
         c_means = regs("ctx_means", 1)  # the op's own means are in the gather buffer
-        rec_names = (  # STATS words kept per op until its record is out
-            "phase1_end_us", "end_us", "phase1_reason", "phase2_reason", "phase1_timeout_us",
-            "phase2_timeout_us", "p1_expected", "p1_received", "p2_expected", "p2_received",
-            "sat_quantize", "sat_transform", "nonfinite", "t_c_phase1_us", "t_c_phase2_us",
-        )  # fmt: skip
-        rec = {name: regs(f"rec_{name}", 32) for name in rec_names}
+
+        # STATS words kept per op until its record is out, by the moment they are written
+        def ended(blk, n: int, tick_name: str) -> dict:
+            return {tick_name: blk.end_tick[:32], f"phase{n}_reason": blk.end_reason,
+                    f"phase{n}_timeout_us": blk.end_timeout, f"p{n}_expected": blk.end_expected,
+                    f"p{n}_received": blk.end_received}  # fmt: skip
+
+        words = {
+            "encode": {"sat_quantize": enc.sat_quantize, "sat_transform": enc.sat_transform,
+                       "nonfinite": enc.nonfinite},
+            "phase1": ended(agg, 1, "phase1_end_us"),
+            "phase2": ended(trk, 2, "end_us"),
+        }  # fmt: skip
+        rec = OpRecords(m, n_ctx, {
+            **{g: {name: len(v) for name, v in ws.items()} for g, ws in words.items()},
+            "tc": {"t_c_phase1_us": TC_BITS, "t_c_phase2_us": TC_BITS},
+        })  # fmt: skip
 
         base = Signal(32)  # oldest op not complete: the window is [base, base + 2K)
         next_op = Signal(32)  # the op the host starts next
@@ -215,8 +227,7 @@ class NicCore(wiring.Component):
                 clr_req.eq(1),
                 clr_slot.eq(mk_slot),
             ]
-            for name in rec_names:
-                m.d.sync += rec[name][mk_slot].eq(0)
+            rec.clear(m, mk_slot)
 
         # ---- counters: strobes merged per counter into the CSR bank ----------------------
         incs: dict[str, list] = {name: [] for name in COUNTERS}
@@ -337,11 +348,7 @@ class NicCore(wiring.Component):
             with m.State("ENCODE"):
                 m.d.comb += [host_busy.eq(1), enc_in_en.eq(1), ev_sel_host.eq(1)]
                 with m.If(enc_done & ~pks.own.valid & ~own_lock):
-                    m.d.sync += [
-                        rec["sat_quantize"][hs].eq(enc.sat_quantize),
-                        rec["sat_transform"][hs].eq(enc.sat_transform),
-                        rec["nonfinite"][hs].eq(enc.nonfinite),
-                    ]
+                    rec.write(m, "encode", hs, words["encode"])
                     m.next = "START"
             with m.State("START"):
                 m.d.comb += [host_busy.eq(1), ev_sel_host.eq(1), h_start_ev.eq(1)]
@@ -473,14 +480,10 @@ class NicCore(wiring.Component):
                 e_op.eq(agg.end_op),
                 e_tick.eq(agg.end_tick),
                 e_timeout.eq(agg.end_timeout),
-                rec["phase1_end_us"][es].eq(agg.end_tick[:32]),
-                rec["phase1_reason"][es].eq(agg.end_reason),
-                rec["phase1_timeout_us"][es].eq(agg.end_timeout),
-                rec["p1_expected"][es].eq(agg.end_expected),
-                rec["p1_received"][es].eq(agg.end_received),
                 # an op with no slot of ours has no means to place
                 c_means[es].eq(n_packets(c_n[es]) <= rank),
             ]
+            rec.write(m, "phase1", es, words["phase1"])
         with m.If(end_d):
             m.d.comb += [
                 fw_en.eq(1),
@@ -551,18 +554,12 @@ class NicCore(wiring.Component):
                 t_end_slot.eq(ts),
                 c_done[ts].eq(1),
                 c_draining[ts].eq(1),
-                rec["end_us"][ts].eq(trk.end_tick[:32]),
-                rec["phase2_reason"][ts].eq(trk.end_reason),
-                rec["phase2_timeout_us"][ts].eq(trk.end_timeout),
-                rec["p2_expected"][ts].eq(trk.end_expected),
-                rec["p2_received"][ts].eq(trk.end_received),
             ]
+            rec.write(m, "phase2", ts, words["phase2"])
             m.d.comb += [drain_q.w_en.eq(1), drain_q.w_data.eq(ts)]
         with m.If(t_end_d):  # t_C of both phases as the model records them at the end
-            m.d.sync += [
-                rec["t_c_phase1_us"][t_end_slot].eq(tc1_seen),
-                rec["t_c_phase2_us"][t_end_slot].eq(trk.own_tc),
-            ]
+            rec.write(m, "tc", t_end_slot,
+                      {"t_c_phase1_us": tc1_seen, "t_c_phase2_us": trk.own_tc})  # fmt: skip
 
         # ---- means: aggregator -> gather packetizer and the local gather buffer -----------
         ao = agg.o
@@ -656,7 +653,7 @@ class NicCore(wiring.Component):
             m.d.sync += [hist[h_addr_d].eq(dec.hist_data), h_sum.eq(h_sum + dec.hist_data)]
 
         # the record's words in host_port.STATS_FIELDS order (the one definition)
-        fields = {name: rec[name][d_slot] for name in rec_names}
+        fields = rec.read(m, d_slot)
         fields.update(
             op_id=c_op[d_slot],
             n=c_n[d_slot],

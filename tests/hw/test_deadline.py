@@ -18,13 +18,14 @@ def _run(dut, bench, clock: bool = True) -> None:
     sim.run()
 
 
-def _random_tracker(rng: np.random.Generator):
+def _random_tracker(rng: np.random.Generator, alpha: int | None = None):
     """A PhaseTracker in a random reachable state, and (now, T, floor, alpha)."""
     world = int(rng.integers(2, 6))
     mine = int(rng.integers(0, 4))
     exp = np.full(world, mine)
     exp[int(rng.integers(world))] = 0
-    alpha = int(rng.choice([1, 64, 256, int(rng.integers(1, 257))]))
+    if alpha is None:
+        alpha = int(rng.choice([1, 64, 256, int(rng.integers(1, 257))]))
     ph = PhaseTracker(exp, alpha)
     t = int(rng.integers(0, 50))
     begun = rng.random() < 0.9
@@ -45,6 +46,34 @@ def _random_tracker(rng: np.random.Generator):
     return ph, now, timeout, floor, alpha
 
 
+def _set_phase(ctx, dut: PhaseTimer, ph: PhaseTracker) -> None:
+    """Drive the timer's per-context inputs from a tracker's state."""
+    senders = ph.exp > 0
+    ctx.set(dut.active, ph.start is not None and ph.end is None)
+    ctx.set(dut.start, ph.start or 0)
+    ctx.set(dut.anchor, ph.anchor)
+    ctx.set(dut.has_arrival, ph.last_arrival is not None)
+    ctx.set(dut.last_arrival, ph.last_arrival or 0)
+    ctx.set(dut.last_gone, ph.last_gone)
+    ctx.set(dut.all_in, bool((ph.rcv >= ph.exp).all()))
+    ctx.set(dut.in_or_gone, bool(((ph.rcv >= ph.exp) | ph.gone).all()))
+    ctx.set(dut.all_flagged, bool(((ph.flagged & senders) == senders).all()))
+
+
+def _set_owner(ctx, dut: PhaseTimer, now: int, timeout: int, floor: int, alpha: int) -> None:
+    """Drive the inputs every context shares: T, its idle gap, the floor and `now`."""
+    ctx.set(dut.timeout, timeout)
+    ctx.set(dut.idle, max(1, (alpha * timeout) >> 8))
+    ctx.set(dut.floor, floor)
+    ctx.set(dut.now, now)
+
+
+def _got(ctx, dut: PhaseTimer):
+    if not ctx.get(dut.due):
+        return None
+    return ctx.get(dut.end_tick), REASON_NAMES[Reason(ctx.get(dut.reason))]
+
+
 def test_phase_timer_matches_phase_tracker_due():
     rng = np.random.default_rng(1)
     cases = [_random_tracker(rng) for _ in range(600)]
@@ -54,30 +83,49 @@ def test_phase_timer_matches_phase_tracker_due():
         fired = set()
         for ph, now, timeout, floor, alpha in cases:
             want = ph.due(now, timeout, floor)
-            senders = ph.exp > 0
-            all_in = bool((ph.rcv >= ph.exp).all())
-            ctx.set(dut.active, ph.start is not None and ph.end is None)
-            ctx.set(dut.start, ph.start or 0)
-            ctx.set(dut.anchor, ph.anchor)
-            ctx.set(dut.has_arrival, ph.last_arrival is not None)
-            ctx.set(dut.last_arrival, ph.last_arrival or 0)
-            ctx.set(dut.last_gone, ph.last_gone)
-            ctx.set(dut.all_in, all_in)
-            ctx.set(dut.in_or_gone, bool(((ph.rcv >= ph.exp) | ph.gone).all()))
-            ctx.set(dut.all_flagged, bool(((ph.flagged & senders) == senders).all()))
-            ctx.set(dut.timeout, timeout)
-            ctx.set(dut.idle, max(1, (alpha * timeout) >> 8))
-            ctx.set(dut.floor, floor)
-            ctx.set(dut.now, now)
+            _set_phase(ctx, dut, ph)
+            _set_owner(ctx, dut, now, timeout, floor, alpha)
             for _ in range(PhaseTimer.LATENCY):
                 await ctx.tick()
-            got = None
-            if ctx.get(dut.due):
-                got = (ctx.get(dut.end_tick), REASON_NAMES[Reason(ctx.get(dut.reason))])
-            assert got == want, (now, timeout, floor, vars(ph))
+            assert _got(ctx, dut) == want, (now, timeout, floor, vars(ph))
             if want:
                 fired.add(want[1])
         assert fired == {"complete", "early", "deadline"}  # every rule was exercised
+
+    _run(dut, bench)
+
+
+def test_phase_timer_takes_a_new_context_every_cycle():
+    """As PhaseContexts uses it: another context's state in every cycle, the owner's inputs
+    (T, idle gap, floor, now) held over a sweep; each result, LATENCY cycles on, is the
+    model's for the context that went in then."""
+    rng = np.random.default_rng(3)
+    lat = PhaseTimer.LATENCY
+    sweeps = []
+    for _ in range(60):
+        alpha = int(rng.choice([1, 64, 256]))
+        cases = [_random_tracker(rng, alpha) for _ in range(8)]
+        now = max(c[1] for c in cases)
+        timeout, floor = cases[0][2], cases[0][3]
+        sweeps.append((now, timeout, floor, alpha, [c[0] for c in cases]))
+    dut = PhaseTimer()
+
+    async def bench(ctx):
+        fired, checked = set(), 0
+        for now, timeout, floor, alpha, phases in sweeps:
+            _set_owner(ctx, dut, now, timeout, floor, alpha)
+            wants = []
+            for ph in [*phases, *phases[: lat - 1]]:  # again, to push the last ones out
+                _set_phase(ctx, dut, ph)
+                wants.append(ph.due(now, timeout, floor))
+                await ctx.tick()
+                if len(wants) >= lat:  # the output is of the context set lat - 1 ticks ago
+                    want = wants[-lat]
+                    assert _got(ctx, dut) == want, (now, timeout, floor)
+                    fired.add(want[1] if want else None)
+                    checked += 1
+        assert checked == 60 * 8
+        assert fired == {"complete", "early", "deadline", None}
 
     _run(dut, bench)
 
