@@ -192,14 +192,14 @@ class NicCore(wiring.Component):
                     f"phase{n}_timeout_us": blk.end_timeout, f"p{n}_expected": blk.end_expected,
                     f"p{n}_received": blk.end_received}  # fmt: skip
 
-        words = {
+        rec_words = {
             "encode": {"sat_quantize": enc.sat_quantize, "sat_transform": enc.sat_transform,
                        "nonfinite": enc.nonfinite},
             "phase1": ended(agg, 1, "phase1_end_us"),
             "phase2": ended(trk, 2, "end_us"),
         }  # fmt: skip
         rec = OpRecords(m, n_ctx, {
-            **{g: {name: len(v) for name, v in ws.items()} for g, ws in words.items()},
+            **{g: {name: len(v) for name, v in ws.items()} for g, ws in rec_words.items()},
             "tc": {"t_c_phase1_us": TC_BITS, "t_c_phase2_us": TC_BITS},
         })  # fmt: skip
 
@@ -348,7 +348,7 @@ class NicCore(wiring.Component):
             with m.State("ENCODE"):
                 m.d.comb += [host_busy.eq(1), enc_in_en.eq(1), ev_sel_host.eq(1)]
                 with m.If(enc_done & ~pks.own.valid & ~own_lock):
-                    rec.write(m, "encode", hs, words["encode"])
+                    rec.write(m, "encode", hs, rec_words["encode"])
                     m.next = "START"
             with m.State("START"):
                 m.d.comb += [host_busy.eq(1), ev_sel_host.eq(1), h_start_ev.eq(1)]
@@ -483,7 +483,7 @@ class NicCore(wiring.Component):
                 # an op with no slot of ours has no means to place
                 c_means[es].eq(n_packets(c_n[es]) <= rank),
             ]
-            rec.write(m, "phase1", es, words["phase1"])
+            rec.write(m, "phase1", es, rec_words["phase1"])
         with m.If(end_d):
             m.d.comb += [
                 fw_en.eq(1),
@@ -555,7 +555,7 @@ class NicCore(wiring.Component):
                 c_done[ts].eq(1),
                 c_draining[ts].eq(1),
             ]
-            rec.write(m, "phase2", ts, words["phase2"])
+            rec.write(m, "phase2", ts, rec_words["phase2"])
             m.d.comb += [drain_q.w_en.eq(1), drain_q.w_data.eq(ts)]
         with m.If(t_end_d):  # t_C of both phases as the model records them at the end
             rec.write(m, "tc", t_end_slot,
