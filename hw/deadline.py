@@ -172,9 +172,8 @@ class PhaseTimer(wiring.Component):
 
 
 # Cycles from a change (with the t_C estimator idle) to a trustworthy end evaluation
-# and pick: T and the idle gap's two steps, the wait for the context's turn at the shared
-# PhaseTimer (n_ctx - 1), its stages, the due registers, pick_first. (The idle gap is read
-# at stage 2, so T's one step would do; the count keeps both, 2 cycles to spare.)
+# and pick: T, the idle gap's two steps (2 cycles to spare: stage 2 reads it), the turn's
+# wait (n_ctx - 1) at the shared PhaseTimer, its stages, the due registers, pick_first.
 PICK_LATENCY = 2  # cycles from stable `eligible` and keys to a valid `pick_first`
 
 
