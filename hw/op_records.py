@@ -26,8 +26,8 @@ class OpRecords:
     conditions) and `read` while elaborating module `m`."""
 
     def __init__(self, m: Module, n_ctx: int, groups: dict[str, dict[str, int]]) -> None:
-        self.names = [name for words in groups.values() for name in words]
-        assert len(set(self.names)) == len(self.names), "a word belongs to one group"
+        names = [name for words in groups.values() for name in words]
+        assert len(set(names)) == len(names), "a word belongs to one group"
         self._groups = groups
         self._wr, self._rd, self._valid = {}, {}, {}
         for g, words in groups.items():
