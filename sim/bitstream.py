@@ -42,9 +42,10 @@ TOOLS = {
 # 126.23 and routed in 74 passes instead of 99 (docs/boards.md, "Seeds of the whole NIC")
 NEXTPNR_OPTS = "--report report.json --timing-allow-fail --router router2 --tmg-ripup"
 # nextpnr's placement seed per board (default 1): the seed whose whole-NIC build was
-# measured to route; on the ECPIX-5 seeds 1 and 3 did not (docs/boards.md, "Seeds of
-# the whole NIC"). nextpnr is deterministic for one netlist, seed and tool version.
-SEEDS = {"ecpix5": 2}
+# measured to route and meet its clocks; on the ECPIX-5 seeds 1 and 3 did not route, on
+# the ButterStick seeds 1-5 did not (docs/boards.md, "Seeds of the whole NIC"). nextpnr
+# is deterministic for one netlist, seed, option set and tool version.
+SEEDS = {"ecpix5": 2, "butterstick": 6}
 # nextpnr cell types -> our utilization keys (TRELLIS_COMB: LUT4s and both halves of a
 # CCU2C carry cell, the LUT count of sim/area.py)
 CELLS = {"luts": "TRELLIS_COMB", "ffs": "TRELLIS_FF", "brams": "DP16KD", "dsps": "MULT18X18D"}
