@@ -37,14 +37,12 @@ TOOLS = {
 }
 # router2: on the ECPIX-5 NIC router1 still had 153 000 arcs to route after 66 minutes and
 # was not gaining; router2 went from 69 000 overused wires to 19 000 in its first five
-# passes (docs/boards.md, "Measured"). --tmg-ripup: router2 also rips up and reroutes the
-# arcs of failing paths; on the ECPIX-5 NIC it took the 125 MHz side from 124.91 MHz to
-# 126.23 and routed in 74 passes instead of 99 (docs/boards.md, "Seeds of the whole NIC")
+# passes. --tmg-ripup: router2 also reroutes the arcs of failing paths; it took the
+# ECPIX-5 NIC's 125 MHz side from 124.91 to 126.23 MHz (docs/boards.md, "Measured")
 NEXTPNR_OPTS = "--report report.json --timing-allow-fail --router router2 --tmg-ripup"
 # nextpnr's placement seed per board (default 1): the seed whose whole-NIC build was
-# measured to route and meet its clocks; on the ECPIX-5 seeds 1 and 3 did not route, on
-# the ButterStick seeds 1-5 did not (docs/boards.md, "Seeds of the whole NIC"). nextpnr
-# is deterministic for one netlist, seed, option set and tool version.
+# measured to route and meet its clocks (docs/boards.md, "Seeds of the whole NIC").
+# nextpnr is deterministic for one netlist, seed, option set and tool version.
 SEEDS = {"ecpix5": 2, "butterstick": 6}
 # nextpnr cell types -> our utilization keys (TRELLIS_COMB: LUT4s and both halves of a
 # CCU2C carry cell, the LUT count of sim/area.py)
