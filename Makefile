@@ -38,8 +38,9 @@ test: install tools
 bench: install
 	$(VENV)/bin/optireduce bench all --json -o bench.json
 
-# board bitstreams (yowasp, no programmer): one board, or all of them (not in `make test`)
-BOARD ?= colorlight
+# board bitstreams (yowasp, no programmer): one board, or all of them (not in `make test`);
+# the default is a board whose whole NIC fits and meets its clocks (docs/boards.md)
+BOARD ?= ecpix5
 .PHONY: bitstream bitstream-all
 bitstream: install
 	$(VENV)/bin/optireduce build bitstream --board $(BOARD)
