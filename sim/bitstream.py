@@ -135,6 +135,44 @@ def parse_utilisation_log(text: str) -> dict:
     return out
 
 
+def exceeds_device(util: dict) -> bool:
+    """Some cell type is used beyond what the device has (`parse_utilisation_log`)."""
+    return any(util[k] > util["capacity"][k] for k in CELLS)
+
+
+POLL_S = 2.0  # how often a running build's nextpnr log is read
+
+
+def run_build(root: Path, env: dict, timeout_s: float) -> int | None:
+    """`build_top.sh` in `root`: its exit code, or None when nextpnr's log shows the
+    design does not fit the device. The build is stopped then: nextpnr would spend about
+    20 minutes failing to place it (the 25F's NIC, docs/boards.md)."""
+    tim = root / "top.tim"
+    tim.unlink(missing_ok=True)  # a log of an earlier, stopped run is not this run's
+    with open(root / "build.log", "w") as log:
+        # own process group: when stopped, the tools the script started die with it
+        proc = subprocess.Popen(
+            ["sh", "build_top.sh"], cwd=root, env=env, stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                try:
+                    return proc.wait(timeout=POLL_S)
+                except subprocess.TimeoutExpired:
+                    pass
+                text = tim.read_text(errors="replace") if tim.exists() else ""
+                if exceeds_device(parse_utilisation_log(text)):
+                    return None
+                if time.monotonic() > deadline:
+                    raise ToolchainError(f"{root.name}: bitstream build exceeded {timeout_s} s")
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
 def _plan(name: str, core: Callable | None):
     """The board's build plan (amaranth-boards, not run) and its directory, keyed by the
     hash of every file of the plan."""
@@ -205,23 +243,12 @@ def build_bitstream(
         root.mkdir(parents=True, exist_ok=True)
         plan.extract(str(root))
         say(f"{name}: yosys, nextpnr, ecppack in {root} (log: build.log)")
-        with open(root / "build.log", "w") as log:
-            # own process group: on a timeout the tools the script started die with it
-            proc = subprocess.Popen(
-                ["sh", "build_top.sh"], cwd=root, env=env, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
-            try:
-                returncode = proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired as e:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                raise ToolchainError(f"{name}: bitstream build exceeded {timeout_s} s") from e
+        returncode = run_build(root, env, timeout_s)
         (root / "build_s.txt").write_text(f"{time.monotonic() - t0:.1f}\n")
         if returncode != 0 or not bit_path.exists() or not report_path.exists():
             tim = root / "top.tim"
             util = parse_utilisation_log(tim.read_text(errors="replace")) if tim.exists() else {}
-            if not util or all(util[k] <= util["capacity"][k] for k in CELLS):
+            if not util or not exceeds_device(util):
                 tail = (root / "build.log").read_text(errors="replace")[-4000:]
                 raise ToolchainError(f"{name}: bitstream build failed (exit {returncode}):\n{tail}")
             (root / "overfull.json").write_text(json.dumps(util))

@@ -2,8 +2,8 @@
 host adapter, crossings) around the stand-in core of hw/loopback_core.py, in about three
 minutes, and checks that every clock meets its target in nextpnr's routed report. The
 whole NIC's builds run with `make bitstream BOARD=NAME` / `make bitstream-all` (not in
-`make test`: the core does not fit the 25F, and on the 85F a build takes over an hour on
-2 cores; docs/boards.md).
+`make test`: the core does not fit the 25F, and on the 85F a build takes about 15
+minutes on 2 cores; docs/boards.md).
 
 Timing and utilization are read from nextpnr's report and checked against the target
 the report states and the device's capacity it states; the block RAM arithmetic of
@@ -12,13 +12,23 @@ hw/board_fit.py is checked against hand-computed values and against the build.
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
 
 from optireduce.hw.board_fit import DEVICE_DP16KD, bram_budget, dp16kd, largest_c
 from optireduce.params import NicParams
-from optireduce.sim.bitstream import BOARDS, board, parse_report, timing_met
+from optireduce.sim.bitstream import (
+    BOARDS,
+    board,
+    parse_report,
+    parse_utilisation_log,
+    run_build,
+    timing_met,
+)
+from optireduce.sim.toolchain import ToolchainError
 
 
 def test_dp16kd_costs_by_hand():
@@ -74,6 +84,46 @@ def test_report_parsing():
     assert not timing_met(res)
     res["fmax_mhz"]["eth0_rx"] = 125.0
     assert timing_met(res)
+
+
+UTIL_LOG = """Info: Device utilisation:
+Info: \t          TRELLIS_FF:   {ff}/  24288   {ffp}%
+Info: \t        TRELLIS_COMB:   {lut}/  24288   {lutp}%
+Info: \t              DP16KD:      47/     56    83%
+"""
+
+
+def _fake_build(tmp_path: Path, log: str, then: str) -> Path:
+    """A build directory whose script writes nextpnr's utilisation lines, then `then`."""
+    (tmp_path / "build_top.sh").write_text(f"cat > top.tim <<'EOF'\n{log}EOF\n{then}\n")
+    return tmp_path
+
+
+def test_a_build_that_does_not_fit_is_stopped_at_its_utilisation_log(tmp_path):
+    """nextpnr spends about 20 minutes failing to place an overfull design: the build is
+    stopped as soon as its log shows a cell type beyond the device (here after 2 s, not
+    the script's 300; the bound is the 60 s timeout, which raises)."""
+    log = UTIL_LOG.format(ff=26090, ffp=107, lut=38111, lutp=156)
+    root = _fake_build(tmp_path, log, "sleep 300")
+    t0 = time.monotonic()
+    assert run_build(root, dict(os.environ), timeout_s=60) is None
+    assert time.monotonic() - t0 < 60
+    util = parse_utilisation_log((root / "top.tim").read_text())
+    assert (util["luts"], util["ffs"], util["brams"]) == (38111, 26090, 47)
+    assert util["capacity"]["luts"] == 24288
+
+
+def test_a_build_that_fits_runs_to_its_end(tmp_path):
+    log = UTIL_LOG.format(ff=5378, ffp=22, lut=6600, lutp=27)
+    root = _fake_build(tmp_path, log, "sleep 3; exit 7")
+    assert run_build(root, dict(os.environ), timeout_s=60) == 7  # its own exit code
+
+
+def test_a_build_past_its_time_is_stopped_with_an_error(tmp_path):
+    log = UTIL_LOG.format(ff=5378, ffp=22, lut=6600, lutp=27)
+    root = _fake_build(tmp_path, log, "sleep 300")
+    with pytest.raises(ToolchainError, match="exceeded 3 s"):
+        run_build(root, dict(os.environ), timeout_s=3)
 
 
 def test_line_rate_follows_the_core_clock():
