@@ -143,7 +143,7 @@ def exceeds_device(util: dict) -> bool:
 POLL_S = 2.0  # how often a running build's nextpnr log is read
 
 
-def run_build(root: Path, env: dict, timeout_s: float) -> int | None:
+def run_build(root: Path, env: dict[str, str], timeout_s: float) -> int | None:
     """`build_top.sh` in `root`: its exit code, or None when nextpnr's log shows the
     design does not fit the device. The build is stopped then: nextpnr would spend about
     20 minutes failing to place it (the 25F's NIC, docs/boards.md)."""

@@ -20,6 +20,7 @@ import pytest
 
 from optireduce.hw.board_fit import DEVICE_DP16KD, bram_budget, dp16kd, largest_c
 from optireduce.params import NicParams
+from optireduce.sim import bitstream
 from optireduce.sim.bitstream import (
     BOARDS,
     board,
@@ -99,31 +100,53 @@ def _fake_build(tmp_path: Path, log: str, then: str) -> Path:
     return tmp_path
 
 
-def test_a_build_that_does_not_fit_is_stopped_at_its_utilisation_log(tmp_path):
+# a tool the script started and waits for; its pid, to see it stopped with the script
+LONG_TOOL = "sleep 300 & echo $! > tool.pid; wait"
+
+
+def _stopped(pid: int, within_s: float = 10.0) -> bool:
+    """The process is gone or a zombie (its parent, the script, is gone too)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
+                return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.fixture
+def fast_poll(monkeypatch):
+    monkeypatch.setattr(bitstream, "POLL_S", 0.2)
+
+
+def test_a_build_that_does_not_fit_is_stopped_at_its_utilisation_log(tmp_path, fast_poll):
     """nextpnr spends about 20 minutes failing to place an overfull design: the build is
-    stopped as soon as its log shows a cell type beyond the device (here after 2 s, not
-    the script's 300; the bound is the 60 s timeout, which raises)."""
+    stopped, with the tools it started, as soon as its log shows a cell type beyond the
+    device (without that check this run would reach its 60 s timeout and raise)."""
     log = UTIL_LOG.format(ff=26090, ffp=107, lut=38111, lutp=156)
-    root = _fake_build(tmp_path, log, "sleep 300")
-    t0 = time.monotonic()
+    root = _fake_build(tmp_path, log, LONG_TOOL)
     assert run_build(root, dict(os.environ), timeout_s=60) is None
-    assert time.monotonic() - t0 < 60
+    assert _stopped(int((root / "tool.pid").read_text()))
     util = parse_utilisation_log((root / "top.tim").read_text())
     assert (util["luts"], util["ffs"], util["brams"]) == (38111, 26090, 47)
     assert util["capacity"]["luts"] == 24288
 
 
-def test_a_build_that_fits_runs_to_its_end(tmp_path):
+def test_a_build_that_fits_runs_to_its_end(tmp_path, fast_poll):
     log = UTIL_LOG.format(ff=5378, ffp=22, lut=6600, lutp=27)
-    root = _fake_build(tmp_path, log, "sleep 3; exit 7")
+    root = _fake_build(tmp_path, log, "sleep 1; exit 7")
     assert run_build(root, dict(os.environ), timeout_s=60) == 7  # its own exit code
 
 
-def test_a_build_past_its_time_is_stopped_with_an_error(tmp_path):
+def test_a_build_past_its_time_is_stopped_with_an_error(tmp_path, fast_poll):
     log = UTIL_LOG.format(ff=5378, ffp=22, lut=6600, lutp=27)
-    root = _fake_build(tmp_path, log, "sleep 300")
-    with pytest.raises(ToolchainError, match="exceeded 3 s"):
-        run_build(root, dict(os.environ), timeout_s=3)
+    root = _fake_build(tmp_path, log, LONG_TOOL)
+    with pytest.raises(ToolchainError, match="exceeded 2 s"):
+        run_build(root, dict(os.environ), timeout_s=2)
+    assert _stopped(int((root / "tool.pid").read_text()))
 
 
 def test_line_rate_follows_the_core_clock():
