@@ -135,6 +135,12 @@ def parse_utilisation_log(text: str) -> dict:
     return out
 
 
+def build_utilisation(root: Path) -> dict:
+    """`parse_utilisation_log` of the build's nextpnr log (all zeros before it exists)."""
+    tim = root / "top.tim"
+    return parse_utilisation_log(tim.read_text(errors="replace") if tim.exists() else "")
+
+
 def exceeds_device(util: dict) -> bool:
     """Some cell type is used beyond what the device has (`parse_utilisation_log`)."""
     return any(util[k] > util["capacity"][k] for k in CELLS)
@@ -147,8 +153,7 @@ def run_build(root: Path, env: dict[str, str], timeout_s: float) -> int | None:
     """`build_top.sh` in `root`: its exit code, or None when nextpnr's log shows the
     design does not fit the device. The build is stopped then: nextpnr would spend about
     20 minutes failing to place it (the 25F's NIC, docs/boards.md)."""
-    tim = root / "top.tim"
-    tim.unlink(missing_ok=True)  # a log of an earlier, stopped run is not this run's
+    (root / "top.tim").unlink(missing_ok=True)  # an earlier, stopped run's log is not ours
     with open(root / "build.log", "w") as log:
         # own process group: when stopped, the tools the script started die with it
         proc = subprocess.Popen(
@@ -162,8 +167,7 @@ def run_build(root: Path, env: dict[str, str], timeout_s: float) -> int | None:
                     return proc.wait(timeout=POLL_S)
                 except subprocess.TimeoutExpired:
                     pass
-                text = tim.read_text(errors="replace") if tim.exists() else ""
-                if exceeds_device(parse_utilisation_log(text)):
+                if exceeds_device(build_utilisation(root)):
                     return None
                 if time.monotonic() > deadline:
                     raise ToolchainError(f"{root.name}: bitstream build exceeded {timeout_s} s")
@@ -246,9 +250,8 @@ def build_bitstream(
         returncode = run_build(root, env, timeout_s)
         (root / "build_s.txt").write_text(f"{time.monotonic() - t0:.1f}\n")
         if returncode != 0 or not bit_path.exists() or not report_path.exists():
-            tim = root / "top.tim"
-            util = parse_utilisation_log(tim.read_text(errors="replace")) if tim.exists() else {}
-            if not util or not exceeds_device(util):
+            util = build_utilisation(root)
+            if not exceeds_device(util):
                 tail = (root / "build.log").read_text(errors="replace")[-4000:]
                 raise ToolchainError(f"{name}: bitstream build failed (exit {returncode}):\n{tail}")
             (root / "overfull.json").write_text(json.dumps(util))

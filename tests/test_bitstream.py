@@ -24,8 +24,8 @@ from optireduce.sim import bitstream
 from optireduce.sim.bitstream import (
     BOARDS,
     board,
+    build_utilisation,
     parse_report,
-    parse_utilisation_log,
     run_build,
     timing_met,
 )
@@ -130,7 +130,7 @@ def test_a_build_that_does_not_fit_is_stopped_at_its_utilisation_log(tmp_path, f
     root = _fake_build(tmp_path, log, LONG_TOOL)
     assert run_build(root, dict(os.environ), timeout_s=60) is None
     assert _stopped(int((root / "tool.pid").read_text()))
-    util = parse_utilisation_log((root / "top.tim").read_text())
+    util = build_utilisation(root)
     assert (util["luts"], util["ffs"], util["brams"]) == (38111, 26090, 47)
     assert util["capacity"]["luts"] == 24288
 
