@@ -1,1 +1,0 @@
-"""cocotb benches, one per gateware block: tb_<block>.py."""
