@@ -64,13 +64,13 @@ def _worker(rank: int, world: int, tmp: str, cfg: dict, q) -> None:
     import torch
     import torch.distributed as dist
 
-    from optireduce.host.baselines import (
+    from optireduce.experiments.baselines import (
         gloo_allreduce_mean,
         reliable_ring_allreduce,
         reliable_tar_allreduce,
     )
     from optireduce.host.driver import select_nic, torch_exponent_agreement
-    from optireduce.host.impairment import ImpairmentSpec
+    from optireduce.host.model.impairment import ImpairmentSpec
     from optireduce.host.reliable import ReliableEndpoint
     from optireduce.host.transport import UdpTransport, addresses_from_store
     from optireduce.params import NicParams

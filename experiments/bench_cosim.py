@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from optireduce.host.quantize import propose_exponent
+from optireduce.host.model.quantize import propose_exponent
 from optireduce.host.transport import UdpTransport
 from optireduce.params import NicParams
 

@@ -6,8 +6,8 @@ import time
 
 import numpy as np
 
-from optireduce.host.fwht import bench_fwht
-from optireduce.host.virtual_cluster import calibrate_t_b, simulate_allreduce
+from optireduce.host.model.fwht import bench_fwht
+from optireduce.host.model.virtual_cluster import calibrate_t_b, simulate_allreduce
 from optireduce.params import NicParams
 
 

@@ -2,7 +2,7 @@
 
 Each block's sim/benches/fig_<block>.py measures its own rate and latency in
 amaranth.sim (no backpressure) and names the component to synthesize; the area
-comes from yosys synth_ecp5 (sim/area.py). Chains are measured the same way on
+comes from yosys synth_ecp5 (experiments/area.py). Chains are measured the same way on
 the composed encoder and decoder.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-from optireduce.sim.area import ecp5_area
+from optireduce.experiments.area import ecp5_area
 
 BLOCKS = (
     "quantizer",
@@ -30,7 +30,7 @@ CHAINS = ("encode_packetize", "gather_decode")
 
 
 def _figures(kind: str, name: str, area: bool) -> dict:
-    mod = importlib.import_module(f"optireduce.sim.benches.fig_{name}")
+    mod = importlib.import_module(f"optireduce.experiments.figures.fig_{name}")
     out = dict(mod.figures())
     if area:
         comp, top = mod.area_component()

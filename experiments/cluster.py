@@ -59,11 +59,11 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import simpy
 
-from optireduce.host import ubt
-from optireduce.host.impairment import ImpairmentSpec
-from optireduce.host.nic_model import NicModel
-from optireduce.host.packetizer import gather_order, scatter_order
-from optireduce.host.quantize import agree_exponent, propose_exponent
+from optireduce import ubt
+from optireduce.host.model.impairment import ImpairmentSpec
+from optireduce.host.model.nic_model import NicModel
+from optireduce.host.model.packetizer import gather_order, scatter_order
+from optireduce.host.model.quantize import agree_exponent, propose_exponent
 from optireduce.params import NicParams
 
 ALGOS = (

@@ -1,6 +1,6 @@
 """A small DDP training run with the OptiReduce hook, for torchrun or spawn.
 
-    torchrun --nproc_per_node 2 -m optireduce.host.ddp_example --iters 60
+    torchrun --nproc_per_node 2 -m optireduce.experiments.ddp_example --iters 60
 
 Rank 0 prints one JSON line: accuracy, every rank's parameter checksum, and the
 hook's per-step loss figures.
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from optireduce import NicParams, OptiReduceState, optireduce_hook
-    from optireduce.host.impairment import ImpairmentSpec
+    from optireduce.host.model.impairment import ImpairmentSpec
 
     dist.init_process_group("gloo")  # env:// from torchrun
     rank, world = dist.get_rank(), dist.get_world_size()

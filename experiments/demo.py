@@ -2,7 +2,7 @@
 
 The demo (`train_demo`): a small cluster of processes on loopback trains the digits
 MLP with DDP twice, with gloo and with the OptiReduce hook (software NICs), under the
-same injected tail (`optireduce.host.train`), and reports time to accuracy, P99 op
+same injected tail (`optireduce.experiments.train`), and reports time to accuracy, P99 op
 latency and entries lost per method, with a plot of accuracy against wall time.
 
 `optireduce demo --numerics` (`run_demo`): the paper's argument for the Hadamard
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from optireduce.host.virtual_cluster import simulate_allreduce
+from optireduce.host.model.virtual_cluster import simulate_allreduce
 from optireduce.params import NicParams
 
 # (name, elements, scale): shapes of a small CNN's buckets.
@@ -137,7 +137,7 @@ def plot(layer_err: dict, losses: tuple[float, ...], path: str) -> None:
 def demo_config(steps: int = 120, seed: int = 0):
     """4 processes, the digits MLP to 93 %, one straggler per step (median 20 ms,
     P99/P50 3) and 200 us per-packet delays: under a minute per method on 2 cores."""
-    from optireduce.host.train import TrainConfig
+    from optireduce.experiments.train import TrainConfig
 
     return TrainConfig(world=4, steps=steps, seed=seed, target_acc=0.93)
 
@@ -181,7 +181,7 @@ def train_demo(
     "curves"}, the co-simulated run under RTL."""
     import tempfile
 
-    from optireduce.host.train import run_method, run_train
+    from optireduce.experiments.train import run_method, run_train
 
     cfg = cfg or demo_config()
     out, curves = run_train(cfg, progress=progress)

@@ -5,7 +5,7 @@ figure is the block's own logic and routing, as it would sit inside a larger des
 result is parsed from nextpnr's "Max frequency for clock" lines and cached next to the
 synthesized Verilog (keyed by its text, the device and the seed).
 
-    python -m optireduce.sim.fmax fwht            # a block of `optireduce bench rtl`
+    python -m optireduce.experiments.fmax fwht            # a block of `optireduce bench rtl`
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def block_fmax(block: str, **kw) -> dict:
     """Fmax of a block of `optireduce bench rtl` (its fig module's area_component)."""
     import importlib
 
-    mod = importlib.import_module(f"optireduce.sim.benches.fig_{block}")
+    mod = importlib.import_module(f"optireduce.experiments.figures.fig_{block}")
     comp, top = mod.area_component()
     return ecp5_fmax(comp, top, **kw)
 

@@ -1,15 +1,15 @@
 """Every register's input path in an ECP5 netlist, timed with a fixed delay per cell.
 
 nextpnr reports one critical path per run, and a run takes minutes. This reads the
-`synth_ecp5` netlist (`sim/fmax.py: ecp5_netlist`) and times every path from a
+`synth_ecp5` netlist (`experiments/fmax.py: ecp5_netlist`) and times every path from a
 register, a memory output or a DSP output to a register, memory or DSP input, with a
 fixed cost per cell and per net (speed 6, set from nextpnr's path reports of this
 project's blocks; placement is ignored). It ranks the endpoints, so that a block's slow
 paths can be seen, and fixed, all at once; nextpnr's Fmax stays the measure.
 
-    python -m optireduce.sim.logic_depth gather_tracker   # a block of `optireduce bench rtl`
-    python -m optireduce.sim.logic_depth --board ecpix5   # a whole board, ranked by source
-    python -m optireduce.sim.logic_depth --board ecpix5 --domain sync   # one clock's paths
+    python -m optireduce.experiments.logic_depth gather_tracker   # one block
+    python -m optireduce.experiments.logic_depth --board ecpix5   # a whole board, ranked by source
+    python -m optireduce.experiments.logic_depth --board ecpix5 --domain sync   # one clock's paths
 """
 
 from __future__ import annotations
@@ -164,9 +164,9 @@ def block_depth(block: str, limit_ns: float = 8.0) -> list[Endpoint]:
     """The endpoints of a block of `optireduce bench rtl` slower than `limit_ns`."""
     import importlib
 
-    from optireduce.sim.fmax import ecp5_netlist
+    from optireduce.experiments.fmax import ecp5_netlist
 
-    mod = importlib.import_module(f"optireduce.sim.benches.fig_{block}")
+    mod = importlib.import_module(f"optireduce.experiments.figures.fig_{block}")
     comp, top = mod.area_component()
     return [e for e in analyse(ecp5_netlist(comp, top), top)[0] if e.ns > limit_ns]
 
@@ -193,7 +193,7 @@ def by_source(slow: list[Endpoint]) -> list[tuple[Endpoint, int]]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m optireduce.sim.logic_depth",
+        prog="python -m optireduce.experiments.logic_depth",
         description="Rank the registers whose input paths are slowest (fixed cost per cell).",
     )
     ap.add_argument("blocks", nargs="*", help="blocks of `optireduce bench rtl`")

@@ -1,7 +1,7 @@
 """Time-to-accuracy (issue 7, item 2): DDP with the OptiReduce hook against plain DDP on
 gloo, real processes on loopback, under the same injected tail.
 
-Task: the loss-tolerance experiment's (`optireduce.sim.loss_tolerance`: scikit-learn's
+Task: the loss-tolerance experiment's (`optireduce.experiments.loss_tolerance`: scikit-learn's
 digits, shipped in the package; the MLP 64-32-10 on one flat parameter vector, its
 initial weights, shards and minibatch order; SGD with momentum). Here the workers are
 `world` processes (torch.multiprocessing, spawn; FileStore; gloo on `lo`; one thread
@@ -19,7 +19,7 @@ The tail, the same for every method:
     transport (its link is late), its compute is not delayed. The deadlines decide what
     arrives in time; what does not is lost.
 - **per-packet delay** (optireduce only, we own the transport): each datagram gets a
-  lognormal delay of median `packet_median_us` and the same P99/P50 (`host/impairment.py`).
+  lognormal delay of median `packet_median_us` and the same P99/P50 (`host/model/impairment.py`).
   gloo's TCP cannot be impaired from here.
 
 Op latency: OptiReduce's from the NICs' statistics (start of the op to its result, at
@@ -52,8 +52,8 @@ from pathlib import Path
 
 import numpy as np
 
-from optireduce.host.impairment import Impairment, ImpairmentSpec
-from optireduce.sim import loss_tolerance as lt
+from optireduce.experiments import loss_tolerance as lt
+from optireduce.host.model.impairment import Impairment, ImpairmentSpec
 
 METHODS = ("gloo", "optireduce")
 SCHEDULES = ("cosine", "constant")
@@ -361,7 +361,7 @@ def run_method(
         # The check op against the model on the virtual cluster: same inputs, op 0,
         # lossless, the warm-up's NicParams (t_B changes no result bit, only timing).
         from optireduce.host.ddp_hook import WARMUP_T_B_US
-        from optireduce.host.virtual_cluster import simulate_allreduce
+        from optireduce.host.model.virtual_cluster import simulate_allreduce
 
         ref, _ = simulate_allreduce(
             verification_inputs(cfg), params=cfg.nic_params().replace(t_b_us=WARMUP_T_B_US),

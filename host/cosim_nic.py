@@ -19,15 +19,15 @@ import time
 
 import numpy as np
 
-from optireduce.host import host_port
+from optireduce import host_port
 from optireduce.host.driver import (
     BackendUnavailable,
     HostNic,
 )
-from optireduce.host.op_stats import OpStats
-from optireduce.host.quantize import propose_exponent
-from optireduce.host.replay import config_writes, counter_offsets, host_record
-from optireduce.host.ubt import DEFAULT_ADDRESSING
+from optireduce.host.model.quantize import propose_exponent
+from optireduce.op_stats import OpStats
+from optireduce.sim.replay import config_writes, counter_offsets, host_record
+from optireduce.ubt import DEFAULT_ADDRESSING
 
 log = logging.getLogger("optireduce")
 

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from optireduce.host.control import ControlPlane
 from optireduce.host.driver import Nic, select_nic
-from optireduce.host.impairment import ImpairmentSpec
+from optireduce.host.model.impairment import ImpairmentSpec
 from optireduce.host.transport import UdpTransport, addresses_from_store
 from optireduce.params import NicParams
 

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Protocol, Union
 
 import numpy as np
 
-from optireduce.host import ubt
-from optireduce.host.fwht import fwht_blocks
-from optireduce.host.nic_model import NicModel
-from optireduce.host.op_stats import OpStats
-from optireduce.host.quantize import propose_exponent
+from optireduce import ubt
+from optireduce.host.model.fwht import fwht_blocks
+from optireduce.host.model.nic_model import NicModel
+from optireduce.host.model.quantize import propose_exponent
 from optireduce.host.transport import UdpTransport
+from optireduce.op_stats import OpStats
 from optireduce.params import NicParams
 
 if TYPE_CHECKING:

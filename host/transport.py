@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 
-from optireduce.host.impairment import Impairment, ImpairmentSpec
+from optireduce.host.model.impairment import Impairment, ImpairmentSpec
 
 Address = tuple[str, int]
 STORE_PREFIX = "optireduce/udp/"

@@ -1,8 +1,8 @@
 """Phase 1 at the owner: accumulate the scatter packets, end the phase, emit the means.
 
-Models, for phase 1 only, what `host/nic_model.py: NicModel` does with
-`host/aggregator.py: Aggregator` (sum, count, bitmap, duplicates; the mean through
-`reciprocal_table` / `mean_by_reciprocal`), `host/deadline.py: PhaseTracker`
+Models, for phase 1 only, what `host/model/nic_model.py: NicModel` does with
+`host/model/aggregator.py: Aggregator` (sum, count, bitmap, duplicates; the mean through
+`reciprocal_table` / `mean_by_reciprocal`), `host/model/deadline.py: PhaseTracker`
 (hw/deadline.py) and the phase-1 `TcEstimator` + `agreed_timeout` (hw/tc_estimator.py).
 
 Events. The model is a sequence of calls, each with a tick; the block takes the
@@ -78,7 +78,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from optireduce.host.aggregator import reciprocal_shift, reciprocal_table
+from optireduce.host.model.aggregator import reciprocal_shift, reciprocal_table
 from optireduce.hw import wide_multiplier as wmul
 from optireduce.hw.deadline import TICK_BITS, PhaseContexts, Reason, settle_cycles, settle_step
 from optireduce.hw.staged_write import StagedWrite

@@ -1,6 +1,6 @@
 """Decode estimator: divide each inverse-transformed block by D, rounding half away from zero.
 
-Model: `host/codec.py: decode`, the step after the inverse FWHT,
+Model: `host/model/codec.py: decode`, the step after the inverse FWHT,
 
     v = sign(t) * floor((2|t| + D) / (2D))      (codec.div_round)
 
@@ -9,7 +9,7 @@ with D = p.b for the "plain" estimator and D = k * p.p for "unbiased", where k
 outputs zeros (in decode such a block is all zeros already, so t = 0).
 
 No divider: a multiply by a reciprocal-table entry and a shift (the same scheme
-as `host/aggregator.py: reciprocal_table / mean_by_reciprocal`). `divide_model`
+as `host/model/aggregator.py: reciprocal_table / mean_by_reciprocal`). `divide_model`
 below is that arithmetic in Python; the tests check it, and the gateware, against
 `codec.div_round`.
 
@@ -63,6 +63,7 @@ from amaranth import Array, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from optireduce.host.model.codec import div_round
 from optireduce.hw.streams import element_stream
 from optireduce.params import NicParams
 
@@ -107,7 +108,7 @@ class BlockDivider(wiring.Component):
     """v = round(t / D) per block, D from the block's k (see the module docstring)."""
 
     LATENCY = 3
-    MODEL = "optireduce.host.codec.decode (div_round after the inverse FWHT)"
+    MODEL = div_round  # decode's rounding division after the inverse FWHT
 
     def __init__(self, p: NicParams, width_in: int | None = None) -> None:
         self.p = p

@@ -11,7 +11,7 @@ docs/boards.md explains the result per board.
 
 from __future__ import annotations
 
-from optireduce.host import host_port
+from optireduce import host_port
 from optireduce.params import NicParams
 
 DP16KD_BITS = 18 * 1024

@@ -16,7 +16,7 @@ from amaranth import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from optireduce.host import host_port
+from optireduce import host_port
 from optireduce.hw.streams import frame_stream
 
 ETHERTYPE_AT = 12  # bytes 12..13 of an Ethernet frame

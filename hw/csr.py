@@ -1,7 +1,7 @@
 """Control/status register bank: configuration registers and the NIC's counters.
 
 Everything the driver sees comes from ONE table, `register_map(p)`, built from the
-three lists below (parameters, configuration, counters = host/nic_model.py
+three lists below (parameters, configuration, counters = host/model/nic_model.py
 COUNTERS). The gateware, the Markdown map in docs/registers.md
 (`render_markdown`) and the driver's discovery (`walk`) all read it.
 
@@ -35,9 +35,10 @@ from amaranth import Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from optireduce.host.nic_model import COUNTERS
-from optireduce.host.ubt import DEFAULT_ADDRESSING
+from optireduce.counters import COUNTERS
+from optireduce.host.model.nic_model import NicModel
 from optireduce.params import NicParams
+from optireduce.ubt import DEFAULT_ADDRESSING
 
 VERSION = 0x0001_0000  # 1.0: major in the high half
 TYPE_NIC = 0x4F52_0001  # "OR" 0001
@@ -216,7 +217,7 @@ class Csr(wiring.Component):
     `inc_<counter>` strobe per counter (see the module docstring)."""
 
     LATENCY = 1  # r_en to r_data
-    MODEL = "optireduce.host.nic_model.NicModel.counters (and NicParams for the configuration)"
+    MODEL = NicModel  # its counters, and NicParams for the configuration
 
     def __init__(self, p: NicParams) -> None:
         self.p = p

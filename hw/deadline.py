@@ -1,6 +1,6 @@
 """The phase-1 end rules of one op context, as comparators on tick counters.
 
-Models `host/deadline.py: PhaseTracker.due(now, timeout, floor)`. The aggregator
+Models `host/model/deadline.py: PhaseTracker.due(now, timeout, floor)`. The aggregator
 keeps, per context, what the tracker keeps (start, anchor, last arrival, last
 "gone" tick) and, instead of per-sender vectors, three incrementally maintained
 facts: every expected packet is in, every sender still owing is gone, every
@@ -38,7 +38,7 @@ TICK_BITS = 48
 
 
 class Reason(enum.IntEnum):
-    """End reason codes (host/deadline.py COMPLETE, EARLY, DEADLINE)."""
+    """End reason codes (host/model/deadline.py COMPLETE, EARLY, DEADLINE)."""
 
     NONE = 0
     COMPLETE = 1

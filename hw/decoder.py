@@ -1,6 +1,6 @@
 """The RX decode chain: gather buffer -> inverse FWHT -> block divider -> signs -> float32.
 
-Model: host/codec.py `decode` (on the gather buffer's z and have). The DRAIN command
+Model: host/model/codec.py `decode` (on the gather buffer's z and have). The DRAIN command
 of the gather buffer starts an op's decode; its context (seed, op id, exponent,
 length) rides in small FIFOs to the stages that need it, each of which takes its
 entry with the op's first beat, so several ops can be in the pipeline at once.
@@ -15,6 +15,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
+from optireduce.host.model.codec import decode
 from optireduce.hw.block_divider import BlockDivider
 from optireduce.hw.dequantizer import Dequantizer
 from optireduce.hw.fwht import Fwht
@@ -34,7 +35,7 @@ def decode_command_layout(p: NicParams, slots: int | None = None) -> data.Struct
 
 
 class Decoder(wiring.Component):
-    MODEL = "optireduce.host.codec.decode"
+    MODEL = decode
 
     def __init__(self, p: NicParams, slots: int | None = None) -> None:
         """`slots`: ops the gather buffer holds (default p.ops_in_flight)."""

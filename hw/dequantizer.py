@@ -1,6 +1,6 @@
 """Fixed point (width <= 48 bits) -> float32, nearest even, with the op's shared exponent.
 
-Model: host/quantize.py `dequantize` (docs/numerics.md section 7). With m = |v| of bit
+Model: host/model/quantize.py `dequantize` (docs/numerics.md section 7). With m = |v| of bit
 length L, the result is the float32 nearest to m * 2^E. Normalizing m to the top of a
 W-bit field (W = max(width, 26)) puts the 24 kept bits, the guard bit and the sticky bits
 at fixed places, so rounding needs no variable mask:
@@ -25,6 +25,7 @@ from amaranth import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
+from optireduce.host.model.quantize import dequantize
 from optireduce.hw.streams import element_stream, float_stream
 from optireduce.params import NicParams
 
@@ -59,7 +60,7 @@ class Dequantizer(wiring.Component):
     """
 
     LATENCY = 5
-    MODEL = "optireduce.host.quantize.dequantize"
+    MODEL = dequantize
 
     def __init__(self, p: NicParams, width: int) -> None:
         if not 2 <= width <= MAX_WIDTH:

@@ -1,6 +1,6 @@
 """The TX encode chain: quantize -> random signs -> FWHT -> saturate to the wire width.
 
-Model: host/codec.py `encode`. Blocks are joined with wiring.connect in the order
+Model: host/model/codec.py `encode`. Blocks are joined with wiring.connect in the order
 the data flows; the op's configuration (exponent, seed, op id) is latched by each
 block on the op's `first` beat (the chain's input latches them for the later
 stages). With p.rht off the chain is quantize -> saturate.
@@ -12,6 +12,7 @@ from amaranth import Module, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
+from optireduce.host.model.codec import encode
 from optireduce.hw.fwht import Fwht
 from optireduce.hw.quantizer import Quantizer
 from optireduce.hw.saturate import Saturate
@@ -21,7 +22,7 @@ from optireduce.params import NicParams
 
 
 class Encoder(wiring.Component):
-    MODEL = "optireduce.host.codec.encode"
+    MODEL = encode
 
     def __init__(self, p: NicParams) -> None:
         self.p = p

@@ -1,6 +1,6 @@
 """Streaming Walsh–Hadamard transform: a radix-2 single-delay-feedback (SDF) pipeline.
 
-Model: `optireduce.host.fwht.fwht_blocks(x, p.b)` (exact integers, natural/Sylvester order).
+Model: `optireduce.host.model.fwht.fwht_blocks(x, p.b)` (exact integers, natural/Sylvester order).
 
 Each block of B = p.b elements arrives as B/lanes beats of `lanes` consecutive elements.
 Every radix-2 stage of stride h maps the pair (x[j], x[j+h]) to (x[j]+x[j+h], x[j]-x[j+h]) in
@@ -50,6 +50,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
+from optireduce.host.model.fwht import fwht_blocks
 from optireduce.hw.skid import Skid
 from optireduce.hw.streams import element_stream
 from optireduce.params import NicParams
@@ -62,7 +63,7 @@ class Fwht(wiring.Component):
     width_out = width_in + log2(p.b). LATENCY (an instance attribute) is in cycles.
     """
 
-    MODEL = "optireduce.host.fwht.fwht_blocks"
+    MODEL = fwht_blocks
     # registers on a delay memory's read, the memory's own excluded (rdata is the last)
     READ_REGS = 2
 

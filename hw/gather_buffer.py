@@ -1,7 +1,7 @@
 """Gather buffer: reduced packets placed by index, drained in index order for the decode.
 
-Model: `host/gather_buffer.py: GatherBuffer` (place, have, histogram) and the way
-`host/codec.py: decode` reads it (missing packets are zeros; k = received packets
+Model: `host/model/gather_buffer.py: GatherBuffer` (place, have, histogram) and the way
+`host/model/codec.py: decode` reads it (missing packets are zeros; k = received packets
 per block of b).
 
 Slots: the buffer holds `slots` ops (default K = p.ops_in_flight; the NIC core uses
@@ -42,6 +42,7 @@ from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from optireduce.host.model.gather_buffer import GatherBuffer
 from optireduce.hw.streams import element_stream
 from optireduce.params import NicParams
 
@@ -58,7 +59,7 @@ def command_layout(p: NicParams, slots: int | None = None) -> data.StructLayout:
 class GatherBuffer(wiring.Component):
     """K slots of c elements with have bits and a contributor histogram (module docstring)."""
 
-    MODEL = "optireduce.host.gather_buffer.GatherBuffer + codec.decode (z, have, k per block)"
+    MODEL = GatherBuffer  # with codec.decode's z, have and k per block
     K_STEPS = 2  # registered steps of a block's k: the have window, then its count (fixed)
     # DRAIN command accepted -> first beat on o: the first block's k (K_STEPS), the
     # address, the BRAM read

@@ -1,7 +1,7 @@
 """Phase 2 at every receiver: which gather packets count, and when the gather phase ends.
 
-Models, for phase 2 only, what `host/nic_model.py: NicModel` does with each op's
-`p2` (`host/deadline.py: PhaseTracker`), the phase-2 `TcEstimator` and
+Models, for phase 2 only, what `host/model/nic_model.py: NicModel` does with each op's
+`p2` (`host/model/deadline.py: PhaseTracker`), the phase-2 `TcEstimator` and
 `agreed_timeout` (hw/tc_estimator.py, a second instance), the gather duplicate and
 late drops of `_accept`, the peers-gone rule of `_peer_progress` and the end of
 `_end_phase2`. The payloads are the gather buffer's business (hw/gather_buffer.py):
@@ -71,6 +71,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from optireduce.host.model.nic_model import NicModel
 from optireduce.hw.deadline import TICK_BITS, PhaseContexts, Reason, settle_cycles, settle_step
 from optireduce.hw.staged_write import StagedWrite
 from optireduce.hw.tc_estimator import TC_BITS, TcEstimator
@@ -120,10 +121,10 @@ class GatherTracker(wiring.Component):
     event is taken after the end evaluation settles (deadline.settle_cycles) and its picks
     (about 2 n_ctx + 15 cycles per event). The first event of an
     op claims its context: max(n_max, c/p) + about 10 cycles more.
-    MODEL: host/nic_model.py NicModel phase 2 (_accept, _peer_progress, _end_phase2).
+    MODEL: host/model/nic_model.py NicModel phase 2 (_accept, _peer_progress, _end_phase2).
     """
 
-    MODEL = "optireduce.host.nic_model.NicModel (phase 2: p2, tc[1], _peer_progress)"
+    MODEL = NicModel  # phase 2: p2, tc[1], _peer_progress
 
     def __init__(self, p: NicParams) -> None:
         self.p = p

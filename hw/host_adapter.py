@@ -1,4 +1,4 @@
-"""The host port on Ethernet: host-port frames (host/host_port.py) <-> the core's host port.
+"""The host port on Ethernet: host-port frames (optireduce/host_port.py) <-> the core's host port.
 
   i (bytes of frames from the host) -> 34-byte header + payload words into a frame buffer
      -> checks at the end of the frame -> START: host_cmd {op_id, n, exponent}, then words
@@ -39,7 +39,7 @@ from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from optireduce.host import host_port
+from optireduce import host_port
 from optireduce.hw.banked_memory import BankedMemory
 from optireduce.hw.board_frames import FrameMux
 from optireduce.hw.csr import addr_bits as csr_addr_bits

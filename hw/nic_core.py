@@ -1,6 +1,6 @@
 """The NIC core: every datapath block wired into one component, event-equal to NicModel.
 
-Model: `host/nic_model.py: NicModel` (one NIC, driven by host commands, network frames
+Model: `host/model/nic_model.py: NicModel` (one NIC, driven by host commands, network frames
 and ticks). Interface: docs/nic_core.md (ports, host-port words, STATS record, idle).
 
 Data path, in the order the data flows (elaborate() reads the same way):
@@ -46,8 +46,9 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
-from optireduce.host import host_port, ubt
-from optireduce.host.nic_model import COUNTERS
+from optireduce import host_port, ubt
+from optireduce.counters import COUNTERS
+from optireduce.host.model.nic_model import NicModel
 from optireduce.hw import gather_tracker as gt
 from optireduce.hw.aggregator import Aggregator
 from optireduce.hw.aggregator import Kind as AggKind
@@ -93,7 +94,7 @@ def _bits(n: int) -> int:
 class NicCore(wiring.Component):
     """One OptiReduce NIC (see the module docstring and docs/nic_core.md)."""
 
-    MODEL = "optireduce.host.nic_model.NicModel"
+    MODEL = NicModel
 
     def __init__(self, p: NicParams, addressing: ubt.Addressing = ubt.DEFAULT_ADDRESSING) -> None:
         if p.lanes != 1:

@@ -1,8 +1,8 @@
 """Packetizer: an op's element stream in, UBT frames (Ethernet/IPv4/UDP/UBT) out.
 
-Model: host/packetizer.py (`scatter_frames` in scatter mode, `gather_frames` in gather
+Model: host/model/packetizer.py (`scatter_frames` in scatter mode, `gather_frames` in gather
 mode; `scatter_order` / `gather_order` give the destinations and LAST flags), frames as
-host/ubt.py `build_frame`.
+optireduce/ubt.py `build_frame`.
 
 Scatter (msg_type 1): `i` carries the whole encoded op, packet after packet (P/lanes beats
 each). Packet i goes to rank i mod N; this rank's own packets leave on `own` (first/last per
@@ -31,7 +31,7 @@ from amaranth.lib import data, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from optireduce.host import ubt
+from optireduce import ubt
 from optireduce.hw.streams import element_stream, frame_stream
 from optireduce.params import NicParams
 

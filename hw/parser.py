@@ -1,7 +1,7 @@
 """Receive-side packet parser: L2-L4 and UBT header checks, payload release after the verdict.
 
-Model: `host/frame_checks.py: classify(frame, p, rank, world, base)` (which runs
-`host/ubt.py: parse_frame`, then `check_peer` and `check_op`). The first failing
+Model: `optireduce/frame_checks.py: classify(frame, p, rank, world, base)` (which runs
+`optireduce/ubt.py: parse_frame`, then `check_peer` and `check_op`). The first failing
 check names the drop reason, in the model's order (docs/protocol.md, checks 1-26).
 
 Data flow:
@@ -30,7 +30,8 @@ from amaranth.lib import data, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from optireduce.host import ubt
+from optireduce import ubt
+from optireduce.frame_checks import classify
 from optireduce.hw.streams import element_stream, frame_stream
 from optireduce.hw.ubt_layout import HEADER_LAYOUT, wire_to_header
 from optireduce.params import NicParams
@@ -78,7 +79,7 @@ class Parser(wiring.Component):
                    32 * DROP_CODE[reason]; they wrap
     """
 
-    MODEL = "optireduce.host.frame_checks.classify"
+    MODEL = classify
 
     def __init__(self, p: NicParams) -> None:
         self.p = p

@@ -1,7 +1,7 @@
 """float32 -> w_in-bit fixed point with the op's shared exponent, zero-padded to whole blocks.
 
-Model: host/quantize.py `quantize` (docs/numerics.md section 2), followed by the zero
-padding of host/codec.py `encode`. The bit-field algorithm is folded into one shifter:
+Model: host/model/quantize.py `quantize` (docs/numerics.md section 2), followed by the zero
+padding of host/model/codec.py `encode`. The bit-field algorithm is folded into one shifter:
 
     sh = k + 1 = max(e_f, 1) - 149 - E          (k = e2 - E)
     t  = floor(mant * 2^sh)                      (sh clamped to [-24, w_in], see below)
@@ -33,6 +33,7 @@ from amaranth import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
+from optireduce.host.model.quantize import quantize
 from optireduce.hw.streams import element_stream, float_stream
 from optireduce.params import NicParams
 
@@ -50,12 +51,12 @@ class Quantizer(wiring.Component):
     """Quantizer(p): i float_stream(p.lanes) -> o element_stream(p.w_in, p.lanes).
 
     Ports: exponent (signed 8, sampled at `first`), clear (strobe), saturated and nonfinite
-    (32-bit counters, counted like host/quantize.py `quantize`: NaN -> 0 is nonfinite, inf ->
+    (32-bit counters, counted like host/model/quantize.py `quantize`: NaN -> 0 is nonfinite, inf ->
     +-q_max is nonfinite and saturated, a finite clamp is saturated).
     """
 
     LATENCY = 5
-    MODEL = "optireduce.host.quantize.quantize (+ zero padding of host.codec.encode)"
+    MODEL = quantize  # and the zero padding of codec.encode
 
     def __init__(self, p: NicParams) -> None:
         if p.lanes not in SUPPORTED_LANES:

@@ -53,7 +53,7 @@ class RgmiiMac(wiring.Component):
 
     LATENCY (pins, no backpressure): TX, last input beat -> first preamble nibble:
     RgmiiTx.LATENCY + 1; RX, end of frame on the pins -> first byte on `o`:
-    RgmiiRx.LATENCY + 2 (see sim/benches/fig_rgmii_mac.py for the measured loopback).
+    RgmiiRx.LATENCY + 2 (see experiments/figures/fig_rgmii_mac.py for the measured loopback).
     On a board (`rx_domain`) the StreamCrossing adds its FIFO and a register on each side.
     """
 

@@ -1,6 +1,6 @@
 """Symmetric saturation to a narrower signed width, counting each clamp.
 
-Model: `optireduce.host.codec.saturate(v, limit)` with limit = 2^(limit_bits-1) - 1: values
+Model: `optireduce.host.model.codec.saturate(v, limit)` with limit = 2^(limit_bits-1) - 1: values
 beyond +-limit become +-limit (never wrap), and the returned count is the number of clamped
 elements. The range is symmetric so that a later negation (the random signs) cannot wrap.
 
@@ -15,6 +15,7 @@ from amaranth import Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
+from optireduce.host.model.codec import saturate
 from optireduce.hw.streams import element_stream
 from optireduce.params import NicParams
 
@@ -24,7 +25,7 @@ COUNT_BITS = 32  # an op has at most c <= 2^30 elements
 class Saturate(wiring.Component):
     """Clamp to +-(2^(limit_bits-1) - 1); one register stage."""
 
-    MODEL = "optireduce.host.codec.saturate"
+    MODEL = saturate
     LATENCY = 1
 
     def __init__(self, p: NicParams, width_in: int, limit_bits: int | None = None) -> None:

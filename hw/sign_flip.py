@@ -2,7 +2,7 @@
 is set, K = (op_id, seed) latched with the op's `first` beat. Its own inverse, so the same
 block serves encode (after the quantizer) and decode (after the inverse transform).
 
-Model: host/signs.py `sign_bits` / `apply_signs`.
+Model: host/model/signs.py `sign_bits` / `apply_signs`.
 
 Structure. The key is only known when an op's first beat arrives, and its first sign word
 takes a Speck core 23 cycles. Rather than stall the input, the beats wait in a data FIFO:
@@ -31,6 +31,7 @@ from amaranth.lib import data, wiring
 from amaranth.lib.fifo import SyncFIFO, SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
+from optireduce.host.model.signs import apply_signs
 from optireduce.hw.speck import Speck3264
 from optireduce.hw.streams import element_stream
 from optireduce.params import NicParams
@@ -46,7 +47,7 @@ class SignFlip(wiring.Component):
 
     # first beat in -> request FIFO (1) -> Speck core (23) -> output register (1)
     LATENCY = Speck3264.LATENCY + 2
-    MODEL = "optireduce.host.signs.apply_signs (sign_bits)"
+    MODEL = apply_signs  # its sign_bits
 
     def __init__(self, p: NicParams, width: int) -> None:
         if WORD % p.lanes:

@@ -1,6 +1,6 @@
 """Speck32/64 encryptor: an iterative core, one round per cycle, round keys on the fly.
 
-Model: host/signs.py `round_keys` and `speck_encrypt`. The key schedule of Speck is the
+Model: host/model/signs.py `round_keys` and `speck_encrypt`. The key schedule of Speck is the
 round function itself with the round index as key, so the core runs it in step with the
 data rounds from the key given with each request: round i uses k_i while the schedule
 produces k_(i+1) and l_(i+3). Nothing is stored per key; a new key costs nothing.
@@ -16,10 +16,12 @@ from amaranth import Cat, Module, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from optireduce.host.model.signs import speck_encrypt
+
 ROUNDS = 22
 
 # key = (l2, l1, l0, k0) as the designers print it, l2 in the top 16 bits;
-# block = (x, y), x in the top 16 bits (host/signs.py: x = ctr >> 16, y = ctr & 0xFFFF).
+# block = (x, y), x in the top 16 bits (host/model/signs.py: x = ctr >> 16, y = ctr & 0xFFFF).
 request_layout = data.StructLayout({"key": 64, "pt": 32})
 
 
@@ -36,7 +38,7 @@ class Speck3264(wiring.Component):
 
     LATENCY = ROUNDS + 1  # request accepted at cycle 0, ciphertext valid at cycle 23
     PERIOD = ROUNDS + 2  # back to back, one block per PERIOD cycles
-    MODEL = "optireduce.host.signs.speck_encrypt (round_keys)"
+    MODEL = speck_encrypt  # with round_keys
 
     def __init__(self) -> None:
         super().__init__(

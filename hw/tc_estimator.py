@@ -1,6 +1,6 @@
 """t_C of phase 1: this node's integer EWMA estimator and the world's median consensus.
 
-Models `host/deadline.py`: `TcEstimator.sample` (own t_C) and `agreed_timeout`
+Models `host/model/deadline.py`: `TcEstimator.sample` (own t_C) and `agreed_timeout`
 (T = min(lower median of the world's t_C table, t_B)), as `NicModel` keeps them
 for phase 1 (`_set_tc`, `_timeout`, `_t_change`).
 

@@ -1,4 +1,4 @@
-"""The UBT v1 header as an Amaranth layout, built from the one definition `host/ubt.py: FIELDS`.
+"""The UBT v1 header as an Amaranth layout, built from `optireduce/ubt.py: FIELDS`.
 
 The wire is big-endian and an Amaranth struct is packed LSB first, so the layout
 is not the wire image: `wire_to_header` / `header_to_wire` do the byte order
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from amaranth.hdl import Cat, Value, signed, unsigned
 from amaranth.lib import data
 
-from optireduce.host import ubt
+from optireduce import ubt
 
 
 def header_layout() -> data.StructLayout:

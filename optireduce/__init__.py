@@ -20,7 +20,7 @@ __all__ = [
 def __getattr__(name: str) -> object:
     # Lazy: importing the package must not JIT-compile the model or import torch.
     if name == "simulate_allreduce":
-        from optireduce.host.virtual_cluster import simulate_allreduce
+        from optireduce.host.model.virtual_cluster import simulate_allreduce
 
         return simulate_allreduce
     if name in ("OptiReduceState", "optireduce_hook"):

@@ -25,8 +25,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
-    from optireduce.host.demo import RTL, cosim_status, demo_config, rtl_config, train_demo
-    from optireduce.host.train import plot as plot_train
+    from optireduce.experiments.demo import RTL, cosim_status, demo_config, rtl_config, train_demo
+    from optireduce.experiments.train import plot as plot_train
 
     cfg = demo_config(steps=args.steps, seed=args.seed)
     console = Console(width=max(Console().width, 110))
@@ -90,7 +90,7 @@ def _demo_numerics(args: argparse.Namespace) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
-    from optireduce.host.demo import CONFIGS, plot, run_demo
+    from optireduce.experiments.demo import CONFIGS, plot, run_demo
 
     console = Console(width=max(Console().width, 110))
     console.print(
@@ -130,11 +130,11 @@ def _demo_numerics(args: argparse.Namespace) -> int:
 # module is installed and says which ran; a group's function takes whichever of
 # quick/area/progress it declares.
 BENCH_GROUPS: dict[str, tuple[str, str]] = {
-    "model": ("optireduce.host.bench_model", "bench_model"),
-    "rtl": ("optireduce.sim.bench_rtl", "bench_rtl"),
-    "collective": ("optireduce.host.bench_collective", "bench_collective"),
-    "cosim": ("optireduce.sim.bench_cosim", "bench_cosim"),
-    "fpga": ("optireduce.sim.bench_fpga", "bench_fpga"),
+    "model": ("optireduce.experiments.bench_model", "bench_model"),
+    "rtl": ("optireduce.experiments.bench_rtl", "bench_rtl"),
+    "collective": ("optireduce.experiments.bench_collective", "bench_collective"),
+    "cosim": ("optireduce.experiments.bench_cosim", "bench_cosim"),
+    "fpga": ("optireduce.experiments.bench_fpga", "bench_fpga"),
 }
 
 
@@ -207,7 +207,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def cmd_cluster(args: argparse.Namespace) -> int:
     import os
 
-    from optireduce.sim.cluster import ALGOS, ClusterConfig, link_spec, run_cluster, summarize
+    from optireduce.experiments.cluster import (
+        ALGOS,
+        ClusterConfig,
+        link_spec,
+        run_cluster,
+        summarize,
+    )
 
     algos = tuple(args.algos.split(",")) if args.algos else ALGOS
     for a in algos:
@@ -224,7 +230,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         )  # fmt: skip
 
     if args.sweep_workers:
-        from optireduce.sim.cluster_plots import plot_sweep
+        from optireduce.experiments.cluster_plots import plot_sweep
 
         sweep = {}
         for n in args.sweep_workers:
@@ -240,7 +246,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         res = run_cluster(cfg, algos, jobs)
         out = summarize(cfg, res)
         if args.plot:
-            from optireduce.sim.cluster_plots import plot_cdfs
+            from optireduce.experiments.cluster_plots import plot_cdfs
 
             title = f"{cfg.workers} workers, {link.name}, median {link.median_us:g} us"
             plot_cdfs({a: r.latency_us for a, r in res.items()}, args.plot, title)
@@ -269,7 +275,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 def cmd_loss_tolerance(args: argparse.Namespace) -> int:
     import time
 
-    from optireduce.sim.loss_tolerance import LossToleranceConfig, plot, run_all, summarize
+    from optireduce.experiments.loss_tolerance import LossToleranceConfig, plot, run_all, summarize
 
     if args.steps < 2 or args.workers < 2 or not args.seeds:
         raise ValueError("loss-tolerance: need --steps >= 2, --workers >= 2 and a seed")
@@ -319,7 +325,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import Progress
 
-    from optireduce.host.train import TrainConfig, run_seeds, run_train, write_outputs
+    from optireduce.experiments.train import TrainConfig, run_seeds, run_train, write_outputs
 
     cfg = TrainConfig(
         world=args.world, steps=args.steps, target_acc=args.target, seed=args.seed,
@@ -390,12 +396,12 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_protocol(args: argparse.Namespace) -> int:
-    from optireduce.host.ubt_lua import lua_dissector
+    from optireduce.ubt_lua import lua_dissector
 
     if args.lua:
         sys.stdout.write(lua_dissector())
     else:
-        from optireduce.host import ubt
+        from optireduce import ubt
 
         for f in ubt.FIELDS:
             off, size = ubt.FIELD_OFFSETS[f.name]
@@ -404,7 +410,7 @@ def cmd_protocol(args: argparse.Namespace) -> int:
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    from optireduce.host.trace import make_trace, write_pcap
+    from optireduce.sim.trace import make_trace, write_pcap
 
     frames = make_trace(args.scenario, args.seed)
     write_pcap(args.output, frames)
@@ -413,8 +419,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from optireduce.host.replay import ReplayError, replay
-    from optireduce.host.trace import read_pcap, write_pcap
+    from optireduce.sim.replay import ReplayError, replay
+    from optireduce.sim.trace import read_pcap, write_pcap
 
     try:
         frames = read_pcap(args.trace)
@@ -465,7 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=cmd_simulate)
 
-    from optireduce.host.trace import SCENARIOS
+    from optireduce.sim.trace import SCENARIOS
 
     t = sub.add_parser("trace", help="make pcap traces of test scenarios")
     tsub = t.add_subparsers(dest="trace_cmd", required=True)
@@ -526,7 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
     lt.add_argument("--json", action="store_true", help="print JSON")
     lt.set_defaults(func=cmd_loss_tolerance)
 
-    from optireduce.host.train import SCHEDULES
+    from optireduce.experiments.train import SCHEDULES
 
     tr = sub.add_parser("train", help="time-to-accuracy: DDP with OptiReduce vs gloo, same tail")
     tr.add_argument("--world", type=int, default=4, choices=range(2, 17), metavar="N")

@@ -7,7 +7,7 @@ aggregator's and the gather buffer's. Order and names: docs/protocol.md.
 
 from __future__ import annotations
 
-from optireduce.host import ubt
+from optireduce import ubt
 from optireduce.params import NicParams
 
 

@@ -25,8 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from optireduce.host.deadline import COMPLETE, DEADLINE, EARLY
-from optireduce.host.op_stats import OpStats
+from optireduce.op_stats import COMPLETE, DEADLINE, EARLY, OpStats
 from optireduce.params import NicParams
 
 ETHERTYPE = 0x88B5

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+# how a phase ended: every contribution in, early timeout, hard deadline
+COMPLETE, EARLY, DEADLINE = "complete", "early", "deadline"
+
 
 @dataclass
 class OpStats:

@@ -1,6 +1,6 @@
 """Scapy layer of UBT v1, generated from ubt.FIELDS (tests and debugging only: not a fast path).
 
-    >>> from optireduce.host import ubt, ubt_scapy
+    >>> from optireduce import ubt, ubt_scapy
     >>> pkt = ubt_scapy.scapy_frame(header, values, src=0, dst=1, port=17017)
     >>> bytes(pkt) == ubt.build_frame(header, ubt.payload_bytes(values), src=0, dst=1, port=17017)
     True
@@ -30,7 +30,7 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Packet, bind_bottom_up, bind_top_down
 
-from optireduce.host import ubt
+from optireduce import ubt
 from optireduce.params import NicParams
 
 DEFAULT_PORT = NicParams().udp_port

@@ -45,7 +45,7 @@ NEXTPNR_OPTS = "--report report.json --timing-allow-fail --router router2 --tmg-
 # nextpnr is deterministic for one netlist, seed, option set and tool version.
 SEEDS = {"ecpix5": 2, "butterstick": 6}
 # nextpnr cell types -> our utilization keys (TRELLIS_COMB: LUT4s and both halves of a
-# CCU2C carry cell, the LUT count of sim/area.py)
+# CCU2C carry cell, the LUT count of experiments/area.py)
 CELLS = {"luts": "TRELLIS_COMB", "ffs": "TRELLIS_FF", "brams": "DP16KD", "dsps": "MULT18X18D"}
 
 
@@ -203,7 +203,7 @@ def _plan(name: str, core: Callable | None):
 
 def board_netlist(name: str, core: Callable | None = None, timeout_s: int = 1800) -> Path:
     """The board's whole `synth_ecp5` netlist (top.json, the build's first step; cached
-    with the build): what `sim/logic_depth.py --board` ranks, without place and route.
+    with the build): what `experiments/logic_depth.py --board` ranks, without place and route.
     Not while `build_bitstream` of the same design runs: both write that directory."""
     env = _tool_env()
     _, _, plan, root = _plan(name, core)

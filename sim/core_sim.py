@@ -1,13 +1,13 @@
 """Replay a trace through the NIC core (hw/nic_core.py) in amaranth.sim.
 
-The same inputs as host/replay.py gives the model (replay.events): the CONFIG frame's
+The same inputs as sim/replay.py gives the model (replay.events): the CONFIG frame's
 rank and world become CSR writes, START commands go to host_cmd/host_i (a command
 that waits for room in the op window stays presented, as in a FIFO), network frames
 go to net_rx, and ticks follow the trace. The idle/tick protocol of the core: every
 input is presented, then the driver waits (bounded) for `idle`, and only then
 strobes `tick`, one tick at a time, so that every event happens at the model's
 tick. Output: net_tx frames stamped with the core's `now` when they leave, host_o
-records turned back into RESULT and STATS frames (host/host_port.py), the CSR
+records turned back into RESULT and STATS frames (optireduce/host_port.py), the CSR
 counters at the end. Frames are sorted by (tick, bytes), as replay() sorts the
 model's: the order within one microsecond is the pipeline's, not the protocol's.
 
@@ -25,9 +25,10 @@ import numpy as np
 from amaranth import Module, ResetInserter, Signal
 from amaranth.sim import Simulator
 
-from optireduce.host import host_port
-from optireduce.host.nic_model import COUNTERS
-from optireduce.host.replay import (
+from optireduce import host_port
+from optireduce.counters import COUNTERS
+from optireduce.hw.nic_core import NicCore
+from optireduce.sim.replay import (
     ReplayError,
     ReplayResult,
     config_writes,
@@ -35,8 +36,7 @@ from optireduce.host.replay import (
     events,
     host_record,
 )
-from optireduce.host.trace import Frame
-from optireduce.hw.nic_core import NicCore
+from optireduce.sim.trace import Frame
 
 MAX_BURST = 4096  # ticks strobed back to back (the aggregator queues up to 2^16 - 1)
 

@@ -27,10 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
-from optireduce.host import host_port
-from optireduce.host.nic_model import COUNTERS, NicModel
-from optireduce.host.trace import Frame
+from optireduce import host_port
+from optireduce.counters import COUNTERS
+from optireduce.host.model.nic_model import NicModel
 from optireduce.params import NicParams
+from optireduce.sim.trace import Frame
 
 BACKENDS = ("model", "rtl")
 _TIMER_STEPS = 1_000_000  # bound on timer firings after the last frame

@@ -2,7 +2,7 @@
 
 A scenario is what rank 0 of a small world sees: its CONFIG and START/DATA host
 frames, and every network frame its peers deliver to it, taken from a run of the
-virtual cluster, then disturbed as the scenario says. Replaying it (host/replay.py)
+virtual cluster, then disturbed as the scenario says. Replaying it (sim/replay.py)
 through the model or the RTL must give the same output frames and counters.
 """
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from optireduce.host import host_port, ubt
-from optireduce.host.virtual_cluster import _run
+from optireduce import host_port, ubt
+from optireduce.host.model.virtual_cluster import _run
 from optireduce.params import NicParams
 
 TRACE_PARAMS = NicParams(p=16, b=64, c=256, n_max=8, t_b_us=400, t_c_min_us=50)

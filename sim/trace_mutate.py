@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from optireduce.host import host_port
-from optireduce.host.trace import Frame
+from optireduce import host_port
+from optireduce.sim.trace import Frame
 
 MUTATIONS = ("bit_flip", "truncate", "duplicate", "shuffle")
 

@@ -36,7 +36,7 @@ def allreduce_worker(rank: int, world: int, tmp: str, n: int, seed: int, cfg: di
     import torch.distributed as dist
 
     from optireduce.host.driver import select_nic, torch_exponent_agreement
-    from optireduce.host.impairment import ImpairmentSpec
+    from optireduce.host.model.impairment import ImpairmentSpec
     from optireduce.host.transport import UdpTransport, addresses_from_store
     from optireduce.params import NicParams
 
@@ -81,7 +81,7 @@ def ddp_worker(rank: int, world: int, tmp: str, cfg: dict) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from optireduce import OptiReduceState, optireduce_hook
-    from optireduce.host.impairment import ImpairmentSpec
+    from optireduce.host.model.impairment import ImpairmentSpec
 
     torch.manual_seed(0)
     torch.set_num_threads(1)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from optireduce import NicParams, simulate_allreduce
-from optireduce.host.demo import realistic_gradients
+from optireduce.experiments.demo import realistic_gradients
 
 
 def f64_mean(xs):
@@ -152,7 +152,7 @@ def test_lossless_with_more_workers_than_packets_per_op():
 
 
 def test_calibrated_tb_is_twice_the_p95_of_warmup_phases():
-    from optireduce.host.virtual_cluster import calibrate_t_b
+    from optireduce.host.model.virtual_cluster import calibrate_t_b
 
     rng = np.random.default_rng(10)
     xs = [rng.standard_normal(40_000).astype(np.float32) for _ in range(4)]
@@ -168,7 +168,7 @@ def test_calibrated_tb_is_twice_the_p95_of_warmup_phases():
 
 
 def test_duplicated_and_reordered_packets_change_nothing():
-    from optireduce.host.impairment import ImpairmentSpec
+    from optireduce.host.model.impairment import ImpairmentSpec
 
     rng = np.random.default_rng(11)
     xs = [rng.standard_normal(20_000).astype(np.float32) for _ in range(4)]
@@ -183,7 +183,7 @@ def test_duplicated_and_reordered_packets_change_nothing():
 
 
 def test_tail_latency_is_bounded_by_the_deadlines():
-    from optireduce.host.impairment import ImpairmentSpec
+    from optireduce.host.model.impairment import ImpairmentSpec
 
     rng = np.random.default_rng(12)
     xs = [rng.standard_normal(100_000).astype(np.float32) for _ in range(8)]

@@ -16,12 +16,12 @@ import time
 import numpy as np
 import pytest
 
-from optireduce.host.baselines import (
+from optireduce.experiments.baselines import (
     _bounds,
     reliable_ring_allreduce,
     reliable_tar_allreduce,
 )
-from optireduce.host.impairment import ImpairmentSpec
+from optireduce.host.model.impairment import ImpairmentSpec
 from optireduce.host.reliable import HEADER, MAX_DATAGRAM, ReliableEndpoint
 from optireduce.host.transport import UdpTransport
 from tests.live_workers import spawn_world
@@ -131,7 +131,7 @@ def baseline_worker(rank: int, world: int, tmp: str, seed: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from optireduce.host.baselines import gloo_allreduce_mean
+    from optireduce.experiments.baselines import gloo_allreduce_mean
     from optireduce.host.transport import addresses_from_store
 
     dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=world)

@@ -153,7 +153,7 @@ def test_line_rate_follows_the_core_clock():
     """The core's domain sets the datapath rate; the port reaches 1 Gb/s only when every
     domain meets its target (hand-computed: 32 bits x 60 MHz = 1.92 Gb/s at Fmax; the
     port carries 1 Gb/s)."""
-    from optireduce.sim.bench_fpga import UBT_FRAME_OVERHEAD, line_rate
+    from optireduce.experiments.bench_fpga import UBT_FRAME_OVERHEAD, line_rate
 
     rep = {
         "fmax": {

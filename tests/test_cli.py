@@ -143,7 +143,7 @@ def _fake_demo(ratio: float, **runs) -> dict:
 def test_demo_table_falls_back_to_software_and_plots(tmp_path, monkeypatch, capsys):
     """The demo's rendering: the one-line co-simulation fallback, the table with n/a, the
     ratio against the target, the plot (the training itself: tests/test_train.py)."""
-    from optireduce.host import demo
+    from optireduce.experiments import demo
 
     fake = _fake_demo(0.5, optireduce={"entries_lost": 0.001})
     monkeypatch.setattr(demo, "train_demo", lambda cfg, rtl, progress=None: fake)
@@ -160,7 +160,7 @@ def test_demo_table_falls_back_to_software_and_plots(tmp_path, monkeypatch, caps
 def test_demo_table_has_the_rtl_run_with_its_bit_exactness(tmp_path, monkeypatch, capsys):
     """With the co-simulation usable, a third row: the run with rank 0's NIC the RTL, and
     its bit-exactness; the ratio stays the software run's against gloo."""
-    from optireduce.host import demo
+    from optireduce.experiments import demo
 
     fake = _fake_demo(0.4, **{demo.RTL: {"tta_s": 9.0, "cosim_bit_exact": False}})
     seen = {}
@@ -180,7 +180,7 @@ def test_demo_table_has_the_rtl_run_with_its_bit_exactness(tmp_path, monkeypatch
 
 
 def test_demo_reports_a_failed_rtl_run_and_keeps_the_software_table(tmp_path, monkeypatch, capsys):
-    from optireduce.host import demo
+    from optireduce.experiments import demo
 
     fake = _fake_demo(0.4, rtl_error="RuntimeError: harness died")
     monkeypatch.setattr(demo, "train_demo", lambda cfg, rtl, progress=None: fake)

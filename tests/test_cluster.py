@@ -1,4 +1,4 @@
-"""The SimPy cluster simulator (sim/cluster.py): fairness, the ring's formula, OptiReduce's
+"""The SimPy cluster simulator (experiments/cluster.py): fairness, the ring's formula, OptiReduce's
 bit-exactness against simulate_allreduce, its deadline bound and its loss accounting."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ import math
 import numpy as np
 import pytest
 
-from optireduce.host.virtual_cluster import simulate_allreduce
-from optireduce.sim.cluster import (
+from optireduce.experiments.cluster import (
     ClusterConfig,
     LinkDraws,
     link_spec,
     run_algorithm,
     summarize,
 )
+from optireduce.host.model.virtual_cluster import simulate_allreduce
 
 # Small and fast: 4 workers, P = 256, B = 4096, 64 KiB ops (64 packets per op).
 SMALL = {"workers": 4, "bucket_bytes": 64 * 1024, "p": 256, "b": 4096, "warmup": 2}

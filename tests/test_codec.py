@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from optireduce.host.codec import decode, div_round, encode
-from optireduce.host.quantize import dequantize, propose_exponent, quantize
+from optireduce.host.model.codec import decode, div_round, encode
+from optireduce.host.model.quantize import dequantize, propose_exponent, quantize
 from optireduce.params import NicParams
 
 P = NicParams(p=16, b=64, c=1024)
@@ -48,7 +48,7 @@ def test_transform_is_random_signed_hadamard():
     x = rng.standard_normal(64).astype(np.float32)
     e = propose_exponent(x, P)
     q = quantize(x, e, P).q
-    from optireduce.host.signs import sign_bits
+    from optireduce.host.model.signs import sign_bits
 
     d = 1 - 2 * sign_bits(P.seed, 3, 0, 64).astype(np.int64)
     h = np.array([[1]])
@@ -96,7 +96,7 @@ def test_missing_packet_estimators():
         np.testing.assert_array_equal(got[:64], q_true[:64])
         np.testing.assert_array_equal(got[128:], q_true[128:])
     # block 1 against an independent reference: Sylvester matrix, Fraction division, signs
-    from optireduce.host.signs import sign_bits
+    from optireduce.host.model.signs import sign_bits
 
     h = np.array([[1]])
     while len(h) < 64:
@@ -112,7 +112,7 @@ def test_missing_packet_estimators():
 
 def test_reciprocal_table_divider_equals_exact_mean():
     """The gateware's multiply-and-shift mean is the exact rounded quotient, for every n."""
-    from optireduce.host.aggregator import mean_by_reciprocal, reciprocal_table
+    from optireduce.host.model.aggregator import mean_by_reciprocal, reciprocal_table
 
     p = NicParams()
     table = reciprocal_table(p)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from optireduce import simulate_allreduce
-from optireduce.sim.bench_cosim import LIVE_PARAMS, bench_cosim, inputs, run_cluster
+from optireduce.experiments.bench_cosim import LIVE_PARAMS, bench_cosim, inputs, run_cluster
 from optireduce.sim.cosim_build import harness_path
 
 

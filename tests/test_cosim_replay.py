@@ -1,7 +1,7 @@
 """Equivalence suite: every trace through the Verilated NIC core and through the model.
 
 Output frames identical byte for byte at the same tick (within a tick both are in the
-canonical order of host/replay.py: by frame bytes), counters identical, results bit
+canonical order of sim/replay.py: by frame bytes), counters identical, results bit
 for bit. One Verilator build at TRACE_PARAMS serves the whole suite.
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from optireduce.host.replay import ReplayResult, differences, replay
-from optireduce.host.trace import OPS, SCENARIOS, TRACE_PARAMS, make_trace
-from optireduce.host.trace_mutate import mutate
 from optireduce.sim.cosim_build import harness_path
+from optireduce.sim.replay import ReplayResult, differences, replay
+from optireduce.sim.trace import OPS, SCENARIOS, TRACE_PARAMS, make_trace
+from optireduce.sim.trace_mutate import mutate
 
 SEEDS = (0, 1, 2)
 

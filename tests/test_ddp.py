@@ -58,7 +58,7 @@ def test_torchrun_launches_the_hook(tmp_path):
         port = s.getsockname()[1]
     torchrun = Path(sys.executable).parent / "torchrun"
     cmd = [str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(port), "-m", "optireduce.host.ddp_example", "--iters", "30",
+           "--master_port", str(port), "-m", "optireduce.experiments.ddp_example", "--iters", "30",
            "--t-b-us", "3000000"]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, check=False,
                        cwd=tmp_path)  # fmt: skip

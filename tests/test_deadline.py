@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from optireduce.host.deadline import (
+from optireduce.host.model.deadline import (
     COMPLETE,
     DEADLINE,
     EARLY,

@@ -1,4 +1,4 @@
-"""Blockwise FWHT (host/fwht.py) against references built independently of the code under test.
+"""Blockwise FWHT (host/model/fwht.py) against independent references.
 
 References: an explicit Sylvester matrix from np.kron, the closed form
 H[k, j] = (-1)^popcount(k & j) for single rows of large blocks, and fwht_numpy as a second
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from optireduce.host.fwht import MAX_BLOCK, bench_fwht, fwht_blocks, fwht_numpy
+from optireduce.host.model.fwht import MAX_BLOCK, bench_fwht, fwht_blocks, fwht_numpy
 
 ALL_B = [1 << k for k in range(17)]  # 1 .. 65536
 

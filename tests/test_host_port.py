@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from optireduce.host import host_port
-from optireduce.host.op_stats import OpStats
-from optireduce.host.replay import replay
-from optireduce.host.trace import make_trace
+from optireduce import host_port
+from optireduce.op_stats import OpStats
+from optireduce.sim.replay import replay
+from optireduce.sim.trace import make_trace
 
 
 def _stats() -> OpStats:

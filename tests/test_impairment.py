@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from optireduce.host.impairment import Impairment, ImpairmentSpec
+from optireduce.host.model.impairment import Impairment, ImpairmentSpec
 
 
 def test_delay_distribution_has_the_asked_median_and_tail():

@@ -1,4 +1,4 @@
-"""Loss tolerance (sim/loss_tolerance.py): data-parallel training of an MLP on digits with
+"""Loss tolerance (experiments/loss_tolerance.py): data-parallel training of an MLP on digits with
 the gradient mean through simulate_allreduce. A short run (8 workers, 80 steps, one seed):
 
 - lossless simulate_allreduce training matches the float64 reference within 0.5 points of
@@ -16,7 +16,7 @@ import json
 import numpy as np
 import pytest
 
-from optireduce.sim.loss_tolerance import LossToleranceConfig, run_one, summarize
+from optireduce.experiments.loss_tolerance import LossToleranceConfig, run_one, summarize
 
 try:
     import sklearn  # noqa: F401

@@ -10,9 +10,9 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from optireduce.host import ubt
-from optireduce.host.codec import encode
-from optireduce.host.nic_model import NicModel
+from optireduce import ubt
+from optireduce.host.model.codec import encode
+from optireduce.host.model.nic_model import NicModel
 from optireduce.params import NicParams
 
 P = NicParams(p=16, b=64, c=256, t_b_us=1000, alpha_q8=64, n_max=8)

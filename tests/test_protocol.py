@@ -18,8 +18,8 @@ from scapy.layers.l2 import Ether
 from scapy.utils import checksum as scapy_checksum
 from scapy.utils import wrpcap
 
-from optireduce.host import ubt, ubt_lua
-from optireduce.host.ubt_scapy import UBT, bind_port, scapy_frame, scapy_to_header, scapy_values
+from optireduce import ubt, ubt_lua
+from optireduce.ubt_scapy import UBT, bind_port, scapy_frame, scapy_to_header, scapy_values
 
 REPO = Path(__file__).resolve().parents[1]
 LUA_PATH = REPO / "host" / "ubt.lua"
@@ -396,7 +396,7 @@ def test_doc_check_tables_use_drop_reasons() -> None:
 
 def test_committed_lua_is_generated() -> None:
     assert LUA_PATH.read_text() == ubt_lua.lua_dissector(), (
-        "host/ubt.lua is stale: run `python -m optireduce.host.ubt_lua > host/ubt.lua`"
+        "optireduce/ubt.lua is stale: run `python -m optireduce.ubt_lua > optireduce/ubt.lua`"
     )
 
 

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from optireduce.host.quantize import dequantize, propose_exponent, quantize
+from optireduce.host.model.quantize import dequantize, propose_exponent, quantize
 from optireduce.params import NicParams
 
 P = NicParams()

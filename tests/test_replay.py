@@ -6,10 +6,9 @@ import sys
 import numpy as np
 import pytest
 
-from optireduce import simulate_allreduce
-from optireduce.host import host_port
-from optireduce.host.replay import ReplayError, replay
-from optireduce.host.trace import (
+from optireduce import host_port, simulate_allreduce
+from optireduce.sim.replay import ReplayError, replay
+from optireduce.sim.trace import (
     OP_LEN,
     OPS,
     SCENARIOS,

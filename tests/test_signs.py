@@ -1,6 +1,6 @@
 import numpy as np
 
-from optireduce.host.signs import apply_signs, round_keys, sign_bits, speck_encrypt
+from optireduce.host.model.signs import apply_signs, round_keys, sign_bits, speck_encrypt
 
 
 def test_speck32_64_published_vector():

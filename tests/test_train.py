@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from optireduce.cli import main
-from optireduce.host import train
-from optireduce.host.train import TrainConfig, straggler_delays
+from optireduce.experiments import train
+from optireduce.experiments.train import TrainConfig, straggler_delays
 
 WORLD, STEPS, TARGET = 3, 50, 0.7
 
@@ -121,7 +121,7 @@ def _reference_sgd(cfg: TrainConfig, schedule: str) -> list[np.ndarray]:
     step t, lr * (1 + cos(pi * t / steps)) / 2 for "cosine". Parameters every eval_every
     steps. The inputs (data split, initial weights, minibatch draw) are the experiment's
     own: this checks the training, not the draw."""
-    from optireduce.sim import loss_tolerance as lt
+    from optireduce.experiments import loss_tolerance as lt
 
     xtr, ytr, _, _ = lt.load_data(cfg.test_size)
     x, y = xtr.astype(np.float64), ytr

@@ -12,8 +12,8 @@ from amaranth import Module
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from optireduce.host import ubt
-from optireduce.host.quantize import propose_exponent
+from optireduce import ubt
+from optireduce.host.model.quantize import propose_exponent
 from optireduce.hw.encoder import Encoder
 from optireduce.hw.packetizer import Packetizer
 from optireduce.hw.streams import float_stream, frame_stream

@@ -69,7 +69,7 @@ def area_component() -> tuple[wiring.Component, str]:
 
 
 if __name__ == "__main__":
-    from optireduce.sim.area import ecp5_area
+    from optireduce.experiments.area import ecp5_area
 
     print(figures())
     print(ecp5_area(*area_component()))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from amaranth.lib import wiring
 
-from optireduce.host import ubt
+from optireduce import ubt
 from optireduce.hw.packetizer import Packetizer
 from optireduce.params import NicParams
 from optireduce.sim.stream_sim import StreamRun, run_stream

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from amaranth.lib import wiring
 
-from optireduce.host import ubt
+from optireduce import ubt
 from optireduce.hw.parser import Parser
 from optireduce.params import NicParams
 from optireduce.sim.stream_sim import run_stream

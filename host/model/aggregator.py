@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from optireduce.host.codec import div_round
+from optireduce.host.model.codec import div_round
 from optireduce.params import NicParams
 
 

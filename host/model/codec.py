@@ -14,11 +14,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from optireduce.host import kernels
-from optireduce.host.fwht import fwht_blocks
-from optireduce.host.quantize import dequantize, quantize
-from optireduce.host.signs import apply_signs
+from optireduce.host.model.fwht import fwht_blocks
+from optireduce.host.model.lazy import lazy_module
+from optireduce.host.model.quantize import dequantize, quantize
+from optireduce.host.model.signs import apply_signs
 from optireduce.params import NicParams
+
+kernels = lazy_module("optireduce.host.model.kernels")  # numba loads on first use
 
 
 def div_round(t: np.ndarray, d: np.ndarray | int) -> np.ndarray:

@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from optireduce.op_stats import COMPLETE, DEADLINE, EARLY
 from optireduce.params import NicParams
-
-COMPLETE, EARLY, DEADLINE = "complete", "early", "deadline"
 
 
 class TcEstimator:

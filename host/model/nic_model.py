@@ -14,21 +14,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from optireduce.host import ubt
-from optireduce.host.aggregator import Aggregator
-from optireduce.host.codec import decode, encode
-from optireduce.host.deadline import PhaseTracker, TcEstimator, agreed_timeout
-from optireduce.host.frame_checks import check_op, check_peer
-from optireduce.host.gather_buffer import GatherBuffer
-from optireduce.host.op_stats import OpStats
-from optireduce.host.packetizer import OpContext, gather_frames, scatter_frames
-from optireduce.host.quantize import EXP_MAX, EXP_MIN
+from optireduce import ubt
+from optireduce.counters import COUNTERS
+from optireduce.frame_checks import check_op, check_peer
+from optireduce.host.model.aggregator import Aggregator
+from optireduce.host.model.codec import decode, encode
+from optireduce.host.model.deadline import PhaseTracker, TcEstimator, agreed_timeout
+from optireduce.host.model.gather_buffer import GatherBuffer
+from optireduce.host.model.packetizer import OpContext, gather_frames, scatter_frames
+from optireduce.host.model.quantize import EXP_MAX, EXP_MIN
+from optireduce.op_stats import OpStats
 from optireduce.params import NicParams
-
-COUNTERS = (
-    *ubt.DROP_REASONS,
-    "rx_scatter", "rx_gather", "tx_scatter", "tx_gather", "ops_started", "ops_completed",
-)  # fmt: skip
 
 
 @dataclass(frozen=True)

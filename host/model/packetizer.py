@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from optireduce.host import ubt
-from optireduce.host.deadline import flagged_count
+from optireduce import ubt
+from optireduce.host.model.deadline import flagged_count
 from optireduce.params import NicParams
 
 

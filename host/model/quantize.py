@@ -2,7 +2,7 @@
 
 Both directions work on the IEEE-754 bit fields with integer shifts (no float
 arithmetic), so the gateware converters can copy them step for step: the per-element
-steps are the numba kernels in host/kernels.py. The tests check them against float64
+steps are the numba kernels in host/model/kernels.py. The tests check them against float64
 references. Rounding rules are in docs/numerics.md.
 """
 
@@ -12,11 +12,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from optireduce.host import kernels
+from optireduce.host.model.lazy import lazy_module
 from optireduce.params import NicParams
 
+kernels = lazy_module("optireduce.host.model.kernels")  # numba loads on first use
+
 EXP_MIN, EXP_MAX = -128, 127  # the exponent travels as an int8
-FLT_MAX_BITS = kernels.FLT_MAX_BITS  # largest finite float32 bit pattern
+FLT_MAX_BITS = 0x7F7FFFFF  # largest finite float32 bit pattern (kernels.FLT_MAX_BITS)
 
 
 def _f32_bits(x: np.ndarray) -> np.ndarray:

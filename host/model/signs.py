@@ -4,7 +4,7 @@ sign(i) = bit (i mod 32) of Speck32/64_K(i div 32), K = (seed, op id). One block
 cipher call gives 32 signs, so a lane needs one 22-round ARX core (16-bit adds,
 xors, rotates: no multipliers) per 32 elements. Any element's sign is computable
 on its own, which is what the decoder needs to undo them. The per-element loops are
-numba kernels (host/kernels.py); the key schedule stays here in plain Python.
+numba kernels (host/model/kernels.py); the key schedule stays here in plain Python.
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ import functools
 
 import numpy as np
 
-from optireduce.host import kernels
+from optireduce.host.model.lazy import lazy_module
+
+kernels = lazy_module("optireduce.host.model.kernels")  # numba loads on first use
 
 ROUNDS = 22
 MASK = 0xFFFF

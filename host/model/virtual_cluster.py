@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from optireduce.host.impairment import Impairment, ImpairmentSpec
-from optireduce.host.nic_model import NicModel, Tx
-from optireduce.host.op_stats import OpStats
-from optireduce.host.quantize import agree_exponent, propose_exponent
+from optireduce.host.model.impairment import Impairment, ImpairmentSpec
+from optireduce.host.model.nic_model import NicModel, Tx
+from optireduce.host.model.quantize import agree_exponent, propose_exponent
+from optireduce.op_stats import OpStats
 from optireduce.params import NicParams
 
 
@@ -139,7 +139,7 @@ def simulate_allreduce(
     (calibrate_t_b): t_B = min(params.t_b_us, 2 x P95 of the warm-up phases);
     False keeps params.t_b_us.
     impairment: per-packet extra delay, loss, duplication and reordering on every
-    link (host/impairment.py), seeded from `seed`.
+    link (host/model/impairment.py), seeded from `seed`.
     """
     p = params or NicParams()
     n = _check_inputs(inputs, p)

@@ -1,6 +1,6 @@
 """Phase-1 aggregator (hw/aggregator.py) against the NIC model, event by event.
 
-The reference is host/nic_model.py: NicModel itself. A scenario is a list of
+The reference is host/model/nic_model.py: NicModel itself. A scenario is a list of
 host-level actions (start an op, deliver a frame) at ticks. The model runs them;
 every frame that passes the parser's checks becomes an aggregator event at the
 same tick, and start_op becomes the op's OWN packets and a START. Then the RTL runs
@@ -23,11 +23,11 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 
-from optireduce.host import ubt
-from optireduce.host.codec import encode
-from optireduce.host.frame_checks import classify
-from optireduce.host.nic_model import NicModel
-from optireduce.host.packetizer import OpContext, scatter_order
+from optireduce import ubt
+from optireduce.frame_checks import classify
+from optireduce.host.model.codec import encode
+from optireduce.host.model.nic_model import NicModel
+from optireduce.host.model.packetizer import OpContext, scatter_order
 from optireduce.hw.aggregator import Aggregator, Kind, event_layout
 from optireduce.hw.axis import AxisWrapper
 from optireduce.hw.deadline import REASON_NAMES, Reason
@@ -523,7 +523,7 @@ def test_two_lanes_random_scenario():
 def test_rate_and_latency_figures():
     """Payload beats back to back within a packet; the documented LATENCY; readout at about
     one beat per cycle (two cycles between slots for the count lookup)."""
-    from optireduce.sim.benches.fig_aggregator import figures
+    from optireduce.experiments.figures.fig_aggregator import figures
 
     f = figures(P)
     assert f["latency_cycles"] == Aggregator.LATENCY
@@ -591,6 +591,6 @@ def test_cocotb_verilator_replays_the_scenarios(tmp_path):
     path.write_text(json.dumps([_scenario_json(n, sc, run_model(sc)) for n, sc in scenarios]))
     layout = {name: [f.offset, f.width] for name, f in event_layout(P)}
     run_bench(
-        AxisWrapper(FlatAggregator(P)), "aggregator_top", "optireduce.sim.benches.tb_aggregator",
+        AxisWrapper(FlatAggregator(P)), "aggregator_top", f"{__package__}.benches.tb_aggregator",
         {"scenarios": str(path), "layout": layout, "lanes": P.lanes},
     )  # fmt: skip

@@ -1,4 +1,4 @@
-"""BlockDivider: reciprocal-multiply rounding division == host/codec.py div_round, bit for bit."""
+"""BlockDivider: reciprocal-multiply division == host/model/codec.py div_round, bit for bit."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 
-from optireduce.host.codec import div_round
+from optireduce.host.model.codec import div_round
 from optireduce.hw.axis import AxisWrapper
 from optireduce.hw.block_divider import (
     BlockDivider,
@@ -294,4 +294,4 @@ def test_cocotb_verilator():
     top = AxisWrapper(DividerShell(p))
     cfg = {"p": p.p, "b": p.b, "lanes": p.lanes, "w_in": p.w_inv,
            "w_out": quotient_width(p, p.w_inv)}  # fmt: skip
-    run_bench(top, "block_divider_top", "optireduce.sim.benches.tb_block_divider", cfg)
+    run_bench(top, "block_divider_top", f"{__package__}.benches.tb_block_divider", cfg)

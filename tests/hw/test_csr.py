@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
-from optireduce.host.nic_model import COUNTERS
-from optireduce.host.ubt import DEFAULT_ADDRESSING, DROP_REASONS
+from optireduce.counters import COUNTERS
 from optireduce.hw.csr import (
     COUNTER_BASE,
     TYPE_COUNTERS,
@@ -22,6 +21,7 @@ from optireduce.hw.csr import (
     walk,
 )
 from optireduce.params import NicParams
+from optireduce.ubt import DEFAULT_ADDRESSING, DROP_REASONS
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "registers.md"
 TOP = (1 << 32) - 1
@@ -183,4 +183,4 @@ def test_cocotb_verilator_driver_view():
     from optireduce.sim.cocotb_run import run_bench
 
     p = NicParams(n_max=8)
-    run_bench(Csr(p), "csr_n8", "optireduce.sim.benches.tb_csr", {"n_max": 8})
+    run_bench(Csr(p), "csr_n8", f"{__package__}.benches.tb_csr", {"n_max": 8})

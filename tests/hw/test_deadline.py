@@ -1,10 +1,10 @@
-"""Deadline rules (hw/deadline.py) and t_C consensus (hw/tc_estimator.py) vs host/deadline.py."""
+"""Deadlines (hw/deadline.py) and t_C consensus (hw/tc_estimator.py) vs host/model/deadline.py."""
 
 import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
-from optireduce.host.deadline import PhaseTracker, TcEstimator, agreed_timeout
+from optireduce.host.model.deadline import PhaseTracker, TcEstimator, agreed_timeout
 from optireduce.hw.deadline import REASON_NAMES, PhaseTimer, Reason
 from optireduce.hw.tc_estimator import TcEstimator as TcEstimatorHw
 from optireduce.params import NicParams

@@ -1,5 +1,5 @@
 """The composed RX chain (gather, inverse FWHT, divider, signs, float32, trim) against
-host/codec.py decode on the same received packets."""
+host/model/codec.py decode on the same received packets."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
-from optireduce.host.codec import decode
+from optireduce.host.model.codec import decode
 from optireduce.hw.decoder import Decoder
 from optireduce.hw.gather_buffer import GatherOp
 from optireduce.params import NicParams

@@ -1,5 +1,5 @@
 # amaranth: UnusedElaboratable=no
-"""Dequantizer RTL against host/quantize.py `dequantize` (float32 nearest even)."""
+"""Dequantizer RTL against host/model/quantize.py `dequantize` (float32 nearest even)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
-from optireduce.host.quantize import dequantize
+from optireduce.host.model.quantize import dequantize
 from optireduce.hw.axis import AxisWrapper
 from optireduce.hw.dequantizer import Dequantizer
 from optireduce.params import NicParams
@@ -162,4 +162,4 @@ def test_dequantizer_cocotb_verilator():
         "ops": [{"v": [int(x) for x in v], "exponent": e} for v, e in ops],
     }
     run_bench(AxisWrapper(Dequantizer(p, 44)), "dequantizer_top",
-              "optireduce.sim.benches.tb_dequantizer", cfg)  # fmt: skip
+              f"{__package__}.benches.tb_dequantizer", cfg)  # fmt: skip

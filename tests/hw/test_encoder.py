@@ -1,12 +1,12 @@
-"""The composed TX chain (quantize, signs, FWHT, saturate) against host/codec.py encode."""
+"""The composed TX chain (quantize, signs, FWHT, saturate) against host/model/codec.py encode."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from optireduce.host.codec import encode
-from optireduce.host.quantize import propose_exponent
+from optireduce.host.model.codec import encode
+from optireduce.host.model.quantize import propose_exponent
 from optireduce.hw.encoder import Encoder
 from optireduce.params import NicParams
 from optireduce.sim.stream_sim import run_ops

@@ -1,4 +1,4 @@
-"""Fwht (hw/fwht.py) against host/fwht.py: fwht_blocks, bit for bit, in amaranth.sim + Verilator."""
+"""Fwht (hw/fwht.py) against host/model/fwht.py: fwht_blocks, bit for bit."""
 
 import numpy as np
 import pytest
@@ -6,14 +6,14 @@ from amaranth import Module
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from optireduce.host.fwht import fwht_blocks
+from optireduce.experiments.fmax import bram_output_sinks, ecp5_netlist
+from optireduce.host.model.fwht import fwht_blocks
 from optireduce.hw.axis import AxisWrapper
 from optireduce.hw.fwht import Fwht
 from optireduce.hw.saturate import Saturate
 from optireduce.hw.streams import element_stream
 from optireduce.params import NicParams
 from optireduce.sim.cocotb_run import run_bench
-from optireduce.sim.fmax import bram_output_sinks, ecp5_netlist
 from optireduce.sim.stream_sim import element_payload, run_stream
 
 
@@ -213,7 +213,7 @@ def test_cocotb_verilator():
     run_bench(
         AxisWrapper(Fwht(p, p.w_wire)),
         "fwht_b256_l2",
-        "optireduce.sim.benches.tb_fwht",
+        f"{__package__}.benches.tb_fwht",
         {"b": p.b, "lanes": p.lanes, "width_in": p.w_wire, "width_out": p.w_inv},
     )
 

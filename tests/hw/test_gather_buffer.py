@@ -1,5 +1,5 @@
 """GatherBuffer: placed by index, drained with zeros for missing packets, k per block and the
-contributor histogram == host/gather_buffer.py GatherBuffer (as codec.decode reads it)."""
+contributor histogram == host/model/gather_buffer.py GatherBuffer (as codec.decode reads it)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 
-from optireduce.host.gather_buffer import GatherBuffer as ModelBuffer
+from optireduce.host.model.gather_buffer import GatherBuffer as ModelBuffer
 from optireduce.hw.axis import AxisWrapper
 from optireduce.hw.gather_buffer import GatherBuffer, GatherOp
 from optireduce.hw.streams import element_stream
@@ -327,4 +327,4 @@ def test_cocotb_verilator():
     p = SMALL2
     cfg = {"p": p.p, "b": p.b, "c": p.c, "lanes": p.lanes, "n_max": p.n_max, "k": 2}
     run_bench(AxisWrapper(GatherShell(p)), "gather_buffer_top",
-              "optireduce.sim.benches.tb_gather_buffer", cfg)  # fmt: skip
+              f"{__package__}.benches.tb_gather_buffer", cfg)  # fmt: skip

@@ -1,6 +1,6 @@
 """Phase-2 gather tracker (hw/gather_tracker.py) against the NIC model, event by event.
 
-The reference is host/nic_model.py: NicModel itself. A scenario is a list of
+The reference is host/model/nic_model.py: NicModel itself. A scenario is a list of
 host-level actions (start an op, deliver a frame) at ticks. The model runs them
 with its _end_phase1 / _end_phase2 wrapped, so the test records, in the model's own
 order, every event the tracker sees: each frame that passes the parser's checks
@@ -25,10 +25,10 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 
-from optireduce.host import ubt
-from optireduce.host.frame_checks import classify
-from optireduce.host.nic_model import NicModel
-from optireduce.host.packetizer import OpContext, gather_order, scatter_order
+from optireduce import ubt
+from optireduce.frame_checks import classify
+from optireduce.host.model.nic_model import NicModel
+from optireduce.host.model.packetizer import OpContext, gather_order, scatter_order
 from optireduce.hw.deadline import REASON_NAMES, Reason
 from optireduce.hw.gather_tracker import GatherTracker, Kind, Verdict, event_layout
 from optireduce.params import NicParams
@@ -515,7 +515,7 @@ def test_random_scenarios_cover_every_rule():
 
 
 def test_figures():
-    from optireduce.sim.benches.fig_gather_tracker import figures
+    from optireduce.experiments.figures.fig_gather_tracker import figures
 
     f = figures(P)
     assert f["latency_cycles"] == 4 + 9  # n_ctx + 9, n_ctx = 4 at K = 2 (the docstring)
@@ -575,6 +575,6 @@ def test_cocotb_verilator_replays_the_scenarios(tmp_path):
     path.write_text(json.dumps([_scenario_json(n, sc, run_model(sc)) for n, sc in scenarios]))
     layout = {name: [f.offset, f.width] for name, f in event_layout(P)}
     run_bench(
-        FlatTracker(P), "gather_tracker_top", "optireduce.sim.benches.tb_gather_tracker",
+        FlatTracker(P), "gather_tracker_top", f"{__package__}.benches.tb_gather_tracker",
         {"scenarios": str(path), "layout": layout},
     )  # fmt: skip

@@ -1,4 +1,4 @@
-"""HostAdapter against host/host_port.py, bit for bit (amaranth.sim).
+"""HostAdapter against optireduce/host_port.py, bit for bit (amaranth.sim).
 
 Frames in are built with host_port.build; what reaches the core must equal what
 host_port.ChunkAssembler makes of the good frames. Frames out must equal
@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
-from optireduce.host import host_port
-from optireduce.host.host_port import DATA, START, HostFrame
-from optireduce.host.op_stats import OpStats
+from optireduce import host_port
+from optireduce.host_port import DATA, START, HostFrame
 from optireduce.hw.csr import register_map
 from optireduce.hw.host_adapter import COUNTERS, HostAdapter, reg_reply, reg_request
+from optireduce.op_stats import OpStats
 from optireduce.params import NicParams
 from optireduce.sim.stream_sim import send_bytes
 

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
+from optireduce.experiments.area import ecp5_area
 from optireduce.hw.axis import AxisWrapper
-from optireduce.sim.area import ecp5_area
 from optireduce.sim.cocotb_run import run_bench
 from optireduce.sim.stream_sim import element_payload, run_stream
 from tests.hw.infra_blocks import Negate
@@ -24,7 +24,7 @@ def test_stream_harness_counts_and_orders(idle, bp):
 
 
 def test_cocotb_verilator_axis_shell():
-    run_bench(AxisWrapper(Negate(20, 2)), "negate_top", "optireduce.sim.benches.tb_negate",
+    run_bench(AxisWrapper(Negate(20, 2)), "negate_top", f"{__package__}.benches.tb_negate",
               {"width": 20, "lanes": 2})  # fmt: skip
 
 

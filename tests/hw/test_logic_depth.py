@@ -1,4 +1,4 @@
-"""sim/logic_depth.py: path times on hand-built netlists, and the compare rule of hw/deadline.py
+"""experiments/logic_depth.py: times on hand-built netlists, and the compare rule of hw/deadline.py
 on yosys's own netlists."""
 
 import json
@@ -9,8 +9,8 @@ from amaranth import Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from optireduce.sim.fmax import ecp5_netlist
-from optireduce.sim.logic_depth import CLK_TO_Q, NET_NS, Endpoint, analyse, by_source, path
+from optireduce.experiments.fmax import ecp5_netlist
+from optireduce.experiments.logic_depth import CLK_TO_Q, NET_NS, Endpoint, analyse, by_source, path
 
 LUT = 0.24
 

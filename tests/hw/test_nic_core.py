@@ -1,8 +1,8 @@
 # amaranth: UnusedElaboratable=no
 """The NIC core (hw/nic_core.py) against the model, trace by trace, in amaranth.sim.
 
-Each trace of host/trace.py (TRACE_PARAMS: p=16, b=64, c=256, n_max=8; rank 0 of a
-world of 3, three ops) is replayed through the model (host/replay.py, backend
+Each trace of sim/trace.py (TRACE_PARAMS: p=16, b=64, c=256, n_max=8; rank 0 of a
+world of 3, three ops) is replayed through the model (sim/replay.py, backend
 "model") and through the core (sim/core_sim.py: CSR configuration, host_cmd/host_i,
 net_rx, the idle/tick protocol). The outputs must be identical: every net_tx frame
 byte for byte at its tick, every RESULT (float32 bit patterns) and STATS record,
@@ -20,19 +20,19 @@ import subprocess
 
 import pytest
 
-from optireduce.host import host_port
-from optireduce.host.replay import differences, replay
-from optireduce.host.trace import TRACE_PARAMS, make_trace
-from optireduce.host.trace_mutate import mutate
+from optireduce import host_port
 from optireduce.hw.nic_core import NicCore, stats_len
 from optireduce.sim import verilog
 from optireduce.sim.core_sim import replay_traces
+from optireduce.sim.replay import differences, replay
 from optireduce.sim.toolchain import use_verilator
+from optireduce.sim.trace import TRACE_PARAMS, make_trace
+from optireduce.sim.trace_mutate import mutate
 
 # (scenario, seed, backpressure) replayed through amaranth.sim: a second simulator next
 # to the Verilated core of tests/test_cosim_replay.py, which runs every scenario, seeds
 # and mutated traces. "mutated" is `reorder` with random bit flips, truncations,
-# duplicates and shuffles (host/trace_mutate.py), replayed with outputs stalled at random.
+# duplicates and shuffles (sim/trace_mutate.py), replayed with outputs stalled at random.
 CASES = (("loss", 0, 0.0), ("duplicates", 0, 0.0), ("mutated", 5, 0.3))
 SCENARIO_SEEDS = (("clean", 0), ("loss", 0), ("duplicates", 0), ("late", 0), ("malformed", 0),
                   ("stale_future", 0), ("unknown_rank", 0), ("mutated", 5))  # fmt: skip

@@ -2,7 +2,7 @@
 """The board's shell (hw/nic_shell.py) with the real NIC core in its own clock, in
 amaranth.sim: sync at 125 MHz, core at 52.08 MHz. Frames on the network port cross
 into the core and are counted there by drop reason, as the software parser
-(host/ubt.py parse_frame) classifies them; a REG frame on the host port crosses to the
+(optireduce/ubt.py parse_frame) classifies them; a REG frame on the host port crosses to the
 core's register bank and comes back as the model (host_adapter.reg_reply) says, with
 the counters' values and the writes applied. With a loopback in place of the core, an
 op's words go out and its RESULT and STATS frames come back, network frames come back
@@ -15,14 +15,14 @@ import random
 
 import numpy as np
 
-from optireduce.host import host_port, ubt
-from optireduce.host.host_port import HostFrame
-from optireduce.host.trace import TRACE_PARAMS
+from optireduce import host_port, ubt
+from optireduce.host_port import HostFrame
 from optireduce.hw.csr import register_map
 from optireduce.hw.host_adapter import RECORD_FIXED, reg_reply, reg_request
 from optireduce.hw.loopback_core import LoopbackCore
 from optireduce.hw.nic_shell import NicShell
 from optireduce.sim.stream_sim import send_bytes, two_clock_sim
+from optireduce.sim.trace import TRACE_PARAMS
 
 
 def _junk(rng: random.Random) -> list[bytes]:

@@ -1,4 +1,4 @@
-"""Packetizer: frames and own packets bit for bit against host/packetizer.py.
+"""Packetizer: frames and own packets bit for bit against host/model/packetizer.py.
 
 amaranth.sim with random idle and backpressure on `i`, `o` and `own`, several ops back to
 back (scatter and gather mixed, context changing per op); run_stream for rate and latency;
@@ -17,8 +17,8 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 
-from optireduce.host import ubt
-from optireduce.host.packetizer import OpContext, gather_frames, scatter_frames
+from optireduce import ubt
+from optireduce.host.model.packetizer import OpContext, gather_frames, scatter_frames
 from optireduce.hw.axis import AxisWrapper
 from optireduce.hw.packetizer import Packetizer
 from optireduce.params import NicParams
@@ -331,6 +331,6 @@ class PacketizerShell(wiring.Component):
 def test_cocotb_verilator():
     p = SMALL.replace(lanes=2, last_percent=20)
     run_bench(AxisWrapper(PacketizerShell(p)), "packetizer_top",
-              "optireduce.sim.benches.tb_packetizer",
+              f"{__package__}.benches.tb_packetizer",
               {"p": p.p, "b": p.b, "c": p.c, "n_max": p.n_max, "lanes": p.lanes,
                "last_percent": p.last_percent})  # fmt: skip

@@ -1,4 +1,4 @@
-"""Parser (hw/parser.py) against host/frame_checks.py: classify, frame by frame, bit for bit."""
+"""Parser (hw/parser.py) against optireduce/frame_checks.py: classify, frame by frame."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from amaranth import Module, Signal
 from amaranth.sim import Simulator
 
-from optireduce.host import ubt
-from optireduce.host.frame_checks import classify
+from optireduce import ubt
+from optireduce.frame_checks import classify
 from optireduce.hw.axis import AxisWrapper
 from optireduce.hw.parser import PARSER_REASONS, Parser
 from optireduce.hw.ubt_layout import HEADER_LAYOUT, header_to_wire, header_value, wire_to_header
@@ -455,5 +455,5 @@ def test_run_stream_latency_matches_constant():
 
 def test_cocotb_verilator_random_mix():
     """AXI-Stream shell under Verilator: good and bad frames, idle and backpressure."""
-    run_bench(AxisWrapper(Parser(SMALL)), "parser_top", "optireduce.sim.benches.tb_parser",
+    run_bench(AxisWrapper(Parser(SMALL)), "parser_top", f"{__package__}.benches.tb_parser",
               {"p": SMALL.p, "b": SMALL.b, "c": SMALL.c, "n_max": SMALL.n_max})  # fmt: skip

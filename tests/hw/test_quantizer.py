@@ -1,5 +1,5 @@
 # amaranth: UnusedElaboratable=no
-"""Quantizer RTL against host/quantize.py `quantize` (+ the zero padding of codec.encode)."""
+"""Quantizer RTL against host/model/quantize.py `quantize` (+ the zero padding of codec.encode)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
-from optireduce.host.quantize import propose_exponent, quantize
+from optireduce.host.model.quantize import propose_exponent, quantize
 from optireduce.hw.axis import AxisWrapper
 from optireduce.hw.quantizer import Quantizer
 from optireduce.params import NicParams
@@ -218,5 +218,5 @@ def test_quantizer_cocotb_verilator():
         "params": {"p": p.p, "b": p.b, "c": p.c, "n_max": p.n_max, "lanes": p.lanes},
         "ops": [{"bits": [int(b) for b in bits], "exponent": e} for bits, e in ops],
     }
-    run_bench(AxisWrapper(Quantizer(p)), "quantizer_top", "optireduce.sim.benches.tb_quantizer",
+    run_bench(AxisWrapper(Quantizer(p)), "quantizer_top", f"{__package__}.benches.tb_quantizer",
               cfg)  # fmt: skip

@@ -263,7 +263,7 @@ def test_tx_cut_through_underrun_marks_tx_er():
 
 def test_cocotb_rgmii_source_sink():
     run_bench(AxisWrapper(RgmiiMac(fifo_bytes=2048)), "rgmii_mac_top",
-              "optireduce.sim.benches.tb_rgmii_mac", {"seed": 1})  # fmt: skip
+              f"{__package__}.benches.tb_rgmii_mac", {"seed": 1})  # fmt: skip
 
 
 def test_board_code_path_elaborates():

@@ -1,4 +1,4 @@
-"""Saturate (hw/saturate.py) against host/codec.py: saturate, bit for bit, with its counter."""
+"""Saturate (hw/saturate.py) against host/model/codec.py: saturate, bit for bit, and its counter."""
 
 import random
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
-from optireduce.host.codec import saturate
+from optireduce.host.model.codec import saturate
 from optireduce.hw.axis import AxisWrapper
 from optireduce.hw.saturate import Saturate
 from optireduce.params import NicParams
@@ -131,6 +131,6 @@ def test_cocotb_verilator():
     run_bench(
         AxisWrapper(Saturate(p, 35, 32)),
         "saturate_l2",
-        "optireduce.sim.benches.tb_saturate",
+        f"{__package__}.benches.tb_saturate",
         {"lanes": 2, "width_in": 35, "limit_bits": 32},
     )

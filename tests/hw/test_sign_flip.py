@@ -1,5 +1,5 @@
 # amaranth: UnusedElaboratable=no
-"""Speck32/64 core and SignFlip RTL against host/signs.py (`speck_encrypt`, `apply_signs`)."""
+"""Speck32/64 core and SignFlip RTL against host/model/signs.py (`speck_encrypt`, `apply_signs`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
-from optireduce.host.signs import apply_signs, round_keys, speck_encrypt
+from optireduce.host.model.signs import apply_signs, round_keys, speck_encrypt
 from optireduce.hw.axis import AxisWrapper
 from optireduce.hw.sign_flip import SignFlip
 from optireduce.hw.speck import Speck3264
@@ -168,4 +168,4 @@ def test_sign_flip_cocotb_verilator():
         "ops": [{"v": [int(x) for x in v], "seed": s, "op_id": o} for v, s, o in ops],
     }
     run_bench(AxisWrapper(SignFlip(p, WIDTH)), "sign_flip_top",
-              "optireduce.sim.benches.tb_sign_flip", cfg)  # fmt: skip
+              f"{__package__}.benches.tb_sign_flip", cfg)  # fmt: skip

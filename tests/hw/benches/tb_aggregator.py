@@ -15,7 +15,7 @@ import cocotb
 import numpy as np
 from cocotb.triggers import RisingEdge
 
-from optireduce.sim.benches.axis_tb import AxisTB, pack, unpack
+from optireduce.sim.axis_tb import AxisTB, pack, unpack
 from optireduce.sim.cocotb_run import bench_config
 
 REASONS = {1: "complete", 2: "early", 3: "deadline"}

@@ -10,8 +10,8 @@ import cocotb
 import numpy as np
 from cocotbext.axi import AxiStreamBus, AxiStreamFrame, AxiStreamSource
 
-from optireduce.host.codec import div_round
-from optireduce.sim.benches.axis_tb import AxisTB, pack, pauses, unpack
+from optireduce.host.model.codec import div_round
+from optireduce.sim.axis_tb import AxisTB, pack, pauses, unpack
 from optireduce.sim.cocotb_run import bench_config
 
 

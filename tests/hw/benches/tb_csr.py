@@ -9,7 +9,7 @@ import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import RisingEdge
 
-from optireduce.host.nic_model import COUNTERS
+from optireduce.counters import COUNTERS
 from optireduce.hw.csr import COUNTER_BASE, TYPE_COUNTERS, TYPE_NIC, VERSION, register_map, walk
 from optireduce.params import NicParams
 from optireduce.sim.cocotb_run import bench_config

@@ -1,4 +1,4 @@
-"""cocotb bench of the Dequantizer (through AxisWrapper) against host/quantize.py `dequantize`.
+"""cocotb bench of the Dequantizer against host/model/quantize.py `dequantize`.
 
 Each op is one AXI-Stream frame of signed elements (tuser marks the first beat); the
 exponent port is set before the frame and the output frame of float32 bit patterns is
@@ -9,8 +9,8 @@ import cocotb
 import numpy as np
 from cocotb.triggers import RisingEdge
 
-from optireduce.host.quantize import dequantize
-from optireduce.sim.benches.axis_tb import AxisTB, pack, unpack
+from optireduce.host.model.quantize import dequantize
+from optireduce.sim.axis_tb import AxisTB, pack, unpack
 from optireduce.sim.cocotb_run import bench_config
 
 

@@ -5,8 +5,8 @@ import cocotb
 import numpy as np
 from cocotb.triggers import Timer
 
-from optireduce.host.fwht import fwht_blocks
-from optireduce.sim.benches.axis_tb import AxisTB, pack, unpack
+from optireduce.host.model.fwht import fwht_blocks
+from optireduce.sim.axis_tb import AxisTB, pack, unpack
 from optireduce.sim.cocotb_run import bench_config
 
 

@@ -1,6 +1,6 @@
 """cocotb bench of GatherBuffer (in GatherShell + AxisWrapper): reduced packets on s_axis with
 their side ports, DRAIN/CLEAR on cmd_*, blocks on m_axis and k per block on k_*; random idle
-and backpressure; compared with host/gather_buffer.py GatherBuffer."""
+and backpressure; compared with host/model/gather_buffer.py GatherBuffer."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import numpy as np
 from cocotb.triggers import ReadOnly, RisingEdge
 from cocotbext.axi import AxiStreamBus, AxiStreamSink
 
-from optireduce.host.gather_buffer import GatherBuffer
+from optireduce.host.model.gather_buffer import GatherBuffer
 from optireduce.params import NicParams
-from optireduce.sim.benches.axis_tb import AxisTB, pack, pauses, unpack
+from optireduce.sim.axis_tb import AxisTB, pack, pauses, unpack
 from optireduce.sim.cocotb_run import bench_config
 
 DRAIN, CLEAR = 0, 1

@@ -3,7 +3,7 @@
 import cocotb
 import numpy as np
 
-from optireduce.sim.benches.axis_tb import AxisTB, pack, unpack
+from optireduce.sim.axis_tb import AxisTB, pack, unpack
 from optireduce.sim.cocotb_run import bench_config
 
 

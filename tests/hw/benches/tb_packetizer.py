@@ -2,7 +2,7 @@
 
 Ops go in on s_axis (elements, tuser = first), frames come out on m_axis with tkeep; `own`
 is drained on plain ports with random backpressure. Frames are compared byte for byte with
-host/packetizer.py, then parsed by scapy (host/ubt_scapy.py), which recomputes the IPv4
+host/model/packetizer.py, then parsed by scapy (optireduce/ubt_scapy.py), which recomputes the IPv4
 header checksum independently of both.
 """
 
@@ -16,12 +16,12 @@ from cocotb.triggers import RisingEdge
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
-from optireduce.host import ubt
-from optireduce.host.packetizer import OpContext, gather_frames, scatter_frames
-from optireduce.host.ubt_scapy import scapy_to_header, scapy_values
+from optireduce import ubt
+from optireduce.host.model.packetizer import OpContext, gather_frames, scatter_frames
 from optireduce.params import NicParams
-from optireduce.sim.benches.axis_tb import AxisTB, pack, unpack
+from optireduce.sim.axis_tb import AxisTB, pack, unpack
 from optireduce.sim.cocotb_run import bench_config
+from optireduce.ubt_scapy import scapy_to_header, scapy_values
 
 
 def _params() -> NicParams:

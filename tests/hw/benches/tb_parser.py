@@ -3,7 +3,7 @@
 A random mix of valid frames and of frames broken at every layer goes in on
 s_axis (tkeep on the last beat) with idle cycles; the payloads of the accepted
 ones come out on m_axis under backpressure. Each is checked against
-host/frame_checks.py: classify, as are the per-frame verdict strobes, the header
+optireduce/frame_checks.py: classify, as are the per-frame verdict strobes, the header
 port at each packet's first beat and the drop counters.
 """
 
@@ -16,12 +16,12 @@ import cocotb
 import numpy as np
 from cocotb.triggers import ReadOnly, RisingEdge
 
-from optireduce.host import ubt
-from optireduce.host.frame_checks import classify
+from optireduce import ubt
+from optireduce.frame_checks import classify
 from optireduce.hw.parser import PARSER_REASONS
 from optireduce.hw.ubt_layout import HEADER_LAYOUT
 from optireduce.params import NicParams
-from optireduce.sim.benches.axis_tb import AxisTB, unpack
+from optireduce.sim.axis_tb import AxisTB, unpack
 from optireduce.sim.cocotb_run import bench_config
 
 RANK, WORLD, BASE = 2, 5, 7

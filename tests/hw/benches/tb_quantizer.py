@@ -1,4 +1,4 @@
-"""cocotb bench of the Quantizer (through AxisWrapper) against host/quantize.py `quantize`.
+"""cocotb bench of the Quantizer (through AxisWrapper) against host/model/quantize.py `quantize`.
 
 Each op is one AXI-Stream frame of float32 bit patterns (tuser marks the first beat); the
 exponent port is set before the frame and the whole padded output frame is awaited before
@@ -9,9 +9,9 @@ import cocotb
 import numpy as np
 from cocotb.triggers import RisingEdge
 
-from optireduce.host.quantize import quantize
+from optireduce.host.model.quantize import quantize
 from optireduce.params import NicParams
-from optireduce.sim.benches.axis_tb import AxisTB, pack, unpack
+from optireduce.sim.axis_tb import AxisTB, pack, unpack
 from optireduce.sim.cocotb_run import bench_config
 
 

@@ -14,7 +14,7 @@ import cocotb
 from cocotb.triggers import ClockCycles, Combine
 from cocotbext.eth import GmiiFrame, RgmiiSink, RgmiiSource
 
-from optireduce.sim.benches.axis_tb import AxisTB, pauses
+from optireduce.sim.axis_tb import AxisTB, pauses
 from optireduce.sim.cocotb_run import bench_config
 
 

@@ -1,12 +1,12 @@
 """cocotb bench of Saturate behind AxisWrapper: ops as frames with random idle and backpressure;
-outputs and the per-op clamp counter checked against host/codec.py: saturate."""
+outputs and the per-op clamp counter checked against host/model/codec.py: saturate."""
 
 import cocotb
 import numpy as np
 from cocotb.triggers import RisingEdge
 
-from optireduce.host.codec import saturate
-from optireduce.sim.benches.axis_tb import AxisTB, pack, unpack
+from optireduce.host.model.codec import saturate
+from optireduce.sim.axis_tb import AxisTB, pack, unpack
 from optireduce.sim.cocotb_run import bench_config
 
 

@@ -1,4 +1,4 @@
-"""cocotb bench of SignFlip (through AxisWrapper) against host/signs.py `apply_signs`.
+"""cocotb bench of SignFlip (through AxisWrapper) against host/model/signs.py `apply_signs`.
 
 Each op is one AXI-Stream frame (tuser marks the first beat); seed and op_id are set
 before the frame and the output frame is awaited before the next op. Random idle on the
@@ -8,8 +8,8 @@ source and backpressure on the sink.
 import cocotb
 import numpy as np
 
-from optireduce.host.signs import apply_signs
-from optireduce.sim.benches.axis_tb import AxisTB, pack, unpack
+from optireduce.host.model.signs import apply_signs
+from optireduce.sim.axis_tb import AxisTB, pack, unpack
 from optireduce.sim.cocotb_run import bench_config
 
 

@@ -1,0 +1,1 @@
+"""Experiments, figures and benchmarks. Only the command line imports them."""

@@ -1,0 +1,1 @@
+"""Per-block figures of the gateware (rate, latency, area), measured in simulation."""
