@@ -60,6 +60,7 @@ import numpy as np
 import simpy
 
 from optireduce import ubt
+from optireduce.host.model.deadline import calibrate_t_b, phase_times
 from optireduce.host.model.impairment import ImpairmentSpec
 from optireduce.host.model.nic_model import NicModel
 from optireduce.host.model.packetizer import gather_order, scatter_order
@@ -486,8 +487,7 @@ def _run_optireduce(
         settle(r, now)
 
     def calibrate(phase_us: list[list[int]]) -> int:
-        local = [int(np.ceil(2 * np.percentile(d, 95))) for d in phase_us]
-        t_b = min(p.t_b_us, max(1, max(local)))
+        t_b = min(p.t_b_us, max(calibrate_t_b(d) for d in phase_us))
         q = p.replace(t_b_us=t_b)
         for nic in nics:  # as NicDriver.set_t_b
             nic.p = q
@@ -516,8 +516,7 @@ def _run_optireduce(
             if k < warm:
                 if k > 0:
                     for s in stats:
-                        phase_us[s.rank] += [s.phase1_end_us - s.start_us,
-                                             s.end_us - s.phase1_end_us]  # fmt: skip
+                        phase_us[s.rank] += phase_times([s])
                 if k == warm - 1:
                     res.t_b_us = calibrate(phase_us)
             else:

@@ -26,12 +26,12 @@ import struct
 import threading
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from optireduce.host.control import ControlPlane
 from optireduce.host.driver import Nic, select_nic
+from optireduce.host.model.deadline import calibrate_t_b, phase_times
 from optireduce.host.model.impairment import ImpairmentSpec
 from optireduce.host.transport import UdpTransport, addresses_from_store
 from optireduce.params import NicParams
@@ -166,10 +166,10 @@ class OptiReduceState:
         return self._nic
 
     def _calibrate(self) -> None:
-        """End of warm-up: t_B = configured, or 2 x P95 of the warm-up phases (max of ranks)."""
+        """End of warm-up: t_B = configured, or calibrate_t_b of the warm-up phases (max of
+        the ranks)."""
         if self.t_b_us is None:
-            local = int(np.ceil(2 * np.percentile(self._warm_phases, 95)))
-            self.t_b_us = max(1, self._agree([local])[0])
+            self.t_b_us = self._agree([calibrate_t_b(self._warm_phases)])[0]
         self._nic.set_t_b(self.t_b_us)
 
     def _bound(self) -> float:
@@ -256,11 +256,7 @@ def optireduce_hook(
             with nic.transport.reliable():
                 out, stats = nic.allreduce(x)
             if state.iteration > 0 or state.warmup_iters == 1:  # iteration 0 pays the JIT
-                state._warm_phases += [
-                    v
-                    for s in stats
-                    for v in (s.phase1_end_us - s.start_us, s.end_us - s.phase1_end_us)
-                ]
+                state._warm_phases += phase_times(stats)
             state.step.buckets.append(BucketStats(idx, tensor.numel(), "warmup"))
             if last and state.iteration == state.warmup_iters - 1:
                 state._calibrate()

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol, Union
 import numpy as np
 
 from optireduce import ubt
+from optireduce.host.model.deadline import calibrate_t_b, phase_times
 from optireduce.host.model.fwht import fwht_blocks
 from optireduce.host.model.nic_model import NicModel
 from optireduce.host.model.quantize import propose_exponent
@@ -99,17 +100,17 @@ class HostNic:
         return out.reshape(np.shape(x)), stats
 
     def calibrate(self, x: np.ndarray, ops: int = 5) -> int:
-        """t_B = 2 x P95 of the phase durations of warm-up ops over the reliable path
-        (the transport's delays without its loss), run with the configured t_B."""
+        """t_B calibrated (host/model/deadline.py calibrate_t_b) from warm-up ops over the
+        reliable path (the transport's delays without its loss), run with the configured
+        t_B: the max over the ranks, capped by the configured t_B."""
         d = []
         for k in range(ops + 1):
             with self.transport.reliable():
                 _, st = self.allreduce(x)
             if k == 0:
                 continue  # the first op pays for set-up and start skew: not a sample
-            d += [v for s in st for v in (s.phase1_end_us - s.start_us, s.end_us - s.phase1_end_us)]
-        local = [int(np.ceil(2 * np.percentile(d, 95)))]
-        t_b = min(self.p.t_b_us, max(1, self.agree(local)[0]))  # the slowest rank's view
+            d += phase_times(st)
+        t_b = min(self.p.t_b_us, self.agree([calibrate_t_b(d)])[0])  # the slowest rank's view
         self.set_t_b(t_b)
         return t_b
 

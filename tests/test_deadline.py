@@ -1,5 +1,7 @@
 """t_C estimator, consensus and LAST-flag counts against hand-computed integer sequences."""
 
+import math
+
 import numpy as np
 
 from optireduce.host.model.deadline import (
@@ -72,3 +74,47 @@ def test_phase_tracker_ends_early_when_every_owing_sender_is_gone():
     ph.arrive(3, 2, False)
     ph.sender_gone(9, 2)
     assert ph.due(9, 400, 0) == (9, EARLY)
+
+
+def _p95_by_hand(samples: list[int]) -> float:
+    """numpy's default percentile, written out: linear between the order statistics."""
+    srt = sorted(samples)
+    h = (len(srt) - 1) * 0.95
+    lo = int(h)
+    hi = min(lo + 1, len(srt) - 1)
+    return srt[lo] + (h - lo) * (srt[hi] - srt[lo])
+
+
+def test_calibrate_t_b_is_twice_the_p95_rounded_up():
+    from optireduce.host.model.deadline import calibrate_t_b
+
+    # 10, 20, ..., 200: h = 19 * 0.95 = 18.05, P95 = 190 + 0.05 * 10 = 190.5, 2 x = 381
+    assert calibrate_t_b(list(range(200, 0, -10))) == 381
+    # 1..7: h = 5.7, P95 = 6.7, 2 x = 13.4, rounded up to 14
+    assert calibrate_t_b([3, 1, 7, 5, 2, 6, 4]) == 14
+    rng = np.random.default_rng(12)
+    for _ in range(50):
+        d = rng.integers(0, 5000, int(rng.integers(1, 300))).tolist()
+        y = 2 * _p95_by_hand(d)
+        if abs(y - round(y)) > 1e-6:  # clear of an integer, where the last ulp could decide
+            assert calibrate_t_b(d) == max(1, math.ceil(y))
+    assert calibrate_t_b([0, 0, 0]) == 1  # a t_B of 0 would end every phase at once
+    assert calibrate_t_b([250]) == 500
+
+
+def test_calibrate_t_b_refuses_no_samples():
+    import pytest
+
+    from optireduce.host.model.deadline import calibrate_t_b
+
+    with pytest.raises(ValueError, match="no warm-up phase times"):
+        calibrate_t_b([])
+
+
+def test_phase_times_are_both_phases_of_every_op():
+    from optireduce.host.model.deadline import phase_times
+    from optireduce.op_stats import OpStats
+
+    a = OpStats(0, 0, 2, 10, 0, start_us=100, phase1_end_us=130, end_us=180)
+    b = OpStats(1, 0, 2, 10, 0, start_us=200, phase1_end_us=205, end_us=300)
+    assert phase_times([a, b]) == [30, 50, 5, 95]

@@ -16,14 +16,38 @@ t_C is each node's running estimate of a phase's completion time, one per phase
 phase, and T is the median over the world for that phase): a mean and a
 mean deviation kept with shift-only EWMAs (as TCP's RTO estimator), t_C = mean +
 mult * deviation, clamped to [t_c_min, t_B]. Integer arithmetic, floor shifts.
+
+t_B itself is configured, or calibrated from reliable warm-up ops (calibrate_t_b).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable, Sequence
+
 import numpy as np
 
-from optireduce.op_stats import COMPLETE, DEADLINE, EARLY
+from optireduce.op_stats import COMPLETE, DEADLINE, EARLY, OpStats
 from optireduce.params import NicParams
+
+
+def phase_times(stats: Iterable[OpStats]) -> list[int]:
+    """Both phase durations of every op, in ticks: the samples calibrate_t_b takes."""
+    return [v for s in stats for v in (s.phase1_end_us - s.start_us, s.end_us - s.phase1_end_us)]
+
+
+def calibrate_t_b(phase_times_us: Sequence[int]) -> int:
+    """t_B from one rank's warm-up: 2 x the P95 of its phase durations, rounded up, >= 1.
+
+    The samples are phase_times() of ops run over the reliable path (the first op,
+    which pays for set-up, left out). P95 is numpy's default (linear interpolation
+    between order statistics); the factor 2 keeps a merely busy phase from being
+    cut. The world then runs with the max over the ranks (each caller's exchange),
+    capped by the configured t_B where there is one.
+    """
+    if len(phase_times_us) == 0:
+        raise ValueError("calibrate_t_b: no warm-up phase times")
+    return max(1, math.ceil(2 * float(np.percentile(phase_times_us, 95))))
 
 
 class TcEstimator:

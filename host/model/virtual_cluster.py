@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from optireduce.host.model import deadline
 from optireduce.host.model.impairment import Impairment, ImpairmentSpec
 from optireduce.host.model.nic_model import NicModel, Tx
 from optireduce.host.model.quantize import agree_exponent, propose_exponent
@@ -162,21 +163,14 @@ def calibrate_t_b(
     link_gbps: float = 10.0,
     impairment: ImpairmentSpec | None = None,
 ) -> int:
-    """t_B from warm-up: 2 x the P95 of the phase durations of K lossless ops.
-
-    The warm-up runs the first K chunks over the reliable (lossless) network with
-    the configured t_B. The factor 2 keeps a merely busy phase from being cut.
-    """
+    """t_B from a warm-up on this virtual network: deadline.calibrate_t_b of the phases
+    of the first K chunks run over the reliable (lossless) network with the configured
+    t_B, every worker's phases together, capped by the configured t_B."""
     m = min(len(inputs[0]), p.ops_in_flight * p.c)
     warm = [np.ascontiguousarray(x[:m]) for x in inputs]
     _, st = _run(warm, m, p, 0.0, 0, set(), latency_us, link_gbps, impairment)
-    d = [
-        v
-        for ops in st.per_worker
-        for s in ops
-        for v in (s.phase1_end_us - s.start_us, s.end_us - s.phase1_end_us)
-    ]
-    return int(min(p.t_b_us, max(1, math.ceil(2 * np.percentile(d, 95)))))
+    d = deadline.phase_times(s for ops in st.per_worker for s in ops)
+    return min(p.t_b_us, deadline.calibrate_t_b(d))
 
 
 def _run(
