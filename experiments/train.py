@@ -331,7 +331,8 @@ def run_method(
     cfg: TrainConfig, method: str, work: str, tick: Callable[[int], None] = lambda s: None
 ) -> dict:
     """Train with one method; the summary plus the curve and the raw per-rank results."""
-    out = Path(work, method)
+    # absolute: the FileStore's file:// URL would read a relative path's first folder as a host
+    out = Path(work, method).resolve()
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("store", "progress", *(f"rank{r}.npz" for r in range(cfg.world))):
         (out / stale).unlink(missing_ok=True)  # a FileStore left over would break rendezvous
