@@ -488,11 +488,8 @@ def _run_optireduce(
 
     def calibrate(phase_us: list[list[int]]) -> int:
         t_b = min(p.t_b_us, max(calibrate_t_b(d) for d in phase_us))
-        q = p.replace(t_b_us=t_b)
-        for nic in nics:  # as NicDriver.set_t_b
-            nic.p = q
-            for est in nic.tc:
-                est.p = q
+        for nic in nics:
+            nic.set_t_b(t_b)
         return t_b
 
     def controller():

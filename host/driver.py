@@ -142,10 +142,8 @@ class SoftwareNic(HostNic):
 
     def set_t_b(self, t_b_us: int) -> None:
         """A calibrated hard bound for every later phase."""
-        p = self.p.replace(t_b_us=int(t_b_us))
-        self.p = self.nic.p = p
-        for est in self.nic.tc:
-            est.p = p
+        self.nic.set_t_b(t_b_us)
+        self.p = self.nic.p
 
     def _allreduce(self, x: np.ndarray) -> tuple[np.ndarray, list[OpStats]]:
         x = np.ascontiguousarray(x, dtype=np.float32).ravel()

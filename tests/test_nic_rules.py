@@ -136,6 +136,23 @@ def test_timeout_is_min_of_median_peer_tc_and_tb():
     assert nic.next_timer() == 200
 
 
+def test_set_t_b_bounds_every_later_phase_and_t_c():
+    xs = inputs()
+    nic = NicModel(P, 0, N)
+    nic.set_t_b(400)  # calibrated below the t_C every rank starts with (1000)
+    assert nic.p.t_b_us == 400 and P.t_b_us == 1000
+    nic.start_op(100, 0, xs[0], EXP)
+    nic.poll_tx()
+    frames = scatter_to_rank0(xs)
+    deliver(nic, frames, [k for k in ALL if k != (2, 9)], t0=110)
+    assert nic.next_timer() == 100 + 400
+    nic.advance(5000)
+    (res,) = nic.poll_results()
+    assert res.stats.phase1_reason == "deadline" and res.stats.phase1_end_us == 500
+    assert res.stats.phase1_timeout_us == 400
+    assert [est.sample(10_000) for est in nic.tc] == [400, 400]  # t_C clamped to the new t_B
+
+
 def test_deadline_moved_into_the_past_ends_the_phase_now():
     xs = inputs()
     nic = start_rank0(xs)

@@ -189,6 +189,14 @@ class NicModel:
                 return
             self._progress(self.ops[op_id], t)
 
+    def set_t_b(self, t_b_us: int) -> None:
+        """A new hard bound for every phase from now on (calibration): the agreed timeouts
+        and the t_C estimators' clamp follow it."""
+        p = self.p.replace(t_b_us=int(t_b_us))
+        self.p = p
+        for est in self.tc:
+            est.p = p
+
     def exclude(self, now: int, rank: int) -> None:
         """The driver learnt that `rank` is dead: stop waiting for it, now and later."""
         if rank == self.rank or rank in self.gone:
@@ -215,7 +223,7 @@ class NicModel:
 
     def _timeout(self, phase: int) -> int:
         """The agreed timeout T = min(median t_C of the world, t_B), as it stands now."""
-        key = (phase, self.p.t_b_us)  # t_B may be recalibrated by the driver
+        key = (phase, self.p.t_b_us)  # t_B changes on set_t_b
         if self._t_cache.get(phase, (None,))[0] != key:
             self._t_cache[phase] = (key, agreed_timeout(self.tc_table[phase - 1], self.p.t_b_us))
         return self._t_cache[phase][1]
