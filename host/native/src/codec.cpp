@@ -9,6 +9,8 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -45,11 +47,17 @@ void check_block(int b, size_t n) {
             std::to_string(b));
 }
 
-// One B-element int64 scratch per thread: the transform of one block stays in L1/L2.
-int64_t* scratch(size_t n) {
+// Per-thread scratch of one block: the transform of one block stays in L1/L2. t64 and v hold
+// b int64 each, t32 b int32.
+struct Scratch {
+    int64_t* t64;
+    int64_t* v;
+    int32_t* t32;
+};
+Scratch scratch(size_t b) {
     thread_local std::vector<int64_t> buf;
-    if (buf.size() < n) buf.resize(n);
-    return buf.data();
+    if (buf.size() < 2 * b + b / 2 + 1) buf.resize(2 * b + b / 2 + 1);
+    return {buf.data(), buf.data() + b, reinterpret_cast<int32_t*>(buf.data() + 2 * b)};
 }
 
 // ------------------------------------------------------------------ float32 -> fixed
@@ -251,122 +259,248 @@ void apply_signs_t(const SignKey& k, uint64_t start, const T* v, size_t n, T* ou
 
 // ------------------------------------------------------------------ Walsh-Hadamard
 
-// Strides 1, 2 and 4 inside each group of 8 (b >= 8), reading T and writing int64.
+// The transform works on 64-byte vectors (GCC/Clang vector extensions: one zmm with AVX-512,
+// two ymm with AVX2, four xmm with SSE): 8 int64 or 16 int32 lanes. A 64-element tile does the
+// strides inside a vector with a lane permute and an add of the conditionally negated vector,
+// and the strides across its vectors with plain adds; the strides >= 64 are radix-8 passes over
+// whole vectors that load all 8 before storing, so 3 stages run in registers. A 4096-element
+// block is 3 passes over L1.
+//
+// Each stage adds one bit. While max|x| 2^s < 2^31 the first s stages are exact in int32, which
+// holds twice the lanes: the encoder's input (|q| <= q_max = 2^(w_in-1)-1, w_in = 32 - headroom)
+// runs every pass but the last in int32, and the last one widens to int64, adds its stages and
+// saturates to the wire on the way out, so no int64 ever reaches memory. Otherwise (the
+// decoder's wire values) everything is int64.
+using V8 = int64_t __attribute__((vector_size(64)));
+using V16 = int32_t __attribute__((vector_size(64)));
 template <class T>
-OR_INLINE void stages_1_2_4(const T* __restrict x, size_t b, int64_t* __restrict y) {
-    for (size_t i = 0; i < b; i += 8) {
-        int64_t a[8];
-        for (int k = 0; k < 8; ++k) a[k] = x[i + k];
-        const int64_t s0 = a[0] + a[1], s1 = a[0] - a[1], s2 = a[2] + a[3], s3 = a[2] - a[3];
-        const int64_t s4 = a[4] + a[5], s5 = a[4] - a[5], s6 = a[6] + a[7], s7 = a[6] - a[7];
-        const int64_t t0 = s0 + s2, t1 = s1 + s3, t2 = s0 - s2, t3 = s1 - s3;
-        const int64_t t4 = s4 + s6, t5 = s5 + s7, t6 = s4 - s6, t7 = s5 - s7;
-        y[i + 0] = t0 + t4;
-        y[i + 1] = t1 + t5;
-        y[i + 2] = t2 + t6;
-        y[i + 3] = t3 + t7;
-        y[i + 4] = t0 - t4;
-        y[i + 5] = t1 - t5;
-        y[i + 6] = t2 - t6;
-        y[i + 7] = t3 - t7;
-    }
-}
-
-// Radix-8 butterflies (strides h, 2h, 4h) over y[0..b): loads 8 vectors, 3 stages in registers.
-OR_INLINE void pass8(int64_t* __restrict y, size_t b, size_t h) {
-    for (size_t i = 0; i < b; i += 8 * h) {
-        int64_t* __restrict p = y + i;
-        for (size_t j = 0; j < h; ++j) {
-            const int64_t a0 = p[j], a1 = p[j + h], a2 = p[j + 2 * h], a3 = p[j + 3 * h];
-            const int64_t a4 = p[j + 4 * h], a5 = p[j + 5 * h], a6 = p[j + 6 * h],
-                          a7 = p[j + 7 * h];
-            const int64_t s0 = a0 + a1, s1 = a0 - a1, s2 = a2 + a3, s3 = a2 - a3;
-            const int64_t s4 = a4 + a5, s5 = a4 - a5, s6 = a6 + a7, s7 = a6 - a7;
-            const int64_t t0 = s0 + s2, t1 = s1 + s3, t2 = s0 - s2, t3 = s1 - s3;
-            const int64_t t4 = s4 + s6, t5 = s5 + s7, t6 = s4 - s6, t7 = s5 - s7;
-            p[j] = t0 + t4;
-            p[j + h] = t1 + t5;
-            p[j + 2 * h] = t2 + t6;
-            p[j + 3 * h] = t3 + t7;
-            p[j + 4 * h] = t0 - t4;
-            p[j + 5 * h] = t1 - t5;
-            p[j + 6 * h] = t2 - t6;
-            p[j + 7 * h] = t3 - t7;
-        }
-    }
-}
-
-OR_INLINE void pass4(int64_t* __restrict y, size_t b, size_t h) {
-    for (size_t i = 0; i < b; i += 4 * h) {
-        int64_t* __restrict p = y + i;
-        for (size_t j = 0; j < h; ++j) {
-            const int64_t a0 = p[j], a1 = p[j + h], a2 = p[j + 2 * h], a3 = p[j + 3 * h];
-            const int64_t s0 = a0 + a1, s1 = a0 - a1, s2 = a2 + a3, s3 = a2 - a3;
-            p[j] = s0 + s2;
-            p[j + h] = s1 + s3;
-            p[j + 2 * h] = s0 - s2;
-            p[j + 3 * h] = s1 - s3;
-        }
-    }
-}
-
-OR_INLINE void pass2(int64_t* __restrict y, size_t b, size_t h) {
-    for (size_t i = 0; i < b; i += 2 * h) {
-        int64_t* __restrict p = y + i;
-        for (size_t j = 0; j < h; ++j) {
-            const int64_t a0 = p[j], a1 = p[j + h];
-            p[j] = a0 + a1;
-            p[j + h] = a0 - a1;
-        }
-    }
-}
-
-// y = H_b x for one block (b >= 8): strides 1..4, then radix-8 passes, radix 4/2 for the rest.
+struct VecOf;
+template <>
+struct VecOf<int64_t> {
+    using type = V8;
+};
+template <>
+struct VecOf<int32_t> {
+    using type = V16;
+};
 template <class T>
-OR_INLINE void fwht_block(const T* __restrict x, size_t b, int64_t* __restrict y) {
-    stages_1_2_4(x, b, y);
-    size_t h = 8;
-    while (h * 8 <= b) {
-        pass8(y, b, h);
-        h *= 8;
+using Vec = typename VecOf<T>::type;
+using V8n = int32_t __attribute__((vector_size(32)));    // 8 lanes narrowed
+template <class T>
+constexpr size_t LANES = 64 / sizeof(T);
+constexpr size_t TILE = 64;
+
+template <class T>
+OR_INLINE Vec<T> vload(const T* p) {
+    Vec<T> v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
+template <class V, class T>
+OR_INLINE void vstore(T* p, V v) {
+    std::memcpy(p, &v, sizeof v);
+}
+// 8 int32 elements sign-extended to int64 on load: no separate widening pass.
+OR_INLINE V8 load_widen8(const int32_t* p) {
+    V8n v;
+    std::memcpy(&v, p, sizeof v);
+    return __builtin_convertvector(v, V8);
+}
+
+// Butterfly of stride H between the lanes of one vector:
+// out[j] = v[j ^ H] + (bit H of j ? -v[j] : v[j]).
+template <int H, class V, size_t... I>
+OR_INLINE V lane_stage(V v, std::index_sequence<I...>) {
+    const V partner = __builtin_shufflevector(v, v, (I ^ H)...);
+    const V neg = {((I & H) ? -1 : 0)...};
+    return partner + ((v ^ neg) - neg);
+}
+
+// All stages of strides 1 .. lanes/2 inside one vector.
+template <class T>
+OR_INLINE Vec<T> lane_stages(Vec<T> v) {
+    using Seq = std::make_index_sequence<LANES<T>>;
+    v = lane_stage<4>(lane_stage<2>(lane_stage<1>(v, Seq{}), Seq{}), Seq{});
+    if constexpr (LANES<T> == 16) v = lane_stage<8>(v, Seq{});
+    return v;
+}
+
+// All radix-2 stages across R vectors (element-wise, no shuffles).
+template <int R, class V>
+OR_INLINE void butterflies(V* v) {
+#pragma GCC unroll 16
+    for (int h = 1; h < R; h *= 2)
+#pragma GCC unroll 16
+        for (int i = 0; i < R; i += 2 * h)
+#pragma GCC unroll 16
+            for (int j = i; j < i + h; ++j) {
+                const V a = v[j], c = v[j + h];
+                v[j] = a + c;
+                v[j + h] = a - c;
+            }
+}
+
+// y[0 .. NV LANES) = H x[0 .. NV LANES), in working type W (x: int32 or W).
+template <class W, int NV, class T>
+OR_INLINE void tile(const T* x, W* y) {
+    Vec<W> v[NV];
+#pragma GCC unroll 8
+    for (int k = 0; k < NV; ++k) {
+        if constexpr (std::is_same_v<T, W>)
+            v[k] = lane_stages<W>(vload(x + LANES<W> * k));
+        else
+            v[k] = lane_stages<W>(load_widen8(x + LANES<W> * k));
     }
-    if (h * 4 <= b) {
-        pass4(y, b, h);
-        h *= 4;
-    } else if (h * 2 <= b) {
-        pass2(y, b, h);
+    butterflies<NV>(v);
+#pragma GCC unroll 8
+    for (int k = 0; k < NV; ++k) vstore(y + LANES<W> * k, v[k]);
+}
+
+// Radix-R butterflies at stride h (a multiple of the lanes) over y[0 .. b), in place.
+template <int R, class W>
+OR_INLINE void pass(W* y, size_t b, size_t h) {
+    for (size_t i = 0; i < b; i += R * h)
+        for (size_t j = i; j < i + h; j += LANES<W>) {
+            Vec<W> v[R];
+#pragma GCC unroll 8
+            for (int k = 0; k < R; ++k) v[k] = vload(y + j + k * h);
+            butterflies<R>(v);
+#pragma GCC unroll 8
+            for (int k = 0; k < R; ++k) vstore(y + j + k * h, v[k]);
+        }
+}
+
+// The last pass of the int32 path: radix R at stride h over t (int32), widened to int64 in
+// registers, written to y as int64 (exact) or as int32 clamped to +-limit (counted in over).
+template <int R, class Out>
+OR_INLINE void pass_widen(const int32_t* t, size_t b, size_t h, Out* y, int64_t limit,
+                          int64_t& over) {
+    const V8 hi_lim = V8{} + limit, lo_lim = V8{} - limit;
+    V8 count{};
+    for (size_t i = 0; i < b; i += R * h)
+        for (size_t j = i; j < i + h; j += LANES<int64_t>) {
+            V8 v[R];
+#pragma GCC unroll 8
+            for (int k = 0; k < R; ++k) v[k] = load_widen8(t + j + k * h);
+            butterflies<R>(v);
+#pragma GCC unroll 8
+            for (int k = 0; k < R; ++k) {
+                if constexpr (std::is_same_v<Out, int64_t>) {
+                    vstore(y + j + k * h, v[k]);
+                } else {
+                    // clamp with shifts and masks (|v| < 2^62): vector compares on
+                    // 64-bit lanes are scalarised by some compilers
+                    const V8 hi = (hi_lim - v[k]) >> 63, lo = (v[k] - lo_lim) >> 63;  // -1: out
+                    count += hi | lo;
+                    V8 c = v[k] ^ ((v[k] ^ hi_lim) & hi);
+                    c ^= (c ^ lo_lim) & lo;
+                    vstore(y + j + k * h, __builtin_convertvector(c, V8n));
+                }
+            }
+        }
+    for (size_t l = 0; l < LANES<int64_t>; ++l) over -= count[l];
+}
+
+// The passes after the 64-element tile: radix 8 while 3 stages remain, then one of 4 or 2.
+// Returns the number of passes; radix[k] is the k-th.
+int plan_passes(size_t b, int* radix) {
+    int rest = __builtin_ctzll(b) - 6, n = 0;
+    for (; rest >= 3; rest -= 3) radix[n++] = 8;
+    if (rest) radix[n++] = 1 << rest;
+    return n;
+}
+
+template <class W>
+OR_INLINE void pass_r(int r, W* y, size_t b, size_t h) {
+    if (r == 8)
+        pass<8>(y, b, h);
+    else if (r == 4)
+        pass<4>(y, b, h);
+    else
+        pass<2>(y, b, h);
+}
+
+// y = H_b x for one block in int64, b >= 8 (x == y allowed: every tile is loaded before it is
+// stored).
+template <class T>
+OR_INLINE void fwht_block64(const T* x, size_t b, int64_t* y) {
+    if (b == 8) return tile<int64_t, 1>(x, y);
+    if (b == 16) return tile<int64_t, 2>(x, y);
+    if (b == 32) return tile<int64_t, 4>(x, y);
+    for (size_t o = 0; o < b; o += TILE) tile<int64_t, 8>(x + o, y + o);
+    int radix[8];
+    const int np = plan_passes(b, radix);
+    size_t h = TILE;
+    for (int k = 0; k < np; h *= static_cast<size_t>(radix[k]), ++k)
+        pass_r(radix[k], y, b, h);
+}
+
+// The int32 path for one block, b >= 128: tile and all passes but the last in int32 (scratch
+// t, b elements), the last one widening into y. The caller has checked the bound.
+template <class Out>
+OR_INLINE void fwht_block32(const int32_t* x, size_t b, int32_t* t, Out* y, int64_t limit,
+                            int64_t& over) {
+    for (size_t o = 0; o < b; o += TILE) tile<int32_t, 4>(x + o, t + o);
+    int radix[8];
+    const int np = plan_passes(b, radix);
+    size_t h = TILE;
+    for (int k = 0; k + 1 < np; h *= static_cast<size_t>(radix[k]), ++k)
+        pass_r(radix[k], t, b, h);
+    switch (radix[np - 1]) {
+        case 8: pass_widen<8>(t, b, h, y, limit, over); break;
+        case 4: pass_widen<4>(t, b, h, y, limit, over); break;
+        default: pass_widen<2>(t, b, h, y, limit, over); break;
     }
+}
+
+// Stages of the int32 path before its widening pass.
+int int32_stages(size_t b) {
+    int radix[8];
+    const int np = plan_passes(b, radix);
+    return __builtin_ctzll(b) - __builtin_ctzll(static_cast<uint64_t>(radix[np - 1]));
+}
+
+// max |x[i]| (exact: |INT32_MIN| = 2^31 fits the uint32)
+OR_CLONES uint32_t max_abs_i32(const int32_t* __restrict x, size_t n) {
+    uint32_t m = 0;
+    for (size_t i = 0; i < n; ++i) {
+        const uint32_t a = x[i] < 0 ? 0u - static_cast<uint32_t>(x[i]) : static_cast<uint32_t>(x[i]);
+        m = a > m ? a : m;
+    }
+    return m;
+}
+
+// True when the int32 path is exact for a block of b elements bounded by max_abs.
+bool int32_path_ok(size_t b, uint64_t max_abs) {
+    return b >= 128 && (max_abs << int32_stages(b)) <= 0x7FFFFFFFu;
 }
 
 // b in 1..4: scalar radix-2.
 template <class T>
 void fwht_tiny(const T* x, size_t n, size_t b, int64_t* y) {
     for (size_t i = 0; i < n; ++i) y[i] = x[i];
-    for (size_t h = 1; h < b; h *= 2) pass2(y, n, h);
+    for (size_t h = 1; h < b; h *= 2)
+        for (size_t i = 0; i < n; i += 2 * h)
+            for (size_t j = i; j < i + h; ++j) {
+                const int64_t a = y[j], c = y[j + h];
+                y[j] = a + c;
+                y[j + h] = a - c;
+            }
 }
 
-OR_CLONES void fwht_blocks_i32(const int32_t* __restrict x, size_t n, size_t b,
-                               int64_t* __restrict y) {
-    for (size_t o = 0; o < n; o += b) fwht_block(x + o, b, y + o);
+OR_CLONES void fwht_blocks_i64(const int64_t* x, size_t n, size_t b, int64_t* y) {
+    for (size_t o = 0; o < n; o += b) fwht_block64(x + o, b, y + o);
 }
 
-OR_CLONES void fwht_block_i64(int64_t* y, size_t b) {
-    // the first pass reads and writes the same elements of a group of 8: in place is safe,
-    // but the restrict of fwht_block forbids the alias, so copy the group through registers
-    for (size_t i = 0; i < b; i += 8) {
-        int64_t a[8];
-        std::memcpy(a, y + i, sizeof a);
-        stages_1_2_4(a, 8, y + i);
-    }
-    size_t h = 8;
-    while (h * 8 <= b) {
-        pass8(y, b, h);
-        h *= 8;
-    }
-    if (h * 4 <= b) {
-        pass4(y, b, h);
-    } else if (h * 2 <= b) {
-        pass2(y, b, h);
+// Exact transform of int32 input: per block, the int32 path when its bound allows.
+OR_CLONES void fwht_blocks_i32(const int32_t* x, size_t n, size_t b, int64_t* y,
+                               int32_t* t) {
+    int64_t unused = 0;
+    for (size_t o = 0; o < n; o += b) {
+        if (t && int32_path_ok(b, max_abs_i32(x + o, b)))
+            fwht_block32(x + o, b, t, y + o, 0, unused);
+        else
+            fwht_block64(x + o, b, y + o);
     }
 }
 
@@ -378,6 +512,24 @@ OR_CLONES int64_t saturate_narrow(const int64_t* __restrict t, size_t n, int64_t
         const int64_t v = t[i];
         over += (v > limit) | (v < -limit);
         y[i] = static_cast<int32_t>(std::clamp(v, -limit, limit));
+    }
+    return over;
+}
+
+// The saturating transform of blocks bounded by max_abs (< 0: measure each block).
+// x == y allowed. t32: b int32, t64: b int64 of scratch.
+OR_CLONES int64_t fwht_saturate_blocks(const int32_t* x, size_t n, size_t b, int64_t limit,
+                                       int64_t max_abs, int32_t* y, int32_t* t32,
+                                       int64_t* t64) {
+    int64_t over = 0;
+    for (size_t o = 0; o < n; o += b) {
+        const uint64_t m = max_abs >= 0 ? static_cast<uint64_t>(max_abs) : max_abs_i32(x + o, b);
+        if (int32_path_ok(b, m)) {
+            fwht_block32(x + o, b, t32, y + o, limit, over);
+        } else {
+            fwht_block64(x + o, b, t64);
+            over += saturate_narrow(t64, b, limit, y + o);
+        }
     }
     return over;
 }
@@ -524,7 +676,7 @@ void fwht_blocks(const int32_t* x, size_t n, int b, int64_t* y) {
     if (b < 8)
         fwht_tiny(x, n, static_cast<size_t>(b), y);
     else
-        fwht_blocks_i32(x, n, static_cast<size_t>(b), y);
+        fwht_blocks_i32(x, n, static_cast<size_t>(b), y, scratch(static_cast<size_t>(b)).t32);
 }
 
 void fwht_blocks(const int64_t* x, size_t n, int b, int64_t* y) {
@@ -533,20 +685,22 @@ void fwht_blocks(const int64_t* x, size_t n, int b, int64_t* y) {
         fwht_tiny(x, n, static_cast<size_t>(b), y);
         return;
     }
-    if (x != y) std::memcpy(y, x, n * sizeof(int64_t));
-    for (size_t o = 0; o < n; o += static_cast<size_t>(b)) fwht_block_i64(y + o, b);
+    fwht_blocks_i64(x, n, static_cast<size_t>(b), y);
 }
 
 int64_t fwht_saturate(const int32_t* x, size_t n, int b, int64_t limit, int32_t* y) {
     check_block(b, n);
     if (limit < 0 || limit > 0x7FFFFFFF) bad("fwht_saturate: limit must be in 0..2^31-1");
-    int64_t* t = scratch(static_cast<size_t>(b));
-    int64_t over = 0;
-    for (size_t o = 0; o < n; o += static_cast<size_t>(b)) {
-        fwht_blocks(x + o, static_cast<size_t>(b), b, t);
-        over += saturate_narrow(t, static_cast<size_t>(b), limit, y + o);
+    if (b < 8) {  // too small for the vector kernels
+        int64_t t[4], over = 0;
+        for (size_t o = 0; o < n; o += static_cast<size_t>(b)) {
+            fwht_tiny(x + o, static_cast<size_t>(b), static_cast<size_t>(b), t);
+            over += saturate_narrow(t, static_cast<size_t>(b), limit, y + o);
+        }
+        return over;
     }
-    return over;
+    const Scratch s = scratch(static_cast<size_t>(b));
+    return fwht_saturate_blocks(x, n, static_cast<size_t>(b), limit, -1, y, s.t32, s.t64);
 }
 
 // ------------------------------------------------------------------ encode / decode
@@ -561,7 +715,7 @@ EncodeCounts encode_blocks(const float* x, size_t n, int exponent, uint32_t op_i
             std::to_string(block_end) + ") outside the op's " + std::to_string(blocks) +
             " blocks");
     const SignKey key = sign_key(p.seed, op_id);
-    int64_t* t = scratch(b);
+    const Scratch s = scratch(b);
     EncodeCounts c;
     for (size_t k = block_begin; k < block_end; ++k) {
         const size_t o = k * b;
@@ -573,8 +727,9 @@ EncodeCounts encode_blocks(const float* x, size_t n, int exponent, uint32_t op_i
         std::fill(yb + m, yb + b, 0);
         if (!p.rht) continue;  // |q| <= q_max < wire_max: nothing to saturate
         apply_signs(key, o, yb, b, yb);
-        fwht_blocks_i32(yb, b, b, t);
-        c.sat_transform += saturate_narrow(t, b, p.wire_max(), yb);
+        // |signed q| <= q_max bounds the block: no need to measure it
+        c.sat_transform +=
+            fwht_saturate_blocks(yb, b, b, p.wire_max(), p.q_max(), yb, s.t32, s.t64);
     }
     return c;
 }
@@ -598,8 +753,9 @@ DecodeCounts decode_blocks(const int32_t* z, const uint8_t* have, size_t n, int 
             std::to_string(block_end) + ") outside the op's " + std::to_string(blocks) +
             " blocks");
     const SignKey key = sign_key(p.seed, op_id);
-    int64_t* t = scratch(2 * b);
-    int64_t* v = t + b;
+    const Scratch s = scratch(b);
+    int64_t* t = s.t64;
+    int64_t* v = s.v;
     DecodeCounts c;
     for (size_t k = block_begin; k < block_end; ++k) {
         const size_t o = k * b;
@@ -609,7 +765,7 @@ DecodeCounts decode_blocks(const int32_t* z, const uint8_t* have, size_t n, int 
         const size_t m = o < n ? std::min(b, n - o) : 0;
         if (m == 0) continue;  // padding only (n = 0): nothing to write
         if (p.rht) {
-            fwht_blocks_i32(z + o, b, b, t);
+            fwht_blocks_i32(z + o, b, b, t, nullptr);  // wire values: the int64 path
             const int64_t d = p.estimator == Estimator::unbiased
                                   ? std::max<int64_t>(kept, 1) * p.p
                                   : static_cast<int64_t>(b);
