@@ -6,11 +6,12 @@ driver's backend log) and `_engine` is None. Rebuild with `make install`.
 
 from __future__ import annotations
 
+import importlib
 from types import ModuleType
 
 _engine: ModuleType | None
 try:
-    from optireduce.host.native import _engine
+    _engine = importlib.import_module(f"{__name__}._engine")
 except ImportError as e:  # not built, or built for another Python / CPU
     _engine = None
     available = False

@@ -420,10 +420,24 @@ OR_INLINE void pass_r(int r, W* y, size_t b, size_t h) {
         pass<2>(y, b, h);
 }
 
-// y = H_b x for one block in int64, b >= 8 (x == y allowed: every tile is loaded before it is
+// b in 1..4: scalar radix-2.
+template <class T>
+void fwht_tiny(const T* x, size_t n, size_t b, int64_t* y) {
+    for (size_t i = 0; i < n; ++i) y[i] = x[i];
+    for (size_t h = 1; h < b; h *= 2)
+        for (size_t i = 0; i < n; i += 2 * h)
+            for (size_t j = i; j < i + h; ++j) {
+                const int64_t a = y[j], c = y[j + h];
+                y[j] = a + c;
+                y[j + h] = a - c;
+            }
+}
+
+// y = H_b x for one block in int64 (x == y allowed: every tile is loaded before it is
 // stored).
 template <class T>
 OR_INLINE void fwht_block64(const T* x, size_t b, int64_t* y) {
+    if (b < 8) return fwht_tiny(x, b, b, y);
     if (b == 8) return tile<int64_t, 1>(x, y);
     if (b == 16) return tile<int64_t, 2>(x, y);
     if (b == 32) return tile<int64_t, 4>(x, y);
@@ -473,19 +487,6 @@ OR_CLONES uint32_t max_abs_i32(const int32_t* __restrict x, size_t n) {
 // True when the int32 path is exact for a block of b elements bounded by max_abs.
 bool int32_path_ok(size_t b, uint64_t max_abs) {
     return b >= 128 && (max_abs << int32_stages(b)) <= 0x7FFFFFFFu;
-}
-
-// b in 1..4: scalar radix-2.
-template <class T>
-void fwht_tiny(const T* x, size_t n, size_t b, int64_t* y) {
-    for (size_t i = 0; i < n; ++i) y[i] = x[i];
-    for (size_t h = 1; h < b; h *= 2)
-        for (size_t i = 0; i < n; i += 2 * h)
-            for (size_t j = i; j < i + h; ++j) {
-                const int64_t a = y[j], c = y[j + h];
-                y[j] = a + c;
-                y[j + h] = a - c;
-            }
 }
 
 OR_CLONES void fwht_blocks_i64(const int64_t* x, size_t n, size_t b, int64_t* y) {
@@ -673,32 +674,17 @@ void apply_signs(const SignKey& k, uint64_t start, const int32_t* v, size_t n, i
 
 void fwht_blocks(const int32_t* x, size_t n, int b, int64_t* y) {
     check_block(b, n);
-    if (b < 8)
-        fwht_tiny(x, n, static_cast<size_t>(b), y);
-    else
-        fwht_blocks_i32(x, n, static_cast<size_t>(b), y, scratch(static_cast<size_t>(b)).t32);
+    fwht_blocks_i32(x, n, static_cast<size_t>(b), y, scratch(static_cast<size_t>(b)).t32);
 }
 
 void fwht_blocks(const int64_t* x, size_t n, int b, int64_t* y) {
     check_block(b, n);
-    if (b < 8) {
-        fwht_tiny(x, n, static_cast<size_t>(b), y);
-        return;
-    }
     fwht_blocks_i64(x, n, static_cast<size_t>(b), y);
 }
 
 int64_t fwht_saturate(const int32_t* x, size_t n, int b, int64_t limit, int32_t* y) {
     check_block(b, n);
     if (limit < 0 || limit > 0x7FFFFFFF) bad("fwht_saturate: limit must be in 0..2^31-1");
-    if (b < 8) {  // too small for the vector kernels
-        int64_t t[4], over = 0;
-        for (size_t o = 0; o < n; o += static_cast<size_t>(b)) {
-            fwht_tiny(x + o, static_cast<size_t>(b), static_cast<size_t>(b), t);
-            over += saturate_narrow(t, static_cast<size_t>(b), limit, y + o);
-        }
-        return over;
-    }
     const Scratch s = scratch(static_cast<size_t>(b));
     return fwht_saturate_blocks(x, n, static_cast<size_t>(b), limit, -1, y, s.t32, s.t64);
 }

@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <type_traits>
 
 #include "codec.hpp"
 #include "py_params.hpp"
@@ -46,6 +47,14 @@ NewArray<T> new_array(size_t n) {
 // The caller's `out` (no conversion: writing into a converted copy would be lost), or a new
 // array; returns the pointer to write and the Python object to return.
 template <class T>
+constexpr const char* dtype_name() {
+    if constexpr (std::is_same_v<T, float>) return "float32";
+    if constexpr (std::is_same_v<T, int32_t>) return "int32";
+    if constexpr (std::is_same_v<T, int64_t>) return "int64";
+    return "?";
+}
+
+template <class T>
 std::pair<T*, nb::object> output(nb::handle out, size_t n, const char* what) {
     if (out.is_none()) {
         NewArray<T> a = new_array<T>(n);
@@ -54,7 +63,7 @@ std::pair<T*, nb::object> output(nb::handle out, size_t n, const char* what) {
     Out<T> o;
     if (!nb::try_cast<Out<T>>(out, o, false))
         throw std::invalid_argument(std::string(what) + ": out must be a writable contiguous 1-D " +
-                                    "CPU array of dtype " + nb::type_name(nb::type<T>()).c_str() +
+                                    "CPU array of dtype " + dtype_name<T>() +
                                     " (no conversion)");
     if (o.shape(0) != n)
         throw std::invalid_argument(std::string(what) + ": out has " +
