@@ -20,6 +20,7 @@
 #include "py_params.hpp"
 #ifdef OPTIREDUCE_WITH_ENGINE
 #include "bind_engine.hpp"
+#include "bind_live.hpp"
 #endif
 
 namespace nb = nanobind;
@@ -326,6 +327,7 @@ NB_MODULE(_engine, m) {
 #ifdef OPTIREDUCE_WITH_ENGINE
     m.attr("with_engine") = true;
     bind_engine(m);
+    bind_live(m);
 #else
     m.attr("with_engine") = false;
 #endif

@@ -1,0 +1,240 @@
+"""NativeNic: the live native backend (C++ engine thread, UDP socket, impairment; no GIL).
+
+The same face as host/driver.py's backends: `allreduce(x) -> (mean, [OpStats])`,
+`exclude`, `gone`, `counters`, `calibrate`, `set_t_b`, `close`. The work runs in one
+engine thread per rank (host/native/src/live.cpp): this class only cuts the bucket into
+chunks of at most C, agrees on their exponents, submits every chunk at once (the thread
+starts each when the window of K ops has room) and waits, the GIL released, for the results,
+which the thread writes straight into the output array. Memory: O(C x K) inside the engine,
+whatever the bucket size; the output is the caller's array when `out=` is given (may be x
+itself: each op reads its chunk before its result is written).
+
+The socket is the driver's UdpTransport's own (a dup of it: the address the peers already
+know, its peers table, its impairment spec), or a fresh one bound to `bind`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Union
+
+import numpy as np
+
+from optireduce.host.model.deadline import calibrate_t_b, phase_times
+from optireduce.host.model.impairment import ImpairmentSpec
+from optireduce.host.native import _engine, why
+from optireduce.op_stats import OpStats
+from optireduce.params import NicParams
+
+if TYPE_CHECKING:
+    import torch
+
+    from optireduce.host.transport import UdpTransport
+
+ArrayLike = Union[np.ndarray, "torch.Tensor"]
+ExponentAgreement = Callable[[list[int]], list[int]]
+Address = tuple[str, int]
+
+DEFAULT_BUFFER_BYTES = 64 << 20  # asked for SO_RCVBUF and SO_SNDBUF (root may pass rmem_max)
+CALL_TIMEOUT_S = 5.0  # the longest a control call waits for the engine thread
+
+
+class NativeUnavailable(RuntimeError):
+    """The native engine is not built (or not with the live runtime)."""
+
+
+def _local_agreement(proposals: list[int]) -> list[int]:
+    return list(proposals)
+
+
+class NativeNic:
+    """One rank's live native NIC."""
+
+    backend = "native"
+
+    def __init__(
+        self,
+        p: NicParams,
+        rank: int,
+        world: int,
+        transport: UdpTransport | None = None,
+        agree: ExponentAgreement | None = None,
+        *,
+        bind: Address = ("127.0.0.1", 0),
+        impairment: ImpairmentSpec | None = None,
+        seed: int | None = None,
+        buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+    ) -> None:
+        if _engine is None or not hasattr(_engine, "LiveNic"):
+            raise NativeUnavailable(why or "the native module has no live runtime; rebuild it")
+        self.p, self.rank, self.world = p, rank, world
+        self.agree = agree or _local_agreement
+        self._params = _engine.Params.from_nicparams(p)
+        peers: list[Address] = []
+        fd = -1
+        if transport is not None:
+            fd = transport.sock.fileno()
+            peers = list(transport.peers)
+            if transport.impairment is not None:
+                impairment = impairment or transport.impairment.spec
+                if seed is None:  # one draw of the transport's own seeded stream
+                    seed = int(transport.impairment.rng.integers(1 << 62))
+        self.impairment = impairment
+        self._live = _engine.LiveNic(
+            self._params, rank, world, bind_ip=bind[0], port=bind[1], fd=fd,
+            buffer_bytes=buffer_bytes, impairment=impairment,
+            seed=rank if seed is None else seed,
+        )  # fmt: skip
+        # arrays the engine thread may still read or write, by op id
+        self._held: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._leaked: list[object] = []
+        if peers:
+            self.connect(peers)
+
+    # ---- set-up
+
+    @property
+    def address(self) -> Address:
+        return self._live.address
+
+    @property
+    def socket_buffers(self) -> tuple[int, int]:
+        """(SO_RCVBUF, SO_SNDBUF) as the kernel granted them (it reports twice the ask)."""
+        return self._live.rcvbuf, self._live.sndbuf
+
+    def connect(self, peers: Sequence[Address]) -> None:
+        """Every rank's address, index = rank; datagrams from any other address are
+        counted (not_member) and dropped."""
+        self._live.connect([(h, int(port)) for h, port in peers], CALL_TIMEOUT_S)
+
+    # ---- the Nic interface
+
+    @property
+    def gone(self) -> set[int]:
+        return set(self._live.gone(CALL_TIMEOUT_S))
+
+    def exclude(self, rank: int) -> None:
+        """The driver learnt that `rank` is dead: stop waiting for it."""
+        self._live.exclude(rank, CALL_TIMEOUT_S)
+
+    def counters(self) -> dict[str, int]:
+        """The engine's counters (optireduce.counters.COUNTERS), then the transport's
+        (rx/tx datagrams, not_member, wrong_sender, ...) and the impairment's."""
+        return dict(self._live.counters(CALL_TIMEOUT_S))
+
+    def set_t_b(self, t_b_us: int) -> None:
+        """A calibrated hard bound for every later phase."""
+        self.p = self.p.replace(t_b_us=int(t_b_us))
+        self._live.set_t_b(int(t_b_us), CALL_TIMEOUT_S)
+
+    @contextlib.contextmanager
+    def reliable(self) -> Iterator[None]:
+        """The same delays without loss or duplication, e.g. for warm-up ops."""
+        if self.impairment is None:
+            yield
+            return
+        self._live.set_impairment(self.impairment.reliable(), CALL_TIMEOUT_S)
+        try:
+            yield
+        finally:
+            self._live.set_impairment(self.impairment, CALL_TIMEOUT_S)
+
+    def calibrate(self, x: np.ndarray, ops: int = 5) -> int:
+        """t_B from warm-up ops over the reliable path, as the host backends do
+        (deadline.calibrate_t_b; the max over the ranks, capped by the configured t_B)."""
+        d: list[int] = []
+        for k in range(ops + 1):
+            with self.reliable():
+                _, st = self.allreduce(x)
+            if k:  # the first op pays for set-up and start skew: not a sample
+                d += phase_times(st)
+        t_b = min(self.p.t_b_us, self.agree([calibrate_t_b(d)])[0])
+        self.set_t_b(t_b)
+        return t_b
+
+    def allreduce(
+        self, x: ArrayLike, out: ArrayLike | None = None
+    ) -> tuple[ArrayLike, list[OpStats]]:
+        """Mean over the world of x (any length and shape; a numpy array or a CPU torch
+        tensor). The result has x's type and shape; with `out` (same size, float32,
+        contiguous; may be x) it is written there in place."""
+        if type(x).__module__.startswith("torch"):
+            import torch
+
+            src = x.detach()
+            if src.dtype != torch.float32 or not src.is_contiguous() or src.device.type != "cpu":
+                src = src.to("cpu", torch.float32).contiguous()
+            if out is None:
+                res = torch.empty_like(src)
+            else:
+                res = out
+            stats = self._run(src.numpy().reshape(-1), self._writable(res))
+            if out is None and res.dtype != x.dtype:
+                return res.to(x.dtype).view_as(x), stats
+            return res.view_as(x) if out is None else res, stats
+        xa = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+        res = np.empty(xa.size, np.float32) if out is None else out
+        stats = self._run(xa, self._writable(res))
+        return (res.reshape(np.shape(x)) if out is None else res), stats
+
+    def close(self) -> None:
+        self._live.stop()
+
+    def __enter__(self) -> NativeNic:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- internals
+
+    @staticmethod
+    def _writable(a: ArrayLike) -> np.ndarray:
+        v = a.detach().numpy() if type(a).__module__.startswith("torch") else a
+        if not (isinstance(v, np.ndarray) and v.dtype == np.float32 and v.flags.c_contiguous):
+            raise TypeError("allreduce: out must be a contiguous float32 CPU array or tensor")
+        if not v.flags.writeable:
+            raise TypeError("allreduce: out is read-only")
+        return v.reshape(-1)
+
+    def _run(self, x: np.ndarray, out: np.ndarray) -> list[OpStats]:
+        if x.size == 0:
+            raise ValueError("allreduce: empty input")
+        if out.size != x.size:
+            raise ValueError(f"allreduce: out has {out.size} elements, x has {x.size}")
+        c, live = self.p.c, self._live
+        bounds = [(a, min(a + c, x.size)) for a in range(0, x.size, c)]
+        exps = self.agree([_engine.propose_exponent(x[a:b], self._params) for a, b in bounds])
+        first = live.next_op
+        for k, (a, b) in enumerate(bounds):
+            xs, os_ = x[a:b], out[a:b]
+            self._held[first + k] = (xs, os_)
+            live.submit(first + k, xs, os_, int(exps[k]))
+        stats: list[OpStats] = []
+        # Every phase ends by its deadline: an op takes at most 2 t_B plus skew. Past this
+        # bound something outside the protocol is wrong: fail, never hang.
+        limit = time.monotonic() + len(bounds) * (2 * self.p.t_b_us * 1e-6 + 1.0) + 5.0
+        try:
+            while len(stats) < len(bounds):
+                left = limit - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(
+                        f"allreduce: rank {self.rank} got {len(stats)}/{len(bounds)} ops by the "
+                        "bound of 2 t_B per op; is every rank calling allreduce with the same "
+                        "length?"
+                    )
+                for op_id, d in live.wait(min(left, 1.0)):
+                    self._held.pop(op_id, None)
+                    stats.append(OpStats(**d))
+        finally:
+            if self._held:  # an error: the thread must let go of these arrays first
+                try:
+                    live.cancel(CALL_TIMEOUT_S)
+                    self._held.clear()
+                except RuntimeError:
+                    self._leaked.append(self._held)  # never freed while it could write
+                    self._held = {}
+        stats.sort(key=lambda s: s.op_id)
+        return stats

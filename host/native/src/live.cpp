@@ -1,0 +1,385 @@
+// The live engine thread of one rank: see live.hpp.
+//
+// One turn of the loop: take what callers queued (commands, ops), fire the engine's timers,
+// start the ops the window has room for, send (through the impairment and its release
+// queue), hand finished results back, then sleep in ppoll until a datagram, a caller's
+// wake-up, the engine's next timer or the queue's next release, whichever is first (at most
+// max_wait_us), and drain the socket in batches.
+#include "live.hpp"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/prctl.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <system_error>
+
+namespace optireduce {
+
+const char* const LIVE_COUNTER_NAMES[N_LIVE_COUNTERS] = {
+    "impairment_lost", "impairment_duplicated", "impairment_reordered", "release_queue_max",
+    "loops",
+};
+
+namespace {
+
+int64_t mono_ns() {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+}
+
+constexpr size_t RX_BATCHES_PER_TURN = 16;  // then send and fire timers before reading more
+constexpr size_t RELEASE_BATCH = 256;
+
+std::unique_ptr<UdpTransport> open_transport(const LiveConfig& c, size_t max_datagram) {
+    if (c.adopt_fd >= 0)
+        return std::make_unique<UdpTransport>(c.adopt_fd, c.buffer_bytes, max_datagram);
+    return std::make_unique<UdpTransport>(c.bind_ip, c.port, c.buffer_bytes, max_datagram);
+}
+
+}  // namespace
+
+LiveNic::LiveNic(const LiveConfig& cfg)
+    : cfg_(cfg),
+      imp_((cfg.impairment.check(), cfg.impairment), cfg.seed),
+      queue_(HEADER_LEN + 4 * static_cast<size_t>(cfg.p.p)),
+      next_submit_(cfg.first_op) {
+    if (cfg.max_wait_us < 1 || cfg.max_wait_us > 1000000)
+        throw std::invalid_argument("max_wait_us must be in 1..1000000");
+    engine_ = std::make_unique<Engine>(cfg.p, cfg.rank, cfg.world, Addressing{}, cfg.first_op);
+    tr_ = open_transport(cfg, HEADER_LEN + 4 * static_cast<size_t>(cfg.p.p));
+    local_ = tr_->local();
+    rcvbuf_ = tr_->rcvbuf();
+    sndbuf_ = tr_->sndbuf();
+    wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (wake_fd_ < 0) throw std::system_error(errno, std::generic_category(), "eventfd");
+    started_.reserve(2 * static_cast<size_t>(cfg.p.ops_in_flight));
+    t0_ns_ = mono_ns();
+    thread_ = std::thread([this] { run(); });
+}
+
+LiveNic::~LiveNic() {
+    stop();
+    if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+int64_t LiveNic::now_us() const { return (mono_ns() - t0_ns_) / 1000; }
+
+void LiveNic::stop() {
+    stop_.store(true);
+    wake();
+    if (thread_.joinable()) thread_.join();
+}
+
+void LiveNic::wake() {
+    const uint64_t one = 1;
+    ssize_t r = write(wake_fd_, &one, sizeof one);  // EAGAIN: the counter is already set
+    (void)r;
+}
+
+// ---- callers' side -----------------------------------------------------------------------
+
+void LiveNic::call(std::function<void()> fn, int64_t timeout_us, const char* what) {
+    auto c = std::make_shared<Command>();
+    c->fn = std::move(fn);
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (exited_)
+            throw std::runtime_error(std::string(what) + ": the engine thread has stopped" +
+                                     (error_.empty() ? "" : " (" + error_ + ")"));
+        commands_.push_back(c);
+    }
+    wake();
+    std::unique_lock<std::mutex> lk(c->m);
+    if (!c->cv.wait_for(lk, std::chrono::microseconds(timeout_us), [&] { return c->done; }))
+        throw std::runtime_error(std::string(what) + ": the engine thread did not answer within " +
+                                 std::to_string(timeout_us) + " us");
+    if (c->error) std::rethrow_exception(c->error);
+}
+
+void LiveNic::connect(const std::vector<PeerAddr>& peers, int64_t timeout_us) {
+    if (static_cast<int>(peers.size()) != cfg_.world)
+        throw std::invalid_argument("connect: " + std::to_string(peers.size()) +
+                                    " addresses for a world of " + std::to_string(cfg_.world));
+    call([this, peers] {
+        tr_->set_peers(peers, cfg_.rank);
+        connected_ = true;
+    }, timeout_us, "connect");
+}
+
+void LiveNic::exclude(int rank, int64_t timeout_us) {
+    call([this, rank] { engine_->exclude(tick(now_us()), rank); }, timeout_us, "exclude");
+}
+
+void LiveNic::set_t_b(int64_t t_b_us, int64_t timeout_us) {
+    call([this, t_b_us] { engine_->set_t_b(t_b_us); }, timeout_us, "set_t_b");
+}
+
+void LiveNic::set_impairment(const ImpairmentSpec& spec, int64_t timeout_us) {
+    spec.check();
+    call([this, spec] { imp_.set_spec(spec); }, timeout_us, "set_impairment");
+}
+
+std::vector<int> LiveNic::gone(int64_t timeout_us) {
+    auto out = std::make_shared<std::vector<int>>();
+    call([this, out] { *out = engine_->gone(); }, timeout_us, "gone");
+    return *out;
+}
+
+std::vector<int64_t> LiveNic::counters(int64_t timeout_us) {
+    auto out = std::make_shared<std::vector<int64_t>>();
+    call([this, out] {
+        const int64_t* e = engine_->counters();
+        const int64_t* t = tr_->counters();
+        out->assign(e, e + N_COUNTERS);
+        out->insert(out->end(), t, t + N_TRANSPORT_COUNTERS);
+        live_[L_IMP_LOST] = imp_.lost;
+        live_[L_IMP_DUPLICATED] = imp_.duplicated;
+        live_[L_IMP_REORDERED] = imp_.reordered;
+        out->insert(out->end(), live_, live_ + N_LIVE_COUNTERS);
+    }, timeout_us, "counters");
+    return *out;
+}
+
+int64_t LiveNic::cancel(int64_t timeout_us) {
+    auto next = std::make_shared<int64_t>(0);
+    call([this, next] {
+        pending_.clear();
+        started_.clear();  // their results, when they come, are dropped
+        {
+            std::lock_guard<std::mutex> lk(mu_);
+            done_.clear();
+        }
+        *next = engine_->last_started() + 1;
+    }, timeout_us, "cancel");
+    next_submit_ = *next;
+    return *next;
+}
+
+void LiveNic::submit(int64_t op_id, const float* in, float* out, size_t n, int exponent) {
+    if (op_id != next_submit_)
+        throw std::invalid_argument("submit: op " + std::to_string(op_id) +
+                                    " is not the next op (" + std::to_string(next_submit_) + ")");
+    if (n < 1 || static_cast<int64_t>(n) > cfg_.p.c)
+        throw std::invalid_argument("submit: " + std::to_string(n) +
+                                    " elements; an op holds 1..c=" + std::to_string(cfg_.p.c));
+    if (exponent < EXP_MIN || exponent > EXP_MAX)
+        throw std::invalid_argument("submit: exponent " + std::to_string(exponent) +
+                                    " outside int8");
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (exited_)
+            throw std::runtime_error("submit: the engine thread has stopped" +
+                                     (error_.empty() ? std::string() : " (" + error_ + ")"));
+        inbox_.push_back(Submit{op_id, in, out, n, exponent});
+    }
+    next_submit_ += 1;
+    wake();
+}
+
+bool LiveNic::wait(int64_t timeout_us, std::vector<LiveDone>& out) {
+    std::unique_lock<std::mutex> lk(mu_);
+    done_cv_.wait_for(lk, std::chrono::microseconds(std::max<int64_t>(0, timeout_us)),
+                      [&] { return !done_.empty() || exited_; });
+    if (!done_.empty()) {
+        for (LiveDone& d : done_) out.push_back(std::move(d));
+        done_.clear();
+        return true;
+    }
+    if (failed_) throw std::runtime_error("live engine failed: " + error_);
+    if (exited_) throw std::runtime_error("live engine stopped");
+    return false;
+}
+
+// ---- engine thread -----------------------------------------------------------------------
+
+void LiveNic::run() {
+    prctl(PR_SET_TIMERSLACK, 10000UL);  // 10 us: the deadlines are in microseconds
+    try {
+        while (!stop_.load(std::memory_order_relaxed)) step();
+    } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lk(mu_);
+        failed_ = true;
+        error_ = e.what();
+    }
+    std::deque<std::shared_ptr<Command>> left;
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        exited_ = true;
+        left.swap(commands_);
+    }
+    for (auto& c : left) {
+        c->error = std::make_exception_ptr(std::runtime_error("the engine thread has stopped"));
+        {
+            std::lock_guard<std::mutex> lk(c->m);
+            c->done = true;
+        }
+        c->cv.notify_all();
+    }
+    done_cv_.notify_all();
+}
+
+void LiveNic::step() {
+    live_[L_LOOPS] += 1;
+    take_inbox();
+    receive();
+    const int64_t now = tick(now_us());
+    engine_->advance(now);
+    start_ready(now);
+    send_engine_tx(now);
+    release_due(now);
+    collect();
+    sleep_io(wait_until() - now_us());
+}
+
+int64_t LiveNic::tick(int64_t t) {
+    // The engine's time never goes back (a datagram read late keeps its arrival tick only
+    // while no later tick was given).
+    last_tick_ = std::max(last_tick_, t);
+    return last_tick_;
+}
+
+void LiveNic::receive() {
+    for (size_t b = 0; b < RX_BATCHES_PER_TURN; ++b) {
+        if (tr_->recv_batch(rx_) == 0) break;
+        timespec real;
+        clock_gettime(CLOCK_REALTIME, &real);
+        const int64_t now_ns = mono_ns();
+        const int64_t to_mono = now_ns - (int64_t{real.tv_sec} * 1000000000 + real.tv_nsec);
+        const int64_t now = now_us();
+        for (const Datagram& d : rx_) {
+            // the kernel's arrival time on our clock, within [last tick, now]
+            int64_t t = now;
+            if (d.arrival_ns != 0) t = std::min(now, (d.arrival_ns + to_mono - t0_ns_) / 1000);
+            engine_->receive_datagram(tick(t), d.data, d.len);
+        }
+        send_engine_tx(tick(now));
+    }
+}
+
+void LiveNic::take_inbox() {
+    std::deque<std::shared_ptr<Command>> cmds;
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        cmds.swap(commands_);
+        for (const Submit& s : inbox_) pending_.push_back(s);
+        inbox_.clear();
+    }
+    for (auto& c : cmds) {
+        try {
+            c->fn();
+        } catch (...) {
+            c->error = std::current_exception();
+        }
+        {
+            std::lock_guard<std::mutex> lk(c->m);
+            c->done = true;
+        }
+        c->cv.notify_all();
+    }
+}
+
+void LiveNic::start_ready(int64_t now) {
+    // Before connect() there is nowhere to send: ops wait.
+    while (connected_ && !pending_.empty() &&
+           pending_.front().op_id < engine_->base() + cfg_.p.ops_in_flight) {
+        const Submit s = pending_.front();
+        pending_.pop_front();
+        engine_->start_op(now, s.op_id, s.in, s.n, s.exponent);
+        started_.push_back(s);
+    }
+}
+
+void LiveNic::send_engine_tx(int64_t now) {
+    const std::vector<Tx>& tx = engine_->tx();
+    if (tx.empty()) return;
+    const bool direct = !imp_.spec().active() && queue_.size() == 0;
+    if (direct) {
+        out_.clear();
+        for (const Tx& t : tx)
+            out_.push_back(OutDatagram{t.dst, engine_->tx_frame(t) + L2_L4_LEN, t.len - L2_L4_LEN});
+        const size_t sent = tr_->send_batch(out_.data(), out_.size());
+        for (size_t i = sent; i < out_.size(); ++i)  // a full send buffer: retried in order
+            queue_.push(now, out_[i].dst, out_[i].data, out_[i].len);
+    } else {
+        double delays[2];
+        for (const Tx& t : tx) {
+            const int k = imp_.fates(delays);
+            for (int j = 0; j < k; ++j)
+                queue_.push(now + std::llround(delays[j]), t.dst, engine_->tx_frame(t) + L2_L4_LEN,
+                            t.len - L2_L4_LEN);
+        }
+    }
+    live_[L_QUEUE_MAX] = std::max<int64_t>(live_[L_QUEUE_MAX], static_cast<int64_t>(queue_.size()));
+    engine_->clear_tx();
+    release_due(now);
+}
+
+void LiveNic::release_due(int64_t now) {
+    while (queue_.next() && *queue_.next() <= now) {
+        const size_t k = queue_.pop_due(now, RELEASE_BATCH, out_);
+        const size_t sent = tr_->send_batch(out_.data(), k);
+        queue_.done(sent);
+        if (sent < k) break;  // the send buffer is full: sleep_io waits for room
+    }
+}
+
+void LiveNic::collect() {
+    std::vector<OpResult> res = engine_->poll_results();
+    if (res.empty()) return;
+    std::vector<LiveDone> ready;
+    for (OpResult& r : res) {
+        auto it = std::find_if(started_.begin(), started_.end(),
+                               [&](const Submit& s) { return s.op_id == r.op_id; });
+        if (it == started_.end()) continue;  // cancelled
+        std::memcpy(it->out, r.data.data(), it->n * sizeof(float));
+        started_.erase(it);
+        ready.push_back(LiveDone{r.op_id, *r.stats});
+    }
+    if (ready.empty()) return;
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        for (LiveDone& d : ready) done_.push_back(std::move(d));
+    }
+    done_cv_.notify_all();
+}
+
+int64_t LiveNic::wait_until() const {
+    const int64_t now = now_us();
+    int64_t t = now + cfg_.max_wait_us;
+    if (const auto nt = engine_->next_timer()) t = std::min(t, *nt);
+    if (const auto q = queue_.next()) t = std::min(t, *q);
+    if (connected_ && !pending_.empty() &&
+        pending_.front().op_id < engine_->base() + cfg_.p.ops_in_flight)
+        t = now;
+    return t;
+}
+
+void LiveNic::sleep_io(int64_t timeout_us) {
+    if (timeout_us <= 0) return;
+    pollfd fds[2] = {{tr_->fd(), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    const auto q = queue_.next();
+    if (q && *q <= now_us()) {  // sends were refused: wake when there is room
+        fds[0].events |= POLLOUT;
+        timeout_us = std::min<int64_t>(timeout_us, 1000);
+    }
+    const timespec ts{static_cast<time_t>(timeout_us / 1000000),
+                      static_cast<long>(timeout_us % 1000000) * 1000};
+    const int r = ppoll(fds, 2, &ts, nullptr);
+    if (r < 0 && errno != EINTR) throw std::system_error(errno, std::generic_category(), "ppoll");
+    if (r > 0 && (fds[1].revents & POLLIN)) {
+        uint64_t v;
+        ssize_t n = read(wake_fd_, &v, sizeof v);
+        (void)n;
+    }
+}
+
+}  // namespace optireduce

@@ -1,0 +1,110 @@
+// UBT datagrams between ranks over one UDP socket per rank (IPv4), batched with
+// recvmmsg/sendmmsg: the native twin of host/transport.py's socket half.
+//
+// Admission happens here, before the engine sees a byte: a datagram whose source address is
+// not a member of the peers table is counted (not_member) and dropped; one from a member
+// whose UBT header names another sender is counted (wrong_sender) and dropped. Everything
+// else goes to the engine, which does the protocol's own checks. No locks: one thread owns a
+// transport (the live engine thread).
+#pragma once
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace optireduce {
+
+// An IPv4 address and UDP port, host byte order.
+struct PeerAddr {
+    uint32_t ip = 0;
+    uint16_t port = 0;
+    uint64_t key() const { return (uint64_t{ip} << 16) | port; }
+};
+PeerAddr parse_peer(const std::string& ip, int port);  // throws std::invalid_argument
+std::string ip_string(uint32_t ip);
+
+// The transport's counters by name (TRANSPORT_COUNTER_NAMES, in this order).
+enum TransportCounter : int {
+    T_RX_DATAGRAMS,  // admitted and handed on
+    T_TX_DATAGRAMS,  // accepted by the kernel
+    T_NOT_MEMBER,    // source address not in the peers table
+    T_WRONG_SENDER,  // a member's address, another rank in the header
+    T_RX_OVERSIZE,   // longer than the largest UBT datagram of these params (cut by the kernel)
+    T_TX_AGAIN,      // sendmmsg stopped at a full send buffer (retried later, not lost)
+    T_TX_ERRORS,     // sendmmsg failed otherwise: the datagram is dropped
+    T_RX_SYSCALLS,
+    T_TX_SYSCALLS,
+    N_TRANSPORT_COUNTERS,
+};
+extern const char* const TRANSPORT_COUNTER_NAMES[N_TRANSPORT_COUNTERS];
+
+struct Datagram {
+    const uint8_t* data;
+    size_t len;
+    int rank;            // the admitted sender
+    int64_t arrival_ns;  // kernel receive time (CLOCK_REALTIME, SO_TIMESTAMPNS); 0 if none
+};
+
+struct OutDatagram {
+    int dst;
+    const uint8_t* data;
+    size_t len;
+};
+
+class UdpTransport {
+public:
+    static constexpr size_t BATCH = 64;  // datagrams per recvmmsg / sendmmsg call
+
+    // A new socket bound to ip:port (port 0: the kernel picks). buffer_bytes is asked for
+    // both SO_RCVBUF and SO_SNDBUF (the ...FORCE variants first, which root may use past
+    // net.core.{r,w}mem_max); rcvbuf()/sndbuf() say what the kernel granted.
+    UdpTransport(const std::string& ip, int port, int buffer_bytes, size_t max_datagram);
+    // Adopts a bound UDP socket (a dup of fd: the caller keeps and closes its own).
+    UdpTransport(int fd, int buffer_bytes, size_t max_datagram);
+    ~UdpTransport();
+    UdpTransport(const UdpTransport&) = delete;
+    UdpTransport& operator=(const UdpTransport&) = delete;
+
+    int fd() const { return fd_; }
+    PeerAddr local() const { return local_; }
+    int rcvbuf() const { return rcvbuf_; }
+    int sndbuf() const { return sndbuf_; }
+
+    // Every rank's address, index = rank (our own included).
+    void set_peers(const std::vector<PeerAddr>& peers, int own_rank);
+    const std::vector<PeerAddr>& peers() const { return peers_; }
+
+    // One non-blocking recvmmsg: the admitted datagrams (valid until the next call) in out;
+    // returns how many the kernel gave (admitted or not), 0 when nothing was queued.
+    size_t recv_batch(std::vector<Datagram>& out);
+    // sendmmsg of items[0..n): how many were taken (n unless a full buffer stopped it;
+    // a datagram the kernel refused with another error counts as taken and as tx_errors).
+    size_t send_batch(const OutDatagram* items, size_t n);
+
+    const int64_t* counters() const { return counters_; }
+
+private:
+    void setup(int buffer_bytes, size_t max_datagram);
+    int lookup(uint64_t key);
+
+    int fd_ = -1;
+    PeerAddr local_;
+    int rcvbuf_ = 0, sndbuf_ = 0;
+    int own_rank_ = -1;
+    size_t slot_ = 0;  // bytes per receive slot: max datagram + 1 (to see an oversize one)
+    std::vector<PeerAddr> peers_;
+    std::vector<sockaddr_in> peer_sa_;
+    int last_hit_ = 0;
+    std::vector<uint8_t> rx_buf_;
+    std::vector<mmsghdr> rx_msgs_, tx_msgs_;
+    std::vector<iovec> rx_iov_, tx_iov_;
+    std::vector<sockaddr_in> rx_from_;
+    std::vector<uint8_t> rx_ctrl_;  // one SO_TIMESTAMPNS control message per slot
+    int64_t counters_[N_TRANSPORT_COUNTERS] = {};
+};
+
+}  // namespace optireduce
