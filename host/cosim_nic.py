@@ -24,7 +24,7 @@ from optireduce.host.driver import (
     BackendUnavailable,
     HostNic,
 )
-from optireduce.host.model.quantize import propose_exponent
+from optireduce.host.model.nic_model import OpResult
 from optireduce.op_stats import OpStats
 from optireduce.sim.replay import config_writes, counter_offsets, host_record
 from optireduce.ubt import DEFAULT_ADDRESSING
@@ -50,6 +50,7 @@ class SimNic(HostNic):
     """One rank's NIC as the co-simulated RTL (same API as SoftwareNic)."""
 
     backend = "sim"
+    wait_slack_s = 10.0  # the first op may also wait for the harness to start
 
     def _open(self) -> None:
         from optireduce.sim.cosim_build import harness_path
@@ -155,42 +156,23 @@ class SimNic(HostNic):
         for a, v in config_writes(self.p, self.rank, self.world):
             self._send(struct.pack("<III", MSG_CSR_WRITE, a, v))
 
-    def _allreduce(self, x: np.ndarray) -> tuple[np.ndarray, list[OpStats]]:
-        x = np.ascontiguousarray(x, dtype=np.float32).ravel()
-        if x.size == 0:
-            raise ValueError("allreduce: empty input")
-        p = self.p
-        bounds = [(a, min(a + p.c, x.size)) for a in range(0, x.size, p.c)]
-        exps = self.agree([propose_exponent(x[a:b], p) for a, b in bounds])
-        first = self.next_op
-        # Every phase ends by its deadline: past this bound something is wrong.
-        deadline = time.monotonic() + len(bounds) * (2 * p.t_b_us * 1e-6 + 1.0) + 10.0
-        results: dict[int, np.ndarray] = {}
-        stats: list[OpStats] = []
-        sent = 0
-        while len(results) < len(bounds):
-            # The harness queues commands and the core takes each when its window has
-            # room; one more than the window is queued, so the pipes never both fill.
-            while sent < len(bounds) and sent < len(results) + p.ops_in_flight + 1:
-                a, b = bounds[sent]
-                head = struct.pack("<IIIi", MSG_START, first + sent, b - a, exps[sent])
-                self._send(head + x[a:b].astype("<f4").tobytes())
-                sent += 1
-            try:
-                typ, data = self._message(deadline)
-            except TimeoutError as e:
-                raise TimeoutError(
-                    f"allreduce: sim rank {self.rank} got {len(results)}/{len(bounds)} ops by "
-                    "the bound of 2 t_B per op"
-                ) from e
-            if typ != MSG_HOST:
-                raise RuntimeError(f"sim NIC: unexpected message {typ}")
-            op_id, res, words = host_record(np.frombuffer(data, "<u4").tolist(), self.world)
-            results[op_id - first] = res
-            stats.append(op_stats(host_port.stats_from_words(words), self.rank))
-        self.next_op = first + len(bounds)
-        stats.sort(key=lambda s: s.op_id)
-        return np.concatenate([results[k] for k in range(len(bounds))]), stats
+    # ---- the op loop's primitives (HostNic._allreduce) ------------------------------
+    def _room(self, op_id: int, done: int) -> bool:
+        # The harness queues commands and the core takes each when its window has
+        # room; one more than the window is queued, so the pipes never both fill.
+        return op_id < done + self.p.ops_in_flight + 1
+
+    def _start(self, op_id: int, chunk: np.ndarray, exponent: int) -> None:
+        head = struct.pack("<IIIi", MSG_START, op_id, len(chunk), exponent)
+        self._send(head + chunk.astype("<f4").tobytes())
+
+    def _poll(self, deadline: float) -> list[OpResult]:
+        """The next result record (the harness sends nothing else unasked)."""
+        typ, data = self._message(deadline)
+        if typ != MSG_HOST:
+            raise RuntimeError(f"sim NIC: unexpected message {typ}")
+        op_id, res, words = host_record(np.frombuffer(data, "<u4").tolist(), self.world)
+        return [OpResult(op_id, res, op_stats(host_port.stats_from_words(words), self.rank))]
 
     def close(self) -> None:
         proc, self.proc = self.proc, None

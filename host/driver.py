@@ -20,7 +20,7 @@ import numpy as np
 from optireduce import ubt
 from optireduce.host.model.deadline import calibrate_t_b, phase_times
 from optireduce.host.model.fwht import fwht_blocks
-from optireduce.host.model.nic_model import NicModel
+from optireduce.host.model.nic_model import NicModel, OpResult
 from optireduce.host.model.quantize import propose_exponent
 from optireduce.host.transport import UdpTransport
 from optireduce.op_stats import OpStats
@@ -68,9 +68,14 @@ def torch_exponent_agreement(group=None) -> ExponentAgreement:
 
 class HostNic:
     """What the host-driven backends share: the rank's place in the world, its transport
-    and exponent agreement, the array-in/array-out `allreduce` and the t_B calibration.
-    A backend supplies `_open` (its own set-up, run once the fields are in), `_allreduce`
-    (float32 vector in, result and op stats out) and `set_t_b`."""
+    and exponent agreement, the array-in/array-out `allreduce` with its op loop, and the
+    t_B calibration. A backend supplies `_open` (its own set-up, run once the fields are
+    in), `set_t_b`, and the op loop's primitives: `_room` (may this op start now?),
+    `_start` (hand the NIC one chunk) and `_poll` (wait a little; the results that came).
+    """
+
+    # Seconds added to the bound of 2 t_B + 1 s per op (a backend's start-up, say).
+    wait_slack_s = 5.0
 
     def __init__(
         self,
@@ -98,6 +103,58 @@ class HostNic:
             return torch.from_numpy(out).to(x.dtype).view_as(x), stats
         out, stats = self._allreduce(np.asarray(x))
         return out.reshape(np.shape(x)), stats
+
+    def _allreduce(self, x: np.ndarray) -> tuple[np.ndarray, list[OpStats]]:
+        """The op loop: x in chunks of at most C elements, one op each, K in flight."""
+        x = np.ascontiguousarray(x, dtype=np.float32).ravel()
+        if x.size == 0:
+            raise ValueError("allreduce: empty input")
+        p = self.p
+        bounds = [(a, min(a + p.c, x.size)) for a in range(0, x.size, p.c)]
+        exps = self.agree([propose_exponent(x[a:b], p) for a, b in bounds])
+        first, ops = self.next_op, len(bounds)
+        results: dict[int, np.ndarray] = {}
+        stats: list[OpStats] = []
+        started = 0
+        # Every phase ends by its deadline, so an op takes at most 2 t_B plus skew;
+        # past this bound something outside the protocol is wrong: fail, never hang.
+        limit = time.monotonic() + ops * (2 * p.t_b_us * 1e-6 + 1.0) + self.wait_slack_s
+        while len(results) < ops:
+            while started < ops and self._room(first + started, first + len(results)):
+                a, b = bounds[started]
+                self._start(first + started, x[a:b], exps[started])
+                started += 1
+            try:
+                done = self._poll(limit)
+            except TimeoutError as e:
+                raise self._late(len(results), ops) from e
+            for res in done:
+                results[res.op_id - first] = res.data
+                stats.append(res.stats)
+            if len(results) < ops and time.monotonic() > limit:
+                raise self._late(len(results), ops)
+        self.next_op = first + ops
+        stats.sort(key=lambda s: s.op_id)
+        return np.concatenate([results[k] for k in range(ops)]), stats
+
+    def _late(self, got: int, ops: int) -> TimeoutError:
+        return TimeoutError(
+            f"allreduce: {self.backend} rank {self.rank} got {got}/{ops} ops by the bound "
+            "of 2 t_B per op; is every rank calling allreduce with the same length?"
+        )
+
+    def _room(self, op_id: int, done: int) -> bool:
+        """May op op_id start now, `done` of this call's ops having come back (counted
+        from its first op id)?"""
+        raise NotImplementedError
+
+    def _start(self, op_id: int, chunk: np.ndarray, exponent: int) -> None:
+        raise NotImplementedError
+
+    def _poll(self, deadline: float) -> list[OpResult]:
+        """Wait a little (never past `deadline`, time.monotonic(); TimeoutError there);
+        the results that came."""
+        raise NotImplementedError
 
     def calibrate(self, x: np.ndarray, ops: int = 5) -> int:
         """t_B calibrated (host/model/deadline.py calibrate_t_b) from warm-up ops over the
@@ -145,44 +202,22 @@ class SoftwareNic(HostNic):
         self.nic.set_t_b(t_b_us)
         self.p = self.nic.p
 
-    def _allreduce(self, x: np.ndarray) -> tuple[np.ndarray, list[OpStats]]:
-        x = np.ascontiguousarray(x, dtype=np.float32).ravel()
-        if x.size == 0:
-            raise ValueError("allreduce: empty input")
-        p, nic = self.p, self.nic
-        bounds = [(a, min(a + p.c, x.size)) for a in range(0, x.size, p.c)]
-        exps = self.agree([propose_exponent(x[a:b], p) for a, b in bounds])
-        first = self.next_op
-        results: dict[int, np.ndarray] = {}
-        stats: list[OpStats] = []
-        started = 0
-        # Every phase ends by its deadline, so an op takes at most 2 t_B plus skew;
-        # past this bound something outside the protocol is wrong: fail, never hang.
-        limit = time.monotonic() + len(bounds) * (2 * p.t_b_us * 1e-6 + 1.0) + 5.0
-        while len(results) < len(bounds):
-            now = self.now_us()
-            while started < len(bounds) and first + started < nic.base + p.ops_in_flight:
-                a, b = bounds[started]
-                nic.start_op(now, first + started, np.ascontiguousarray(x[a:b]), exps[started])
-                started += 1
-            self._flush()
-            t = nic.next_timer()
-            wait = 0.002 if t is None else min(max(0, t - self.now_us()) * 1e-6, 0.002)
-            for d in self.transport.recv(wait):
-                nic.receive_datagram(self.now_us(), d)
-            nic.advance(self.now_us())
-            self._flush()
-            for res in nic.poll_results():
-                results[res.op_id - first] = res.data
-                stats.append(res.stats)
-            if time.monotonic() > limit:
-                raise TimeoutError(
-                    f"allreduce: rank {self.rank} got {len(results)}/{len(bounds)} ops by the "
-                    "bound of 2 t_B per op; is every rank calling allreduce with the same length?"
-                )
-        self.next_op = first + len(bounds)
-        stats.sort(key=lambda s: s.op_id)
-        return np.concatenate([results[k] for k in range(len(bounds))]), stats
+    def _room(self, op_id: int, done: int) -> bool:
+        return op_id < self.nic.base + self.p.ops_in_flight  # the model's window
+
+    def _start(self, op_id: int, chunk: np.ndarray, exponent: int) -> None:
+        self.nic.start_op(self.now_us(), op_id, chunk, exponent)
+
+    def _poll(self, deadline: float) -> list[OpResult]:
+        nic = self.nic
+        self._flush()
+        t = nic.next_timer()
+        wait = 0.002 if t is None else min(max(0, t - self.now_us()) * 1e-6, 0.002)
+        for d in self.transport.recv(wait):
+            nic.receive_datagram(self.now_us(), d)
+        nic.advance(self.now_us())
+        self._flush()
+        return nic.poll_results()
 
     def _flush(self) -> None:
         for tx in self.nic.poll_tx():
