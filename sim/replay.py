@@ -11,7 +11,8 @@ Both backends see the same events at the same ticks: every timer due before an
 input fires at its own tick first, and a queued START is taken at the tick the
 window opens. Output frames are put in a canonical order, by (tick, frame bytes):
 the order of frames within one microsecond is the pipeline's business, not the
-protocol's. The `rtl` backend runs the Verilated NIC core in the C++ harness
+protocol's. The `native` backend is the C++ event engine (host/native) behind the
+model's interface. The `rtl` backend runs the Verilated NIC core in the C++ harness
 (sim/cosim/nic_harness.cpp, docs/cosim.md).
 """
 
@@ -33,7 +34,7 @@ from optireduce.host.model.nic_model import NicModel
 from optireduce.params import NicParams
 from optireduce.sim.trace import Frame
 
-BACKENDS = ("model", "rtl")
+BACKENDS = ("model", "native", "rtl")
 _TIMER_STEPS = 1_000_000  # bound on timer firings after the last frame
 
 
@@ -109,15 +110,26 @@ def replay(frames: list[Frame], backend: str = "model", *, backpressure: int = 0
     if backend not in BACKENDS:
         raise ReplayError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
     ev = events(frames)
-    res = _replay_rtl(ev, backpressure=backpressure) if backend == "rtl" else _replay_model(ev)
+    if backend == "rtl":
+        res = _replay_rtl(ev, backpressure=backpressure)
+    else:
+        res = _replay_model(ev, native=backend == "native")
     res.counters["host_malformed"] = ev.host_malformed
     res.frames.sort(key=lambda e: (e[0], e[1]))
     return res
 
 
-def _replay_model(ev: Events) -> ReplayResult:
+def _replay_model(ev: Events, *, native: bool = False) -> ReplayResult:
     res = ReplayResult()
-    nic = NicModel(ev.params, ev.rank, ev.world)
+    if native:
+        from optireduce.host.native.engine import NativeError, NativeNicModel
+
+        try:
+            nic = NativeNicModel(ev.params, ev.rank, ev.world)
+        except NativeError as e:
+            raise ReplayError(f"the native backend is not built: {e}") from e
+    else:
+        nic = NicModel(ev.params, ev.rank, ev.world)
     pending: deque = deque()  # whole chunks waiting for room in the op window
 
     def step(now: int) -> None:

@@ -78,6 +78,11 @@ class NativeNicModel:
         self._e.set_t_b(value.t_b_us)
         self._p = value
 
+    def set_t_b(self, t_b_us: int) -> None:
+        """A new hard bound for every phase from now on (calibration): the agreed timeouts
+        and the t_C estimators' clamp follow it."""
+        self.p = self._p.replace(t_b_us=int(t_b_us))
+
     # ---- host port ---------------------------------------------------------------
     def start_op(self, now: int, op_id: int, data: np.ndarray, exponent: int) -> None:
         """Begin op op_id with this worker's chunk (float32) and the agreed exponent."""
