@@ -75,6 +75,9 @@ class Plan:
     dead_at: int = 0
     detect: int = 0  # ticks until the others exclude it (None: never)
     mismatch: bool = False  # rank 1 starts op 0 with another exponent
+    first_op: int = 0  # id of the first op
+    retune_at: int | None = None  # tick at which every rank's t_B becomes retune_t_b
+    retune_t_b: int = 1
 
 
 def _corrupt(frame: bytes, rng: np.random.Generator) -> bytes:
@@ -108,7 +111,7 @@ def run_cluster(plan: Plan, max_steps: int = 200_000) -> list[Twin]:
     """Run the plan; every rank's model and native engine are compared after every event."""
     p, world = plan.params, plan.world
     rng = np.random.default_rng(plan.seed)
-    nodes = [Twin(p, r, world) for r in range(world)]
+    nodes = [Twin(p, r, world, plan.first_op) for r in range(world)]
     xs = [[rng.standard_normal(n).astype(np.float32) * 4 for n in plan.lens] for _ in range(world)]
     exps = [agree_exponent([propose_exponent(xs[r][k], p) for r in range(world)])
             for k in range(len(plan.lens))]  # fmt: skip
@@ -123,7 +126,10 @@ def run_cluster(plan: Plan, max_steps: int = 200_000) -> list[Twin]:
     for r in range(world):
         for k in range(len(plan.lens)):
             exp = exps[k] + (1 if plan.mismatch and r == 1 and k == 0 else 0)
-            push(k * plan.start_gap + int(rng.integers(0, 20)), "start", r, (k, xs[r][k], exp))
+            what = (plan.first_op + k, xs[r][k], exp)
+            push(k * plan.start_gap + int(rng.integers(0, 20)), "start", r, what)
+        if plan.retune_at is not None:
+            push(plan.retune_at, "set_t_b", r, plan.retune_t_b)
     if plan.dead is not None and plan.detect is not None:
         for r in range(world):
             if r != plan.dead:
@@ -163,6 +169,8 @@ def run_cluster(plan: Plan, max_steps: int = 200_000) -> list[Twin]:
                 pending[r].append(what)
             elif kind == "exclude":
                 nodes[r].call("exclude", t, what)
+            elif kind == "set_t_b":
+                nodes[r].call("set_t_b", what)
             elif rng.random() < plan.datagram:
                 nodes[r].call("receive_datagram", t, what[ubt.L2_L4_LEN :])
             else:

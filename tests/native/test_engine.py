@@ -62,6 +62,9 @@ def plans(draw: st.DrawFn) -> Plan:
         dead=dead, dead_at=draw(st.integers(0, 800)),
         detect=draw(st.sampled_from([None, 0, 50, 1000])),
         mismatch=draw(st.booleans()) and draw(st.booleans()),
+        first_op=draw(st.sampled_from([0, 0, 1, 2**31 - 7])),
+        retune_at=draw(st.one_of(st.none(), st.integers(0, 600))),
+        retune_t_b=draw(st.integers(1, 2 * t_b)),
     )  # fmt: skip
 
 
@@ -224,3 +227,27 @@ def test_start_op_errors_match_the_model():
     t.collect()
     with pytest.raises(ValueError):
         t.native.exclude(0, 3)
+
+
+# ---- a model user taking the engine unchanged ---------------------------------------------
+
+
+@pytest.mark.parametrize("drop_rate", [0.0, 0.05])
+def test_the_virtual_cluster_runs_on_the_engine_unchanged(monkeypatch, drop_rate):
+    import optireduce.host.model.virtual_cluster as vc
+    from optireduce.host.model.impairment import ImpairmentSpec
+    from optireduce.host.native.engine import NativeNicModel
+
+    p = NicParams(p=64, b=1024, c=4096, n_max=8, t_b_us=3000)
+    rng = np.random.default_rng(7)
+    xs = [rng.standard_normal(10_000).astype(np.float32) for _ in range(4)]
+    imp = ImpairmentSpec(median_us=20, p99_ratio=3.0, duplicate=0.02, reorder=0.05)
+    kw = dict(params=p, drop_rate=drop_rate, seed=3, impairment=imp)
+    want, ws = vc.simulate_allreduce(xs, **kw)
+    monkeypatch.setattr(vc, "NicModel", NativeNicModel)
+    got, gs = vc.simulate_allreduce(xs, **kw)
+    for a, b in zip(want, got, strict=True):
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+    assert gs.counters == ws.counters and gs.t_b_us == ws.t_b_us
+    assert gs.per_worker == ws.per_worker and gs.elapsed_us == ws.elapsed_us
+    assert sum(c["ops_completed"] for c in gs.counters) == 4 * 3
