@@ -83,6 +83,7 @@ TARGETS = {
 # Paper-like sizes that run in reasonable time in Python: P = 1024 elements (4 KiB
 # payload, a jumbo frame), B = 4096, one op = one 1 MiB bucket (C = 262144 elements).
 DEFAULT_P, DEFAULT_B, DEFAULT_BUCKET = 1024, 4096, 1 << 20
+NIC_FIELDS = ("p", "b")  # the NicParams fields a ClusterConfig carries (c, n_max: derived)
 
 
 # ---- keyed randomness ----------------------------------------------------------------

@@ -33,8 +33,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from optireduce.params import NicParams
+
 LOSSES = (0.0, 0.01, 0.02, 0.05, 0.1)
 HIDDEN = 32
+NIC_FIELDS = ("p", "b", "c", "t_b_us")  # the NicParams fields a LossToleranceConfig carries
 N_IN, N_OUT = 64, 10
 
 
@@ -52,6 +55,10 @@ class LossToleranceConfig:
     c: int = 16384
     t_b_us: int = 2000
     test_size: int = 450
+
+    def nic_params(self, rht: bool = True) -> NicParams:
+        """The NICs of the "rht" (or, rht=False, "no_rht") runs: a fixed t_B."""
+        return NicParams(rht=rht, **{k: getattr(self, k) for k in NIC_FIELDS})
 
 
 @dataclass
@@ -147,7 +154,7 @@ def run_one(cfg: LossToleranceConfig, mode: str, loss: float, seed: int) -> RunR
     import torch
 
     torch.set_num_threads(1)
-    from optireduce import NicParams, simulate_allreduce
+    from optireduce import simulate_allreduce
 
     if mode not in ("rht", "no_rht", "reference"):
         raise ValueError(f"mode {mode!r}: expected rht, no_rht or reference")
@@ -156,7 +163,7 @@ def run_one(cfg: LossToleranceConfig, mode: str, loss: float, seed: int) -> RunR
     xte_t, yte_t = torch.from_numpy(xte), torch.from_numpy(yte)
     grad_fn, logits = _model()
     batches = _batches(cfg, seed, len(ytr))
-    params = NicParams(p=cfg.p, b=cfg.b, c=cfg.c, t_b_us=cfg.t_b_us, rht=mode == "rht")
+    params = cfg.nic_params(rht=mode == "rht")
 
     theta = np.tile(_init(seed), (cfg.workers, 1))  # [workers, D], one replica per worker
     vel = np.zeros_like(theta)

@@ -57,6 +57,8 @@ from optireduce.host.model.impairment import Impairment, ImpairmentSpec
 
 METHODS = ("gloo", "optireduce")
 SCHEDULES = ("cosine", "constant")
+# The NicParams fields a TrainConfig carries (n_max follows the world; the hook calibrates t_B).
+NIC_FIELDS = ("p", "b", "c", "t_c_min_us", "tc_dev_mult", "tc_gain_shift", "estimator")
 # With a co-simulated rank, control exchanges wait at least this long: the simulator is
 # ~100x slower than its simulated time, and t_B would declare the rank dead.
 COSIM_CONTROL_FLOOR_S = 5.0
@@ -111,11 +113,7 @@ class TrainConfig:
     def nic_params(self):
         from optireduce.params import NicParams
 
-        return NicParams(
-            n_max=max(8, self.world), p=self.p, b=self.b, c=self.c, t_c_min_us=self.t_c_min_us,
-            tc_dev_mult=self.tc_dev_mult, tc_gain_shift=self.tc_gain_shift,
-            estimator=self.estimator,
-        )  # fmt: skip
+        return NicParams(n_max=max(8, self.world), **{k: getattr(self, k) for k in NIC_FIELDS})
 
 
 def straggler_delays(cfg: TrainConfig) -> np.ndarray:

@@ -3,9 +3,93 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+import typing
 from collections.abc import Sequence
+
+from optireduce.params import NicParams
+
+# NicParams fields on the command line: --field-name, but for these. p, b and c keep the
+# names the experiments always had; --seed is each subcommand's run seed, so the sign
+# PRNG key is --sign-seed.
+PARAM_FLAGS = {
+    "p": ("--p", "--packet"), "b": ("--b", "--block"), "c": ("--c", "--chunk"),
+    "seed": ("--sign-seed",),
+}  # fmt: skip
+
+
+def _field_docs(cls: type) -> dict[str, str]:
+    """The comment that follows each field in the class's source: its help text."""
+    import inspect
+    import io
+    import textwrap
+    import tokenize
+
+    names = {f.name for f in dataclasses.fields(cls)}
+    try:
+        src = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    docs: dict[str, str] = {}
+    first: dict[int, str] = {}  # line -> its first name
+    for tok in tokenize.generate_tokens(io.StringIO(src).readline):
+        row = tok.start[0]
+        if tok.type == tokenize.NAME and row not in first:
+            first[row] = tok.string
+            if tok.string == "def":
+                break  # the fields are above the methods
+        elif tok.type == tokenize.COMMENT and first.get(row) in names:
+            docs[first[row]] = tok.string.lstrip("#").strip()
+    return docs
+
+
+def _int_or_none(text: str) -> int | None:
+    if text.lower() == "none":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: an integer or 'none'") from None
+
+
+def add_nic_params(
+    parser: argparse.ArgumentParser, defaults: NicParams, only: Sequence[str] | None = None
+) -> None:
+    """One flag per NicParams field (of `only`, if given), typed as the field, defaulting to
+    `defaults`; nic_params(args) reads them back. Help: the field's comment in params.py."""
+    docs = _field_docs(NicParams)
+    hints = typing.get_type_hints(NicParams)
+    group = parser.add_argument_group("NIC parameters (NicParams)")
+    fields = [f for f in dataclasses.fields(NicParams) if only is None or f.name in only]
+    for f in fields:
+        flags = PARAM_FLAGS.get(f.name, ("--" + f.name.replace("_", "-"),))
+        default = getattr(defaults, f.name)
+        help_ = f"{docs.get(f.name) or 'NicParams.' + f.name} (default: {default})"
+        hint = hints[f.name]
+        kw: dict = {"dest": "nic_" + f.name, "default": default, "help": help_}
+        if hint is bool:
+            kw.update(action=argparse.BooleanOptionalAction)
+        elif hint in (int, str):
+            kw.update(type=hint, metavar=hint.__name__.upper())
+        elif hint == (int | None):
+            kw.update(type=_int_or_none, metavar="INT|none")
+        else:
+            raise TypeError(f"add_nic_params: no command-line type for {f.name}: {hint}")
+        group.add_argument(*flags, **kw)
+    parser.set_defaults(nic_defaults=defaults, nic_fields=tuple(f.name for f in fields))
+
+
+def nic_params(args: argparse.Namespace) -> NicParams:
+    """The NicParams of add_nic_params's flags (validated: a bad value is a ValueError)."""
+    return args.nic_defaults.replace(**{k: getattr(args, "nic_" + k) for k in args.nic_fields})
+
+
+def nic_fields(args: argparse.Namespace) -> dict[str, object]:
+    """The offered fields of nic_params(args), for a config that carries them by name."""
+    q = nic_params(args)
+    return {k: getattr(q, k) for k in args.nic_fields}
 
 
 def _losses(text: str) -> tuple[float, ...]:
@@ -196,7 +280,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     rng = np.random.default_rng(args.seed)
     xs = [rng.standard_normal(args.elements).astype(np.float32) for _ in range(args.workers)]
-    outs, st = simulate_allreduce(xs, drop_rate=args.drop_rate, seed=args.seed)
+    outs, st = simulate_allreduce(xs, params=nic_params(args), drop_rate=args.drop_rate,
+                                  seed=args.seed)  # fmt: skip
     ref = np.mean([x.astype(np.float64) for x in xs], axis=0)
     summary = st.summary()
     summary["rel_l2_error"] = [float(np.linalg.norm(o - ref) / np.linalg.norm(ref)) for o in outs]
@@ -225,8 +310,8 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     def config(workers: int) -> ClusterConfig:
         return ClusterConfig(
             workers=workers, link=link, ops=args.ops, bucket_bytes=args.bucket_kib * 1024,
-            p=args.packet, b=args.block, warmup=args.warmup, compute_us=args.compute_us,
-            rto_us=args.rto_us, seed=args.seed,
+            warmup=args.warmup, compute_us=args.compute_us, rto_us=args.rto_us, seed=args.seed,
+            **nic_fields(args),
         )  # fmt: skip
 
     if args.sweep_workers:
@@ -281,8 +366,7 @@ def cmd_loss_tolerance(args: argparse.Namespace) -> int:
         raise ValueError("loss-tolerance: need --steps >= 2, --workers >= 2 and a seed")
     cfg = LossToleranceConfig(
         workers=args.workers, steps=args.steps, batch=args.batch, lr=args.lr,
-        seeds=tuple(args.seeds), losses=args.losses, p=args.packet, b=args.block,
-        c=args.chunk, t_b_us=args.t_b_us,
+        seeds=tuple(args.seeds), losses=args.losses, **nic_fields(args),
     )  # fmt: skip
     total = len(cfg.seeds) * (1 + 2 * len(cfg.losses))
     done = 0
@@ -330,9 +414,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = TrainConfig(
         world=args.world, steps=args.steps, target_acc=args.target, seed=args.seed,
         tail=args.tail, straggler_median_ms=args.straggler_ms,
-        packet_median_us=args.packet_delay_us, tc_dev_mult=args.tc_dev_mult,
-        tc_gain_shift=args.tc_gain_shift, p=args.packet, schedule=args.schedule,
-        methods=tuple(args.methods.split(",")),
+        packet_median_us=args.packet_delay_us, schedule=args.schedule,
+        methods=tuple(args.methods.split(",")), **nic_fields(args),
     )  # fmt: skip
     seeds = args.seeds or [args.seed]
     err = Console(stderr=True)
@@ -469,6 +552,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--elements", type=int, default=100_000)
     s.add_argument("--drop-rate", type=float, default=0.0)
     s.add_argument("--seed", type=int, default=0)
+    add_nic_params(s, NicParams())
     s.set_defaults(func=cmd_simulate)
 
     from optireduce.sim.trace import SCENARIOS
@@ -494,6 +578,8 @@ def build_parser() -> argparse.ArgumentParser:
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r}: e.g. 8,16,32") from None
 
+    from optireduce.experiments import cluster, loss_tolerance
+
     cl = sub.add_parser("cluster", help="SimPy cluster: ring, TAR and OptiReduce on the same links")
     cl.add_argument("--workers", type=int, default=8, choices=range(2, 65), metavar="N")
     cl.add_argument("--tail", default="3", help="P99/P50 of the per-packet delay, or 'cloud'")
@@ -502,8 +588,6 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("--loss", type=float, default=0.0, help="per-packet loss rate")
     cl.add_argument("--gbps", type=float, default=10.0, help="link bandwidth")
     cl.add_argument("--bucket-kib", type=int, default=1024, help="bytes of one op (KiB)")
-    cl.add_argument("--packet", type=int, default=1024, help="P: elements per packet")
-    cl.add_argument("--block", type=int, default=4096, help="B: Hadamard block")
     cl.add_argument("--warmup", type=int, default=5, help="OptiReduce calibration ops")
     cl.add_argument("--compute-us", type=int, default=0, help="compute time between ops")
     cl.add_argument("--rto-us", type=int, default=1000, help="reliable baselines' RTO")
@@ -514,6 +598,7 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("--sweep-workers", type=_sizes, default=None, help="e.g. 8,16,32")
     cl.add_argument("--sweep-plot", default="cluster-p99-vs-workers.png", help="sweep PNG")
     cl.add_argument("--json", action="store_true", help="print JSON")
+    add_nic_params(cl, cluster.ClusterConfig().params(), only=cluster.NIC_FIELDS)
     cl.set_defaults(func=cmd_cluster)
 
     lt = sub.add_parser("loss-tolerance", help="training accuracy vs packet loss, +/- the RHT")
@@ -523,15 +608,14 @@ def build_parser() -> argparse.ArgumentParser:
     lt.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (momentum 0.9)")
     lt.add_argument("--seeds", type=_sizes, default=[0, 1, 2, 3, 4], help="e.g. 0,1,2")
     lt.add_argument("--losses", type=_losses, default=(0.0, 0.01, 0.02, 0.05, 0.1))
-    lt.add_argument("--packet", type=int, default=64, help="P: elements per packet")
-    lt.add_argument("--block", type=int, default=1024, help="B: Hadamard block")
-    lt.add_argument("--chunk", type=int, default=16384, help="C: elements per op")
-    lt.add_argument("--t-b-us", type=int, default=2000, help="fixed t_B (no calibration)")
     lt.add_argument("--jobs", type=int, default=0, help="processes (default: all cores)")
     lt.add_argument("--plot", default="", help="PNG of accuracy vs loss rate")
     lt.add_argument("--json", action="store_true", help="print JSON")
+    add_nic_params(lt, loss_tolerance.LossToleranceConfig().nic_params(),
+                   only=loss_tolerance.NIC_FIELDS)  # fmt: skip
     lt.set_defaults(func=cmd_loss_tolerance)
 
+    from optireduce.experiments import train
     from optireduce.experiments.train import SCHEDULES
 
     tr = sub.add_parser("train", help="time-to-accuracy: DDP with OptiReduce vs gloo, same tail")
@@ -541,17 +625,15 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--tail", type=float, default=3.0, help="P99/P50 of the injected delays")
     tr.add_argument("--straggler-ms", type=float, default=20.0, help="straggler delay median")
     tr.add_argument("--packet-delay-us", type=float, default=200.0, help="per-packet median")
-    tr.add_argument("--tc-dev-mult", type=int, default=0, help="t_C = mean + mult * dev")
-    tr.add_argument("--tc-gain-shift", type=int, default=2, help="t_C EWMA gain 2^-shift")
     tr.add_argument("--schedule", default="cosine", choices=SCHEDULES,
                     help="learning rate over the steps")  # fmt: skip
-    tr.add_argument("--packet", type=int, default=256, help="P: elements per packet")
     tr.add_argument("--methods", default="gloo,optireduce", help="comma-separated")
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--seeds", type=_sizes, default=None,
                     help="e.g. 0,1,2,3,4: one run each, means and ranges (not --seed)")  # fmt: skip
     tr.add_argument("-o", "--output", default="train-out", help="directory of JSON and plot")
     tr.add_argument("--json", action="store_true", help="print {METHOD: {tta_s, ...}}")
+    add_nic_params(tr, train.TrainConfig().nic_params(), only=train.NIC_FIELDS)
     tr.set_defaults(func=cmd_train)
 
     from optireduce.sim.bitstream import BOARDS, CORES

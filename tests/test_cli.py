@@ -48,7 +48,7 @@ def test_simulate_reports_injected_loss(capsys):
 
 def test_protocol_lua_is_the_shipped_dissector(capsys):
     assert main(["protocol", "--lua"]) == 0
-    assert capsys.readouterr().out == (ROOT / "host" / "ubt.lua").read_text()
+    assert capsys.readouterr().out == (ROOT / "optireduce" / "ubt.lua").read_text()
 
 
 def test_bad_arguments_exit_2_with_a_message():
@@ -96,7 +96,7 @@ def test_package_installs_as_a_wheel(tmp_path):
     for f in (
         "optireduce/__init__.py", "optireduce/cli.py", "optireduce/params.py",
         "optireduce/hw/__init__.py", "optireduce/sim/__init__.py",
-        "optireduce/host/nic_model.py", "optireduce/host/ubt.lua",
+        "optireduce/host/model/nic_model.py", "optireduce/ubt.lua",
     ):  # fmt: skip
         assert f in names, f
     assert not any(n.startswith(("tests/", "hw/", "host/")) for n in names)
@@ -189,3 +189,80 @@ def test_demo_reports_a_failed_rtl_run_and_keeps_the_software_table(tmp_path, mo
     text = capsys.readouterr().out
     assert "the RTL run failed (RuntimeError: harness died)" in text
     assert "rank 0 RTL" not in text and "OptiReduce / gloo: 0.40" in text
+
+
+# A value other than the default for every NicParams field, valid together.
+NIC_VALUES = {
+    "n_max": 16, "p": 64, "b": 512, "c": 1024, "lanes": 2, "ops_in_flight": 3, "w_wire": 32,
+    "headroom_bits": 5, "seed": 7, "rht": False, "estimator": "plain", "t_b_us": 5000,
+    "t_c_init_us": 3000, "t_c_min_us": 10, "alpha_q8": 32, "last_percent": 2,
+    "tc_gain_shift": 4, "tc_dev_shift": 3, "tc_dev_mult": 2, "udp_port": 4000, "job_id": 9,
+}  # fmt: skip
+
+
+def _nic_argv(values: dict) -> list[str]:
+    from optireduce.cli import PARAM_FLAGS
+
+    argv = []
+    for k, v in values.items():
+        flag = PARAM_FLAGS.get(k, ("--" + k.replace("_", "-"),))[0]
+        if isinstance(v, bool):
+            argv.append(flag if v else "--no-" + flag[2:])
+        else:
+            argv += [flag, str(v)]
+    return argv
+
+
+def test_simulate_takes_every_nic_param_with_its_type():
+    import dataclasses
+
+    from optireduce.cli import build_parser, nic_params
+    from optireduce.params import NicParams
+
+    assert set(NIC_VALUES) == {f.name for f in dataclasses.fields(NicParams)}
+    args = build_parser().parse_args(["simulate", *_nic_argv(NIC_VALUES)])
+    got = nic_params(args)
+    assert got == NicParams(**NIC_VALUES)
+    for k, v in NIC_VALUES.items():
+        assert type(getattr(got, k)) is type(v), k
+    assert args.seed == 0  # the run's seed is not the sign PRNG key
+    # no flag: the defaults; 'none' for the fields that may be None
+    assert nic_params(build_parser().parse_args(["simulate"])) == NicParams()
+    args = build_parser().parse_args(["simulate", "--headroom-bits", "4", "--t-c-init-us", "none"])
+    assert nic_params(args) == NicParams(headroom_bits=4)
+
+
+def test_simulate_help_lists_every_nic_param():
+    import dataclasses
+
+    from optireduce.params import NicParams
+
+    text = run("simulate", "--help").stdout
+    for f in dataclasses.fields(NicParams):
+        flag = "--sign-seed" if f.name == "seed" else "--" + f.name.replace("_", "-")
+        assert flag in text, flag
+    assert "hard bound of one phase (default: 20000)" in text  # help from params.py
+
+
+def test_experiments_take_their_nic_params_with_their_own_defaults():
+    from optireduce.cli import build_parser, nic_fields
+    from optireduce.experiments import cluster, loss_tolerance, train
+
+    ap = build_parser()
+    configs = {"cluster": (cluster, cluster.ClusterConfig()),
+               "loss-tolerance": (loss_tolerance, loss_tolerance.LossToleranceConfig()),
+               "train": (train, train.TrainConfig())}  # fmt: skip
+    for sub, (mod, cfg) in configs.items():
+        assert nic_fields(ap.parse_args([sub])) == {k: getattr(cfg, k) for k in mod.NIC_FIELDS}
+        want = {k: NIC_VALUES[k] for k in mod.NIC_FIELDS}
+        assert nic_fields(ap.parse_args([sub, *_nic_argv(want)])) == want, sub
+    # the names these experiments always had
+    args = ap.parse_args(["loss-tolerance", "--packet", "32", "--block", "256", "--chunk", "512"])
+    assert nic_fields(args) == {"p": 32, "b": 256, "c": 512, "t_b_us": 2000}
+
+
+def test_bad_nic_params_exit_2_with_the_field_named(capsys):
+    assert main(["simulate", "--b", "100", "--elements", "10"]) == 2
+    assert "NicParams.b=100: transform block must be a power of two" in capsys.readouterr().err
+    r = run("simulate", "--p", "x")
+    assert r.returncode == 2 and "invalid int value: 'x'" in r.stderr
