@@ -10,7 +10,11 @@ STAMP  := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# the native engine is compiled at install (scikit-build-core, CMake tree in build/): a change
+# to its C++ sources reinstalls, which recompiles only what changed
+NATIVE_SRC := host/native/CMakeLists.txt $(wildcard host/native/src/*.cpp host/native/src/*.hpp)
+
+$(STAMP): pyproject.toml $(NATIVE_SRC)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
