@@ -12,7 +12,7 @@ a function of (seed, op, src, dst, seq, attempt) only, where seq counts the pack
 src sends to dst in that op (every phase or step, in send order) and attempt the
 retransmissions. The k-th packet from 3 to 4 in op 17 has the same delay whatever the
 algorithm and whenever it is sent, so the algorithms are compared on identical links.
-(host/impairment.Impairment draws from one sequential stream, which would make a
+(host/model/impairment.Impairment draws from one sequential stream, which would make a
 packet's delay depend on the order of the other sends; ImpairmentSpec gives the
 parameters.)
 
@@ -31,7 +31,7 @@ Algorithms:
 - reliable_tar: transpose allreduce with OptiReduce's packetization: packet i belongs
   to rank i mod N; scatter to the owners, each owner waits for all of its slots, then
   sends the sums to every rank, which waits for all of them. Same retransmissions.
-- optireduce: N host/nic_model.NicModel instances driven as host/virtual_cluster does
+- optireduce: N host/model/nic_model.NicModel instances driven as virtual_cluster does
   (frames, timers at next_timer(), the exponent agreed as the max of the proposals).
   t_B is calibrated as the driver does: `warmup` lossless ops on the same links (the
   first is not counted), t_B = 2 x P95 of each rank's phase durations, max over ranks.

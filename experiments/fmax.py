@@ -21,7 +21,7 @@ from amaranth.lib import wiring
 from optireduce.sim import verilog
 from optireduce.sim.toolchain import FIX, ToolchainError, yosys
 
-# the 5A-75B's LFE5U-25F (speed 6 is the slowest grade of the boards in issue 6)
+# the 5A-75B's LFE5U-25F (speed 6 is the slowest grade of the target boards)
 DEVICE = ("--25k", "CABGA256", 6)
 _FMAX_LINE = re.compile(r"Max frequency for clock\s+'([^']+)':\s+([\d.]+) MHz")
 

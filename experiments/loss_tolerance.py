@@ -1,4 +1,4 @@
-"""Loss tolerance (issue 7, item 3): accuracy reached versus injected loss rate, with and
+"""Loss tolerance: accuracy reached versus injected loss rate, with and
 without the randomized Hadamard transform.
 
 Data-parallel SGD of a small MLP (64-32-10, ReLU, 2410 parameters) on scikit-learn's

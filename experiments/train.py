@@ -1,4 +1,4 @@
-"""Time-to-accuracy (issue 7, item 2): DDP with the OptiReduce hook against plain DDP on
+"""Time-to-accuracy: DDP with the OptiReduce hook against plain DDP on
 gloo, real processes on loopback, under the same injected tail.
 
 Task: the loss-tolerance experiment's (`optireduce.experiments.loss_tolerance`: scikit-learn's

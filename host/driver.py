@@ -228,7 +228,7 @@ class SoftwareNic(HostNic):
 
 
 def _board() -> Nic:
-    raise BackendUnavailable("no FPGA board found (board tops arrive with the boards issue)")
+    raise BackendUnavailable("the driver has no board backend (a NIC's host port over AF_PACKET)")
 
 
 def _sim(p: NicParams, rank: int, world: int, transport: UdpTransport,

@@ -1,7 +1,7 @@
 """UBT v1: the one definition of the wire format (docs/protocol.md is its spec).
 
 FIELDS drives the fast struct packer here, the scapy layer (optireduce/ubt_scapy.py),
-the Wireshark dissector (optireduce/ubt_lua.py) and, later, the gateware parser layout.
+the Wireshark dissector (optireduce/ubt_lua.py) and the gateware's layout (hw/ubt_layout.py).
 Frames are Ethernet / IPv4 / UDP / UBT header / P big-endian int32 elements.
 """
 

@@ -1,4 +1,4 @@
-"""Bounded model checks of hw/aggregator.py: Aggregator (issue 6, item 5).
+"""Bounded model checks of hw/aggregator.py: Aggregator.
 
 Checked by Yosys's SAT solver (`sim/formal_harness.py`; smtbmc + z3 took minutes for 20
 cycles), from reset, at the smallest legal sizes: P = 1, B = 2, C = 4 (4 packets per
