@@ -74,7 +74,7 @@ class Plan:
     dead: int | None = None  # a rank that stops at dead_at
     dead_at: int = 0
     detect: int = 0  # ticks until the others exclude it (None: never)
-    mismatch: bool = False  # rank 1 starts op 0 with another exponent
+    mismatch: str | None = None  # rank 1 starts op 0 with another "exponent" or "length"
     first_op: int = 0  # id of the first op
     retune_at: int | None = None  # tick at which every rank's t_B becomes retune_t_b
     retune_t_b: int = 1
@@ -125,8 +125,12 @@ def run_cluster(plan: Plan, max_steps: int = 200_000) -> list[Twin]:
 
     for r in range(world):
         for k in range(len(plan.lens)):
-            exp = exps[k] + (1 if plan.mismatch and r == 1 and k == 0 else 0)
-            what = (plan.first_op + k, xs[r][k], exp)
+            exp, x = exps[k], xs[r][k]
+            if r == 1 and k == 0 and plan.mismatch == "exponent":
+                exp = exp + 1 if exp < 127 else exp - 1
+            if r == 1 and k == 0 and plan.mismatch == "length":
+                x = x[:-1] if len(x) > 1 else np.append(x, np.float32(1))
+            what = (plan.first_op + k, x, exp)
             push(k * plan.start_gap + int(rng.integers(0, 20)), "start", r, what)
         if plan.retune_at is not None:
             push(plan.retune_at, "set_t_b", r, plan.retune_t_b)

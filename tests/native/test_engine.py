@@ -61,7 +61,7 @@ def plans(draw: st.DrawFn) -> Plan:
         mutate=draw(st.sampled_from([0.0, 0.0, 0.05, 0.3])),
         dead=dead, dead_at=draw(st.integers(0, 800)),
         detect=draw(st.sampled_from([None, 0, 50, 1000])),
-        mismatch=draw(st.booleans()) and draw(st.booleans()),
+        mismatch=draw(st.sampled_from([None, None, None, "exponent", "length"])),
         first_op=draw(st.sampled_from([0, 0, 1, 2**31 - 7])),
         retune_at=draw(st.one_of(st.none(), st.integers(0, 600))),
         retune_t_b=draw(st.integers(1, 2 * t_b)),
@@ -86,15 +86,15 @@ def test_a_cluster_exercises_every_rule():
     for seed in range(6):
         plan = Plan(params=p, world=4, lens=[64, 50, 64, 9], seed=seed, loss=0.1, dup=0.2,
                     max_delay=120, mutate=0.2, datagram=0.3, dead=3, dead_at=400,
-                    detect=100, mismatch=seed % 2 == 1)  # fmt: skip
+                    detect=100, mismatch=(None, "exponent", "length")[seed % 3])  # fmt: skip
         for node in run_cluster(plan):
             for k, v in node.native.counters.items():
                 seen[k] += v
             for r in node.results:
                 reasons |= {r.stats.phase1_reason, r.stats.phase2_reason}
     assert reasons == {"complete", "early", "deadline"}
-    for k in ("duplicate", "late", "exponent_mismatch", "bad_ip_checksum", "truncated",
-              "stale_op", "future_op", "wrong_job", "unknown_rank", "rx_scatter",
+    for k in ("duplicate", "late", "exponent_mismatch", "bad_length", "bad_ip_checksum",
+              "truncated", "stale_op", "future_op", "wrong_job", "unknown_rank", "rx_scatter",
               "rx_gather", "ops_completed"):  # fmt: skip
         assert seen[k] > 0, k
 
@@ -122,7 +122,7 @@ def test_mutated_traces_replay_identically(seed):
     both(mutate(make_trace("reorder", seed), seed, rate=0.3))
 
 
-def test_replay_cli_takes_the_native_backend(tmp_path):
+def test_a_pcap_trace_replays_identically(tmp_path):
     from optireduce.sim.trace import write_pcap
 
     frames = make_trace("loss", 3)
