@@ -1,7 +1,8 @@
 // nanobind face of the native engine (engine.hpp) and its wire layer (wire.hpp).
 //
 // The event calls (start_op, receive, receive_datagram, advance, exclude) run without the
-// GIL: their inputs are immutable bytes or a float32 array the call holds. Outputs come back
+// GIL: their inputs are immutable bytes or a float32 array the call holds; a lock per engine
+// keeps calls from several Python threads apart. Outputs come back
 // as bytes, numpy arrays and plain dicts; host/native/engine.py wraps them in the model's
 // types (Tx, OpResult, OpStats).
 #include "bind_engine.hpp"
@@ -12,6 +13,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
 
 #include "engine.hpp"
@@ -116,96 +118,160 @@ nb::ndarray<nb::numpy, float, nb::ndim<1>> float_array(std::vector<float>&& v) {
     return nb::ndarray<nb::numpy, float, nb::ndim<1>>(owned->data(), {owned->size()}, owner);
 }
 
+// One engine and the lock that serialises calls from several Python threads (the event
+// calls run without the GIL, so the GIL alone does not).
+struct PyEngine {
+    Engine e;
+    std::mutex mu;
+    PyEngine(const optireduce::Params& p, int rank, int world, const Addressing& a,
+             int64_t first_op)
+        : e(p, rank, world, a, first_op) {}
+};
+using Lock = std::lock_guard<std::mutex>;
+
+void check_phase(int phase) {
+    if (phase != 1 && phase != 2) throw std::invalid_argument("phase must be 1 or 2");
+}
+
 }  // namespace
 
 void bind_engine(nb::module_& m) {
-    nb::class_<Engine>(m, "Engine", "The native event engine of one NIC (NicModel's twin).")
+    nb::class_<PyEngine>(m, "Engine", "The native event engine of one NIC (NicModel's twin).")
         .def(
             "__init__",
-            [](Engine* self, nb::handle params, int rank, int world, uint64_t mac_base,
+            [](PyEngine* self, nb::handle params, int rank, int world, uint64_t mac_base,
                uint32_t ip_base, int64_t first_op) {
-                new (self) Engine(optireduce::params_from_py(params), rank, world,
-                                  addressing(mac_base, ip_base), first_op);
+                new (self) PyEngine(optireduce::params_from_py(params), rank, world,
+                                    addressing(mac_base, ip_base), first_op);
             },
             "params"_a, "rank"_a, "world"_a, "mac_base"_a, "ip_base"_a, "first_op"_a = 0)
         .def(
             "start_op",
-            [](Engine& e, int64_t now, int64_t op_id, F32In data, int exponent) {
+            [](PyEngine& s, int64_t now, int64_t op_id, F32In data, int exponent) {
                 nb::gil_scoped_release unlocked;
-                e.start_op(now, op_id, data.data(), data.shape(0), exponent);
+                Lock lock(s.mu);
+                s.e.start_op(now, op_id, data.data(), data.shape(0), exponent);
             },
             "now"_a, "op_id"_a, "data"_a, "exponent"_a)
         .def(
             "receive",
-            [](Engine& e, int64_t now, nb::bytes frame) {
+            [](PyEngine& s, int64_t now, nb::bytes frame) {
                 const uint8_t* d = bytes_ptr(frame);
                 const size_t n = frame.size();
                 nb::gil_scoped_release unlocked;
-                e.receive(now, d, n);
+                Lock lock(s.mu);
+                s.e.receive(now, d, n);
             },
             "now"_a, "frame"_a)
         .def(
             "receive_datagram",
-            [](Engine& e, int64_t now, nb::bytes datagram) {
+            [](PyEngine& s, int64_t now, nb::bytes datagram) {
                 const uint8_t* d = bytes_ptr(datagram);
                 const size_t n = datagram.size();
                 nb::gil_scoped_release unlocked;
-                e.receive_datagram(now, d, n);
+                Lock lock(s.mu);
+                s.e.receive_datagram(now, d, n);
             },
             "now"_a, "datagram"_a)
         .def(
             "advance",
-            [](Engine& e, int64_t now) {
+            [](PyEngine& s, int64_t now) {
                 nb::gil_scoped_release unlocked;
-                e.advance(now);
+                Lock lock(s.mu);
+                s.e.advance(now);
             },
             "now"_a)
         .def(
             "exclude",
-            [](Engine& e, int64_t now, int rank) {
+            [](PyEngine& s, int64_t now, int rank) {
                 nb::gil_scoped_release unlocked;
-                e.exclude(now, rank);
+                Lock lock(s.mu);
+                s.e.exclude(now, rank);
             },
             "now"_a, "rank"_a)
-        .def("next_timer", &Engine::next_timer)
-        .def("set_t_b", &Engine::set_t_b, "t_b_us"_a)
+        .def("next_timer",
+             [](PyEngine& s) {
+                 Lock lock(s.mu);
+                 return s.e.next_timer();
+             })
+        .def(
+            "set_t_b",
+            [](PyEngine& s, int64_t t_b_us) {
+                Lock lock(s.mu);
+                s.e.set_t_b(t_b_us);
+            },
+            "t_b_us"_a)
         .def(
             "poll_tx",
-            [](Engine& e) {
+            [](PyEngine& s) {
                 // (time_us, dst, frame, phase, op_id, pkt_index) per frame, in send order
+                Lock lock(s.mu);
                 nb::list out;
-                for (const optireduce::Tx& t : e.tx()) {
-                    nb::bytes f(reinterpret_cast<const char*>(e.tx_frame(t)), t.len);
+                for (const optireduce::Tx& t : s.e.tx()) {
+                    nb::bytes f(reinterpret_cast<const char*>(s.e.tx_frame(t)), t.len);
                     out.append(nb::make_tuple(t.time_us, t.dst, f, t.phase, t.op_id, t.pkt_index));
                 }
-                e.clear_tx();
+                s.e.clear_tx();
                 return out;
             })
         .def(
             "poll_results",
-            [](Engine& e) {
+            [](PyEngine& s) {
                 // (op_id, float32 array, stats dict) per completed op, in completion order
+                Lock lock(s.mu);
                 nb::list out;
-                for (optireduce::OpResult& r : e.poll_results())
+                for (optireduce::OpResult& r : s.e.poll_results())
                     out.append(nb::make_tuple(r.op_id, float_array(std::move(r.data)),
                                               stats_dict(*r.stats)));
                 return out;
             })
         .def("counters",
-             [](const Engine& e) {
+             [](PyEngine& s) {
+                 Lock lock(s.mu);
                  nb::dict d;
                  for (int k = 0; k < optireduce::N_COUNTERS; ++k)
-                     d[optireduce::counter_name(k)] = e.counters()[k];
+                     d[optireduce::counter_name(k)] = s.e.counters()[k];
                  return d;
              })
-        .def("tc", &Engine::tc, "phase"_a)
-        .def("tc_table", &Engine::tc_table, "phase"_a, "rank"_a)
-        .def("gone", &Engine::gone)
-        .def_prop_ro("base", &Engine::base)
-        .def_prop_ro("last_started", &Engine::last_started)
-        .def_prop_ro("rank", &Engine::rank)
-        .def_prop_ro("world", &Engine::world)
-        .def_prop_ro("ops_in_window", &Engine::ops_in_window);
+        .def(
+            "tc",
+            [](PyEngine& s, int phase) {
+                check_phase(phase);
+                Lock lock(s.mu);
+                return s.e.tc(phase);
+            },
+            "phase"_a)
+        .def(
+            "tc_table",
+            [](PyEngine& s, int phase, int rank) {
+                check_phase(phase);
+                if (rank < 0 || rank >= s.e.world())
+                    throw std::invalid_argument("rank outside 0..world-1");
+                Lock lock(s.mu);
+                return s.e.tc_table(phase, rank);
+            },
+            "phase"_a, "rank"_a)
+        .def("gone",
+             [](PyEngine& s) {
+                 Lock lock(s.mu);
+                 return s.e.gone();
+             })
+        .def_prop_ro("base",
+                     [](PyEngine& s) {
+                         Lock lock(s.mu);
+                         return s.e.base();
+                     })
+        .def_prop_ro("last_started",
+                     [](PyEngine& s) {
+                         Lock lock(s.mu);
+                         return s.e.last_started();
+                     })
+        .def_prop_ro("rank", [](PyEngine& s) { return s.e.rank(); })
+        .def_prop_ro("world", [](PyEngine& s) { return s.e.world(); })
+        .def_prop_ro("ops_in_window", [](PyEngine& s) {
+            Lock lock(s.mu);
+            return s.e.ops_in_window();
+        });
 
     m.def("counter_names", [] {
         std::vector<std::string> out;
