@@ -225,7 +225,7 @@ class NativeNic:
                         "bound of 2 t_B per op; is every rank calling allreduce with the same "
                         "length?"
                     )
-                for op_id, d in live.wait(min(left, 1.0)):
+                for op_id, d in live.wait(min(left, 1.0), len(bounds) - len(stats)):
                     self._held.pop(op_id, None)
                     stats.append(OpStats(**d))
         finally:

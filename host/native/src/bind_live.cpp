@@ -223,19 +223,20 @@ void bind_live(nb::module_& m) {
             "op_id"_a, "x"_a, "out"_a, "exponent"_a)
         .def(
             "wait",
-            [](LiveNic& n, double timeout_s) {
-                // [(op_id, stats dict)] of the ops finished meanwhile ([] on timeout)
+            [](LiveNic& n, double timeout_s, size_t at_least) {
+                // [(op_id, stats dict)] of the ops finished by the time `at_least` have
+                // (or the timeout; [] if none)
                 std::vector<LiveDone> done;
                 {
                     nb::gil_scoped_release unlocked;
-                    n.wait(to_us(timeout_s), done);
+                    n.wait(to_us(timeout_s), at_least, done);
                 }
                 nb::list out;
                 for (const LiveDone& d : done)
                     out.append(nb::make_tuple(d.op_id, stats_dict(d.stats)));
                 return out;
             },
-            "timeout_s"_a)
+            "timeout_s"_a, "at_least"_a = 1)
         .def(
             "cancel",
             [](LiveNic& n, double timeout_s) {

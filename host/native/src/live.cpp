@@ -185,10 +185,13 @@ void LiveNic::submit(int64_t op_id, const float* in, float* out, size_t n, int e
     wake();
 }
 
-bool LiveNic::wait(int64_t timeout_us, std::vector<LiveDone>& out) {
+bool LiveNic::wait(int64_t timeout_us, size_t at_least, std::vector<LiveDone>& out) {
     std::unique_lock<std::mutex> lk(mu_);
+    at_least = std::max<size_t>(at_least, 1);
+    want_ = at_least;
     done_cv_.wait_for(lk, std::chrono::microseconds(std::max<int64_t>(0, timeout_us)),
-                      [&] { return !done_.empty() || exited_; });
+                      [&] { return done_.size() >= at_least || exited_; });
+    want_ = 1;
     if (!done_.empty()) {
         for (LiveDone& d : done_) out.push_back(std::move(d));
         done_.clear();
@@ -345,11 +348,13 @@ void LiveNic::collect() {
         ready.push_back(LiveDone{r.op_id, *r.stats});
     }
     if (ready.empty()) return;
+    bool enough;
     {
         std::lock_guard<std::mutex> lk(mu_);
         for (LiveDone& d : ready) done_.push_back(std::move(d));
+        enough = done_.size() >= want_;
     }
-    done_cv_.notify_all();
+    if (enough) done_cv_.notify_all();  // the waiter sleeps on until its count is reached
 }
 
 int64_t LiveNic::wait_until() const {

@@ -88,9 +88,10 @@ public:
     // until its result is handed back or cancel() returns. Throws std::invalid_argument.
     void submit(int64_t op_id, const float* in, float* out, size_t n, int exponent);
     int64_t next_op() const { return next_submit_; }
-    // Waits up to timeout_us for finished ops, moves them into out (appends). False on
-    // timeout with nothing finished. Throws std::runtime_error if the engine thread failed.
-    bool wait(int64_t timeout_us, std::vector<LiveDone>& out);
+    // Waits up to timeout_us until at least `at_least` ops have finished (one wake-up per
+    // bucket, not per op), moves what finished into out (appends). False when nothing had
+    // finished. Throws std::runtime_error if the engine thread failed.
+    bool wait(int64_t timeout_us, size_t at_least, std::vector<LiveDone>& out);
 
     void stop();  // idempotent
 
@@ -142,6 +143,7 @@ private:
     std::deque<Submit> inbox_;
     std::deque<std::shared_ptr<Command>> commands_;
     std::vector<LiveDone> done_;
+    size_t want_ = 1;  // results the waiter waits for
     std::string error_;
     bool failed_ = false, exited_ = false;
     int64_t next_submit_;  // caller side (submit is called from one thread at a time)
