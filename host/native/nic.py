@@ -49,6 +49,29 @@ def _local_agreement(proposals: list[int]) -> list[int]:
     return list(proposals)
 
 
+class NativeTransport:
+    """`nic.transport` as the host backends' callers use it (the DDP hook's warm-up runs
+    under `nic.transport.reliable()`), for the engine thread's own socket."""
+
+    def __init__(self, nic: NativeNic, adopted: UdpTransport | None) -> None:
+        self._nic, self.adopted = nic, adopted
+
+    @property
+    def address(self) -> Address:
+        return self._nic.address
+
+    def reliable(self) -> contextlib.AbstractContextManager[None]:
+        return self._nic.reliable()
+
+    @property
+    def sent(self) -> int:
+        return self._nic.counters()["tx_datagrams"]
+
+    @property
+    def received(self) -> int:
+        return self._nic.counters()["rx_datagrams"]
+
+
 class NativeNic:
     """One rank's live native NIC."""
 
@@ -87,6 +110,7 @@ class NativeNic:
             buffer_bytes=buffer_bytes, impairment=impairment,
             seed=rank if seed is None else seed,
         )  # fmt: skip
+        self.transport = NativeTransport(self, transport)
         # arrays the engine thread may still read or write, by op id
         self._held: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._leaked: list[object] = []
@@ -94,6 +118,11 @@ class NativeNic:
             self.connect(peers)
 
     # ---- set-up
+
+    @property
+    def next_op(self) -> int:
+        """The id the next chunk will run as (ops are numbered across allreduce calls)."""
+        return self._live.next_op
 
     @property
     def address(self) -> Address:
@@ -208,15 +237,15 @@ class NativeNic:
         bounds = [(a, min(a + c, x.size)) for a in range(0, x.size, c)]
         exps = self.agree([_engine.propose_exponent(x[a:b], self._params) for a, b in bounds])
         first = live.next_op
-        for k, (a, b) in enumerate(bounds):
-            xs, os_ = x[a:b], out[a:b]
-            self._held[first + k] = (xs, os_)
-            live.submit(first + k, xs, os_, int(exps[k]))
         stats: list[OpStats] = []
         # Every phase ends by its deadline: an op takes at most 2 t_B plus skew. Past this
         # bound something outside the protocol is wrong: fail, never hang.
         limit = time.monotonic() + len(bounds) * (2 * self.p.t_b_us * 1e-6 + 1.0) + 5.0
         try:
+            for k, (a, b) in enumerate(bounds):
+                xs, os_ = x[a:b], out[a:b]
+                self._held[first + k] = (xs, os_)
+                live.submit(first + k, xs, os_, int(exps[k]))
             while len(stats) < len(bounds):
                 left = limit - time.monotonic()
                 if left <= 0:

@@ -235,12 +235,19 @@ def test_control_calls_and_bad_arguments():
         assert nics[0].gone == {1}
         assert nics[1].gone == set()
         # with its only peer gone, rank 0 reduces alone: the mean of itself
-        out, stats = nics[0].allreduce(x)
+        assert nics[0].next_op == 0
+        with nics[0].transport.reliable():
+            out, stats = nics[0].allreduce(x)
         np.testing.assert_allclose(out, x)
         assert stats[0].p1_received == stats[0].p2_received == 0
+        assert nics[0].next_op == 1 and nics[0].transport.address == nics[0].address
     finally:
         t0 = time.monotonic()
         for nic in nics:
             nic.close()
             nic.close()  # idempotent
         assert time.monotonic() - t0 < 1.0  # every wait in the loop is bounded
+    with pytest.raises(RuntimeError, match="engine thread has stopped"):
+        nics[0].allreduce(x)
+    with pytest.raises(RuntimeError, match="engine thread has stopped"):
+        nics[0].counters()
