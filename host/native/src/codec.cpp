@@ -220,9 +220,10 @@ OR_CLONES void sign_words(const uint16_t* __restrict rk, uint32_t ctr0, size_t c
 // out[i] = -v[i] where bit (start + i) of the sign stream is 1; start a multiple of 32.
 template <class T>
 OR_INLINE void negate_by_words(const uint32_t* __restrict words, const T* v, size_t n, T* out) {
+    using U = std::make_unsigned_t<T>;  // wraps like the model's int64 (-INT64_MIN too)
     for (size_t i = 0; i < n; ++i) {
-        const T s = -static_cast<T>((words[i >> 5] >> (i & 31)) & 1);  // 0 or -1
-        out[i] = (v[i] ^ s) - s;
+        const U s = U{0} - ((words[i >> 5] >> (i & 31)) & 1);  // 0 or all ones
+        out[i] = static_cast<T>((static_cast<U>(v[i]) ^ s) - s);
     }
 }
 
@@ -246,7 +247,8 @@ void apply_signs_t(const SignKey& k, uint64_t start, const T* v, size_t n, T* ou
     while (j < n && ((start + j) & 31)) {
         const uint64_t e = start + j;
         const uint32_t w = speck_word(k.rk, static_cast<uint32_t>(e >> 5));
-        out[j] = ((w >> (e & 31)) & 1) ? -v[j] : v[j];
+        using U = std::make_unsigned_t<T>;
+        out[j] = ((w >> (e & 31)) & 1) ? static_cast<T>(U{0} - static_cast<U>(v[j])) : v[j];
         ++j;
     }
     while (j < n) {
