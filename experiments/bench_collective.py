@@ -72,7 +72,7 @@ def _worker(rank: int, world: int, tmp: str, cfg: dict, q) -> None:
     from optireduce.host.driver import select_nic, torch_exponent_agreement
     from optireduce.host.model.impairment import ImpairmentSpec
     from optireduce.host.reliable import ReliableEndpoint
-    from optireduce.host.transport import UdpTransport, addresses_from_store
+    from optireduce.host.transport import UdpTransport, transport_from_store
     from optireduce.params import NicParams
 
     torch.set_num_threads(1)
@@ -89,10 +89,8 @@ def _worker(rank: int, world: int, tmp: str, cfg: dict, q) -> None:
         return t.tolist()
 
     def transport(name: str, spec, seed: int) -> UdpTransport:
-        tr = UdpTransport(rank, impairment=spec, seed=seed)
         prefixed = dist.PrefixStore(f"bench/{name}/", store)  # fresh keys per transport
-        tr.connect(addresses_from_store(prefixed, rank, world, tr.address))
-        return tr
+        return transport_from_store(prefixed, rank, world, impairment=spec, seed=seed)
 
     def timed(fn: Callable[[], object]) -> tuple[float, object]:
         dist.barrier()

@@ -13,6 +13,19 @@ import json
 import os
 
 
+def teacher_task(n: int = 4096):
+    """(features, labels): 3 classes from a fixed random linear map of 20 features, the
+    same on every rank; torch seeded and one thread per process."""
+    import torch
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(1)
+    teacher = torch.randn(20, 3, generator=g)
+    xs = torch.randn(n, 20, generator=g)
+    return xs, (xs @ teacher).argmax(1)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=60)
@@ -30,12 +43,7 @@ def main(argv: list[str] | None = None) -> int:
 
     dist.init_process_group("gloo")  # env:// from torchrun
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    g = torch.Generator().manual_seed(1)
-    teacher = torch.randn(20, 3, generator=g)
-    xs = torch.randn(4096, 20, generator=g)
-    ys = (xs @ teacher).argmax(1)
+    xs, ys = teacher_task()
     model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 3))
     ddp = DDP(model, bucket_cap_mb=0.01)
     params = (

@@ -16,7 +16,7 @@ import struct
 import time
 
 from optireduce.host.reliable import ReliableEndpoint
-from optireduce.host.transport import UdpTransport, addresses_from_store
+from optireduce.host.transport import transport_from_store
 
 TAG = 0x0C7
 STORE_PREFIX = "optireduce/control/"
@@ -27,10 +27,7 @@ class ControlPlane:
     def __init__(self, rank: int, world: int, store, timeout_s: float = 30.0) -> None:
         self.rank, self.world = rank, world
         self.timeout_s = timeout_s
-        self.transport = UdpTransport(rank)
-        self.transport.connect(
-            addresses_from_store(store, rank, world, self.transport.address, prefix=STORE_PREFIX)
-        )
+        self.transport = transport_from_store(store, rank, world, prefix=STORE_PREFIX)
         self.ep = ReliableEndpoint(self.transport)
         self.seq = 0
         self.gone: set[int] = set()

@@ -33,7 +33,7 @@ from optireduce.host.control import ControlPlane
 from optireduce.host.driver import Nic, select_nic
 from optireduce.host.model.deadline import calibrate_t_b, phase_times
 from optireduce.host.model.impairment import ImpairmentSpec
-from optireduce.host.transport import UdpTransport, addresses_from_store
+from optireduce.host.transport import transport_from_store
 from optireduce.params import NicParams
 
 log = logging.getLogger("optireduce")
@@ -142,9 +142,9 @@ class OptiReduceState:
         transport, the bounded control plane and the driver thread."""
         rank, world = dist.get_rank(), dist.get_world_size()
         self._group = dist.new_group(backend="gloo")
-        transport = UdpTransport(rank, impairment=self.impairment, seed=self.seed * 1000 + rank)
         store = dist.distributed_c10d._get_default_store()
-        transport.connect(addresses_from_store(store, rank, world, transport.address))
+        transport = transport_from_store(store, rank, world, impairment=self.impairment,
+                                         seed=self.seed * 1000 + rank)  # fmt: skip
         self._control = ControlPlane(rank, world, store, timeout_s=WARMUP_T_B_US * 1e-6)
 
         def agree(proposals: list[int]) -> list[int]:

@@ -131,6 +131,14 @@ class UdpTransport:
         self.close()
 
 
+def transport_from_store(store, rank: int, world: int, *, impairment: ImpairmentSpec | None = None,
+                         seed: int = 0, prefix: str = STORE_PREFIX) -> UdpTransport:  # fmt: skip
+    """This rank's transport, connected to every rank's through the store."""
+    transport = UdpTransport(rank, impairment=impairment, seed=seed)
+    transport.connect(addresses_from_store(store, rank, world, transport.address, prefix=prefix))
+    return transport
+
+
 def addresses_from_store(store, rank: int, world: int, address: Address,
                          timeout_s: float = 60.0, prefix: str = STORE_PREFIX
                          ) -> list[Address]:  # fmt: skip

@@ -521,6 +521,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _workers(ap: argparse.ArgumentParser) -> None:
+    """--workers N of the simulated clusters: 2 up to the default NicParams.n_max."""
+    ap.add_argument("--workers", type=int, default=8, choices=range(2, NicParams().n_max + 1),
+                    metavar="N")  # fmt: skip
+
+
+def _jobs(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--jobs", type=int, default=0, help="processes (default: all cores)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="optireduce", description="OptiReduce SmartNIC offload: model, simulation, benches"
@@ -532,7 +542,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--numerics", action="store_true", help="the error table of the transform")
     d.add_argument("--steps", type=int, default=120, help="training steps of each method")
     d.add_argument("--no-cosim", action="store_true", help="every rank software")
-    d.add_argument("--workers", type=int, default=8, choices=range(2, 65), metavar="N")
+    _workers(d)
     d.add_argument("--loss", type=_losses, default=(0.0, 0.01, 0.05), help="e.g. 0,0.01,0.05")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--plot", default="optireduce-demo.png", help="PNG path ('' for none)")
@@ -548,7 +558,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=cmd_bench)
 
     s = sub.add_parser("simulate", help="one AllReduce of random data on the virtual cluster")
-    s.add_argument("--workers", type=int, default=8, choices=range(2, 65), metavar="N")
+    _workers(s)
     s.add_argument("--elements", type=int, default=100_000)
     s.add_argument("--drop-rate", type=float, default=0.0)
     s.add_argument("--seed", type=int, default=0)
@@ -581,7 +591,7 @@ def build_parser() -> argparse.ArgumentParser:
     from optireduce.experiments import cluster, loss_tolerance
 
     cl = sub.add_parser("cluster", help="SimPy cluster: ring, TAR and OptiReduce on the same links")
-    cl.add_argument("--workers", type=int, default=8, choices=range(2, 65), metavar="N")
+    _workers(cl)
     cl.add_argument("--tail", default="3", help="P99/P50 of the per-packet delay, or 'cloud'")
     cl.add_argument("--ops", type=int, default=100, help="measured ops per algorithm")
     cl.add_argument("--median-us", type=float, default=100.0, help="median per-packet delay")
@@ -593,7 +603,7 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("--rto-us", type=int, default=1000, help="reliable baselines' RTO")
     cl.add_argument("--seed", type=int, default=0)
     cl.add_argument("--algos", default="", help="comma-separated subset (default: all)")
-    cl.add_argument("--jobs", type=int, default=0, help="processes (default: all cores)")
+    _jobs(cl)
     cl.add_argument("--plot", default="", help="PNG of the latency CDFs")
     cl.add_argument("--sweep-workers", type=_sizes, default=None, help="e.g. 8,16,32")
     cl.add_argument("--sweep-plot", default="cluster-p99-vs-workers.png", help="sweep PNG")
@@ -602,13 +612,13 @@ def build_parser() -> argparse.ArgumentParser:
     cl.set_defaults(func=cmd_cluster)
 
     lt = sub.add_parser("loss-tolerance", help="training accuracy vs packet loss, +/- the RHT")
-    lt.add_argument("--workers", type=int, default=8, choices=range(2, 65), metavar="N")
+    _workers(lt)
     lt.add_argument("--steps", type=int, default=250, help="SGD steps per run")
     lt.add_argument("--batch", type=int, default=32, help="minibatch per worker")
     lt.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (momentum 0.9)")
     lt.add_argument("--seeds", type=_sizes, default=[0, 1, 2, 3, 4], help="e.g. 0,1,2")
     lt.add_argument("--losses", type=_losses, default=(0.0, 0.01, 0.02, 0.05, 0.1))
-    lt.add_argument("--jobs", type=int, default=0, help="processes (default: all cores)")
+    _jobs(lt)
     lt.add_argument("--plot", default="", help="PNG of accuracy vs loss rate")
     lt.add_argument("--json", action="store_true", help="print JSON")
     add_nic_params(lt, loss_tolerance.LossToleranceConfig().nic_params(),

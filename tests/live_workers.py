@@ -25,26 +25,33 @@ def spawn_world(fn, args: tuple, nprocs: int, timeout_s: float) -> None:
             pytest.fail(f"{fn.__name__}: workers did not finish within {timeout_s} s")
 
 
+def join_world(rank: int, world: int, tmp: str):
+    """This spawned worker in a gloo group of `world` on loopback (a file store in tmp),
+    one thread per process; returns the group's store."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=world)
+    return dist.distributed_c10d._get_default_store()
+
+
 def live_inputs(world: int, n: int, seed: int) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     return [(rng.standard_normal(n) * (1 + r)).astype(np.float32) for r in range(world)]
 
 
 def allreduce_worker(rank: int, world: int, tmp: str, n: int, seed: int, cfg: dict) -> None:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    store = join_world(rank, world, tmp)
     import torch.distributed as dist
 
     from optireduce.host.driver import select_nic, torch_exponent_agreement
     from optireduce.host.model.impairment import ImpairmentSpec
-    from optireduce.host.transport import UdpTransport, addresses_from_store
+    from optireduce.host.transport import transport_from_store
     from optireduce.params import NicParams
 
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=world)
-    store = dist.distributed_c10d._get_default_store()
     imp = ImpairmentSpec(**cfg["impairment"]) if cfg.get("impairment") else None
-    transport = UdpTransport(rank, impairment=imp, seed=seed * 100 + rank)
-    transport.connect(addresses_from_store(store, rank, world, transport.address))
+    transport = transport_from_store(store, rank, world, impairment=imp, seed=seed * 100 + rank)
     nic = select_nic(
         NicParams(**cfg.get("params", {})), rank, world,
         transport=transport, agree=torch_exponent_agreement(),
@@ -74,23 +81,16 @@ def allreduce_worker(rank: int, world: int, tmp: str, n: int, seed: int, cfg: di
 def ddp_worker(rank: int, world: int, tmp: str, cfg: dict) -> None:
     """Train a small MLP with DDP, plain or with the OptiReduce hook; save accuracy and
     a parameter checksum."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    join_world(rank, world, tmp)
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from optireduce import OptiReduceState, optireduce_hook
+    from optireduce.experiments.ddp_example import teacher_task
     from optireduce.host.model.impairment import ImpairmentSpec
 
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=world)
-    # A teacher-labelled task: 3 classes from a fixed random linear map of 20 features.
-    g = torch.Generator().manual_seed(1)
-    teacher = torch.randn(20, 3, generator=g)
-    xs = torch.randn(4096, 20, generator=g)
-    ys = (xs @ teacher).argmax(1)
+    xs, ys = teacher_task()
     model = torch.nn.Sequential(
         torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
         torch.nn.Linear(64, 3),

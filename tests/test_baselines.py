@@ -9,7 +9,6 @@ the order its module documents, and the same bits on every rank.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 
@@ -24,7 +23,7 @@ from optireduce.experiments.baselines import (
 from optireduce.host.model.impairment import ImpairmentSpec
 from optireduce.host.reliable import HEADER, MAX_DATAGRAM, ReliableEndpoint
 from optireduce.host.transport import UdpTransport
-from tests.live_workers import spawn_world
+from tests.live_workers import join_world, live_inputs, spawn_world
 
 EPS32 = float(np.finfo(np.float32).eps)
 
@@ -104,11 +103,6 @@ def test_recv_and_flush_time_out_when_the_peer_never_answers():
 # ---- three processes on loopback ------------------------------------------------------------
 
 
-def inputs(world: int, n: int, seed: int) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return [(rng.standard_normal(n) * (1 + r)).astype(np.float32) for r in range(world)]
-
-
 def expected_bits(xs: list[np.ndarray], algo: str) -> np.ndarray:
     """The float32 sums in the order baselines.py documents, divided by N."""
     world, n = len(xs), xs[0].size
@@ -126,28 +120,25 @@ SIZES = (300_001, 2)  # uneven chunks; and fewer elements than ranks (empty mess
 
 
 def baseline_worker(rank: int, world: int, tmp: str, seed: int) -> None:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    store = join_world(rank, world, tmp)
     import torch
     import torch.distributed as dist
 
     from optireduce.experiments.baselines import gloo_allreduce_mean
-    from optireduce.host.transport import addresses_from_store
+    from optireduce.host.transport import transport_from_store
 
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=world)
-    store = dist.distributed_c10d._get_default_store()
-    tr = UdpTransport(rank, impairment=ImpairmentSpec(loss=0.05), seed=seed * 100 + rank)
-    tr.connect(addresses_from_store(store, rank, world, tr.address))
+    tr = transport_from_store(store, rank, world, impairment=ImpairmentSpec(loss=0.05),
+                              seed=seed * 100 + rank)  # fmt: skip
     ep = ReliableEndpoint(tr)
     for n in SIZES:
-        x = inputs(world, n, seed)[rank]
+        x = live_inputs(world, n, seed)[rank]
         np.save(
             f"{tmp}/ring{n}_{rank}.npy", reliable_ring_allreduce(ep, rank, world, x, timeout=20)
         )
         np.save(f"{tmp}/tar{n}_{rank}.npy", reliable_tar_allreduce(ep, rank, world, x, timeout=20))
     ep.settle(timeout=20, quiet_s=0.3)  # before gloo blocks this rank's pump
     for n in SIZES:
-        x = inputs(world, n, seed)[rank]
+        x = live_inputs(world, n, seed)[rank]
         t = torch.from_numpy(x)
         g = gloo_allreduce_mean(t)
         assert torch.equal(t, torch.from_numpy(x))  # the input is kept
@@ -163,7 +154,7 @@ def test_ring_and_tar_under_loss_are_exact_and_identical_on_every_rank(tmp_path)
     world, seed = 3, 4
     spawn_world(baseline_worker, (world, str(tmp_path), seed), world, 90)
     for n in SIZES:
-        xs = inputs(world, n, seed)
+        xs = live_inputs(world, n, seed)
         ref = np.mean([x.astype(np.float64) for x in xs], axis=0)
         tol = 2 * world * EPS32 * np.mean([np.abs(x.astype(np.float64)) for x in xs], axis=0)
         for algo in ("ring", "tar"):

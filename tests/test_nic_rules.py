@@ -44,6 +44,12 @@ def start_rank0(xs, now=0, op_id=0):
     return nic
 
 
+def started_rank0(now=0):
+    """Rank 0 with op 0 of inputs() started at `now`, and the frames its peers send it."""
+    xs = inputs()
+    return start_rank0(xs, now), scatter_to_rank0(xs)
+
+
 def deliver(nic, frames, keys, t0=10):
     for k, key in enumerate(keys):
         nic.receive(t0 + k, frames[key])
@@ -58,8 +64,7 @@ def gathers(nic):
 
 def test_all_arrived_ends_the_phase_at_the_last_arrival():
     xs = inputs()
-    nic = start_rank0(xs)
-    frames = scatter_to_rank0(xs)
+    nic, frames = started_rank0()
     deliver(nic, frames, ALL[:-1])
     assert gathers(nic) == []
     nic.receive(50, frames[ALL[-1]])
@@ -80,9 +85,7 @@ def test_all_arrived_ends_the_phase_at_the_last_arrival():
 
 
 def test_early_timeout_after_last_packets_and_an_idle_gap():
-    xs = inputs()
-    nic = start_rank0(xs)
-    frames = scatter_to_rank0(xs)
+    nic, frames = started_rank0()
     keys = [k for k in ALL if k != (1, 3)]  # a non-LAST packet is lost
     deliver(nic, frames, keys)  # last arrival at t = 16
     idle = (P.alpha_q8 * 1000) >> 8  # alpha * T, T = t_C = t_B before any history
@@ -97,9 +100,7 @@ def test_early_timeout_after_last_packets_and_an_idle_gap():
 
 
 def test_hard_deadline_when_a_last_packet_is_missing():
-    xs = inputs()
-    nic = start_rank0(xs, now=100)
-    frames = scatter_to_rank0(xs)
+    nic, frames = started_rank0(now=100)
     deliver(nic, frames, [k for k in ALL if k != (2, 9)], t0=110)
     assert nic.next_timer() == 100 + 1000
     nic.advance(1099)
@@ -115,9 +116,7 @@ def test_hard_deadline_when_a_last_packet_is_missing():
 
 
 def test_timeout_is_min_of_median_peer_tc_and_tb():
-    xs = inputs()
-    nic = start_rank0(xs)
-    frames = scatter_to_rank0(xs)
+    nic, frames = started_rank0()
 
     def with_tc(frame, tc):
         h = ubt.UbtHeader.unpack(frame, ubt.L2_L4_LEN)._replace(t_c_us=tc)
@@ -154,9 +153,7 @@ def test_set_t_b_bounds_every_later_phase_and_t_c():
 
 
 def test_deadline_moved_into_the_past_ends_the_phase_now():
-    xs = inputs()
-    nic = start_rank0(xs)
-    frames = scatter_to_rank0(xs)
+    nic, frames = started_rank0()
     h = ubt.UbtHeader.unpack(frames[(1, 0)], ubt.L2_L4_LEN)
     for r, tc in ((1, 30), (2, 30)):
         f = ubt.build_frame(
@@ -171,8 +168,7 @@ def test_deadline_moved_into_the_past_ends_the_phase_now():
 
 def test_late_duplicate_stale_and_future_frames_are_dropped_and_counted():
     xs = inputs()
-    nic = start_rank0(xs)
-    frames = scatter_to_rank0(xs)
+    nic, frames = started_rank0()
     deliver(nic, frames, [k for k in ALL if k != (2, 9)])
     nic.receive(30, frames[(1, 0)])
     assert nic.counters["duplicate"] == 1 and nic.ops[0].stats.duplicate == 1
@@ -261,9 +257,7 @@ def test_every_malformed_class_is_rejected_counted_and_harmless(reason):
 
 
 def test_malformed_gather_contributors_are_rejected():
-    xs = inputs()
-    frames = scatter_to_rank0(xs)
-    nic = start_rank0(xs)
+    nic, frames = started_rank0()
     nic.receive(5, _with(frames[(1, 0)], contributors=1))  # a scatter with a count
     nic.receive(6, _with(frames[(1, 0)], msg_type=ubt.MSG_GATHER, contributors=9))
     assert nic.counters["malformed_header"] == 2
@@ -291,9 +285,7 @@ def test_host_port_rejects_bad_commands():
 
 
 def test_a_frame_exactly_at_the_deadline_is_late():
-    xs = inputs()
-    nic = start_rank0(xs)
-    frames = scatter_to_rank0(xs)
+    nic, frames = started_rank0()
     deliver(nic, frames, [k for k in ALL if k != (2, 9)])
     nic.receive(1000, frames[(2, 9)])  # T = t_B = 1000: the timer fires first
     assert nic.counters["late"] == 1
@@ -303,8 +295,7 @@ def test_a_frame_exactly_at_the_deadline_is_late():
 def test_peers_gone_ends_the_phase_without_waiting():
     """A packet of op 2 from rank 1 proves rank 1 finished op 0 (K = 2)."""
     xs = inputs()
-    nic = start_rank0(xs)
-    frames = scatter_to_rank0(xs)
+    nic, frames = started_rank0()
     deliver(nic, frames, [k for k in ALL if k not in ((1, 9), (2, 9))])  # both LASTs lost
     nic.receive(40, scatter_to_rank0(xs, op_id=2)[(1, 0)])
     assert gathers(nic) == []  # rank 2 still owes packet 9
@@ -321,18 +312,14 @@ def test_peers_gone_ends_the_phase_without_waiting():
 
 def test_phase2_deadline_is_anchored_after_the_slowest_phase1():
     """A receiver whose phase 1 ended at once still waits until start + T1 + T2."""
-    xs = inputs()
-    nic = start_rank0(xs, now=0)
-    frames = scatter_to_rank0(xs)
+    nic, frames = started_rank0(now=0)
     deliver(nic, frames, ALL)  # phase 1 complete at t = 17
     nic.poll_tx()
     assert nic.next_timer() == 1000 + 1000  # anchor = op start + T1 = 1000, then + T2
 
 
 def test_tc_is_kept_per_phase_and_carried_in_headers():
-    xs = inputs()
-    nic = start_rank0(xs)
-    frames = scatter_to_rank0(xs)
+    nic, frames = started_rank0()
     deliver(nic, frames, ALL, t0=10)  # phase 1 complete at 17: sample 17
     g = gathers(nic)
     h = ubt.UbtHeader.unpack(g[0].frame, ubt.L2_L4_LEN)
@@ -341,9 +328,7 @@ def test_tc_is_kept_per_phase_and_carried_in_headers():
 
 
 def test_dropped_frames_never_move_tc():
-    xs = inputs()
-    nic = start_rank0(xs)
-    frames = scatter_to_rank0(xs)
+    nic, frames = started_rank0()
     for bad in (_with(frames[(1, 0)], op_id=99, t_c_us=3), _with(frames[(1, 0)], t_c_us=0),
                 _with(frames[(1, 0)], pkt_index=4, t_c_us=3)):  # fmt: skip
         nic.receive(5, bad)
@@ -362,9 +347,7 @@ def test_dropped_frames_never_move_tc():
     ],
 )
 def test_more_header_mismatches(fields, reason):
-    xs = inputs()
-    frames = scatter_to_rank0(xs)
-    nic = start_rank0(xs)
+    nic, frames = started_rank0()
     f = frames[(1, 0)]
     if "count" in fields:  # a shorter payload that agrees with its count
         h = ubt.UbtHeader.unpack(f, U)._replace(count=8)

@@ -46,6 +46,14 @@ class OpResult:
     stats: OpStats
 
 
+def check_world(p: NicParams, rank: int, world: int) -> None:
+    """A NIC's place: 2 <= world <= n_max, 0 <= rank < world (a ValueError otherwise)."""
+    if not 2 <= world <= p.n_max:
+        raise ValueError(f"world={world}: must be in 2..n_max={p.n_max}")
+    if not 0 <= rank < world:
+        raise ValueError(f"rank={rank}: must be in 0..world-1={world - 1}")
+
+
 class _Op:
     """State of one op in the window."""
 
@@ -88,10 +96,7 @@ class NicModel:
         addressing: ubt.Addressing = ubt.DEFAULT_ADDRESSING,
         first_op: int = 0,
     ) -> None:
-        if not 2 <= world <= p.n_max:
-            raise ValueError(f"world={world}: must be in 2..n_max={p.n_max}")
-        if not 0 <= rank < world:
-            raise ValueError(f"rank={rank}: must be in 0..world-1={world - 1}")
+        check_world(p, rank, world)
         self.p, self.rank, self.world, self.addressing = p, rank, world, addressing
         self.counters = dict.fromkeys(COUNTERS, 0)
         # One t_C per phase (index 0: scatter, 1: gather): their durations differ.
