@@ -296,3 +296,14 @@ def test_bad_arguments_are_clear_errors():
         NativeNicModel(TRACE_PARAMS, 3, 3)
     with pytest.raises(ValueError, match="only t_b_us"):
         nic.p = TRACE_PARAMS.replace(p=8)
+
+
+def test_a_cluster_at_the_hardware_packet_size():
+    """p = 256 (1 KiB payloads), b = 4096, whole and partial chunks, with loss, duplicates,
+    reordering and corrupted copies: the sizes the NIC runs at, not only the small ones."""
+    p = NicParams(p=256, b=4096, c=16384, n_max=8, t_b_us=2000, t_c_min_us=20)
+    plan = Plan(params=p, world=4, lens=[16384, 5000, 16384], seed=11, loss=0.03, dup=0.05,
+                max_delay=300, mutate=0.02, datagram=0.5)  # fmt: skip
+    nodes = run_cluster(plan)
+    assert all(len(n.results) == 3 for n in nodes)
+    assert sum(n.native.counters["rx_gather"] for n in nodes) > 100
