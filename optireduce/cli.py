@@ -505,10 +505,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from optireduce.sim.replay import ReplayError, replay
     from optireduce.sim.trace import read_pcap, write_pcap
 
+    backend = args.backend
+    if backend == "native":
+        from optireduce.host.native.engine import NativeError, NativeNicModel
+
+        backend = NativeNicModel
     try:
         frames = read_pcap(args.trace)
-        res = replay(frames, backend=args.backend)
-    except (OSError, ValueError, ReplayError) as e:
+        res = replay(frames, backend=backend)
+    except (OSError, ValueError, ReplayError, NativeError) as e:
         print(f"optireduce replay: {e}", file=sys.stderr)
         return 2
     if args.output:

@@ -34,7 +34,7 @@ from optireduce.host.model.nic_model import NicModel
 from optireduce.params import NicParams
 from optireduce.sim.trace import Frame
 
-BACKENDS = ("model", "native", "rtl")
+BACKENDS = ("model", "native", "rtl")  # the command line's choices
 _TIMER_STEPS = 1_000_000  # bound on timer firings after the last frame
 
 
@@ -104,32 +104,29 @@ def events(frames: list[Frame]) -> Events:
     return Events(*cfg, inputs, host_drops)
 
 
-def replay(frames: list[Frame], backend: str = "model", *, backpressure: int = 0) -> ReplayResult:
-    """Replay `frames` through the model or the RTL. backpressure=k (rtl only): the
-    core's outputs are ready one cycle in k + 1, at random, to exercise flow control."""
-    if backend not in BACKENDS:
-        raise ReplayError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+def replay(
+    frames: list[Frame], backend: str | type = "model", *, backpressure: int = 0
+) -> ReplayResult:
+    """Replay `frames` through the model, the RTL, or another event model: a class with
+    NicModel's constructor and event interface (the command line passes the native engine's
+    NativeNicModel for `--backend native`: the toolchain does not import the runtime).
+    backpressure=k (rtl only): the core's outputs are ready one cycle in k + 1, at random,
+    to exercise flow control."""
+    if isinstance(backend, str) and backend not in ("model", "rtl"):
+        raise ReplayError(f"unknown backend {backend!r}; choose from model, rtl or a model class")
     ev = events(frames)
     if backend == "rtl":
         res = _replay_rtl(ev, backpressure=backpressure)
     else:
-        res = _replay_model(ev, native=backend == "native")
+        res = _replay_model(ev, NicModel if backend == "model" else backend)
     res.counters["host_malformed"] = ev.host_malformed
     res.frames.sort(key=lambda e: (e[0], e[1]))
     return res
 
 
-def _replay_model(ev: Events, *, native: bool = False) -> ReplayResult:
+def _replay_model(ev: Events, model: type) -> ReplayResult:
     res = ReplayResult()
-    if native:
-        from optireduce.host.native.engine import NativeError, NativeNicModel
-
-        try:
-            nic = NativeNicModel(ev.params, ev.rank, ev.world)
-        except NativeError as e:
-            raise ReplayError(f"the native backend is not built: {e}") from e
-    else:
-        nic = NicModel(ev.params, ev.rank, ev.world)
+    nic = model(ev.params, ev.rank, ev.world)
     pending: deque = deque()  # whole chunks waiting for room in the op window
 
     def step(now: int) -> None:

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from optireduce import ubt
 from optireduce.counters import COUNTERS
+from optireduce.host.native.engine import NativeNicModel
 from optireduce.params import NicParams
 from optireduce.sim.replay import differences, replay
 from optireduce.sim.trace import SCENARIOS, TRACE_PARAMS, make_trace
@@ -103,7 +104,7 @@ def test_a_cluster_exercises_every_rule():
 
 
 def both(frames: list) -> tuple:
-    a, b = replay(frames, "model"), replay(frames, "native")
+    a, b = replay(frames, "model"), replay(frames, NativeNicModel)
     assert differences(a, b) == []
     assert json.dumps(a.counters, sort_keys=True) == json.dumps(b.counters, sort_keys=True)
     assert a.frames == b.frames
