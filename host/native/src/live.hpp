@@ -54,6 +54,7 @@ enum LiveCounter : int {
     L_IMP_REORDERED,
     L_QUEUE_MAX,  // most copies the release queue held at once
     L_LOOPS,
+    L_ENGINE_CPU_US,  // CPU time of the engine thread so far
     N_LIVE_COUNTERS,
 };
 extern const char* const LIVE_COUNTER_NAMES[N_LIVE_COUNTERS];
