@@ -582,7 +582,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("replay", help="feed a trace to a NIC backend")
     r.add_argument("trace", help="pcap or pcapng file")
-    r.add_argument("--backend", default="model", choices=("model", "rtl"))
+    r.add_argument("--backend", default="model", choices=("model", "native", "rtl"))
     r.add_argument("-o", "--output", help="pcap of the NIC's output frames")
     r.add_argument("--json", action="store_true", help="print the counters as JSON")
     r.set_defaults(func=cmd_replay)

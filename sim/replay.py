@@ -34,7 +34,6 @@ from optireduce.host.model.nic_model import NicModel
 from optireduce.params import NicParams
 from optireduce.sim.trace import Frame
 
-BACKENDS = ("model", "native", "rtl")  # the command line's choices
 _TIMER_STEPS = 1_000_000  # bound on timer firings after the last frame
 
 
