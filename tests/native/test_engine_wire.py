@@ -108,21 +108,21 @@ def check_cases(draw: st.DrawFn) -> tuple[ubt.UbtHeader, int, int, int]:
     return h, rank, world, base
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=700, deadline=None)
 @given(f=frames())
 def test_parse_frame_decides_as_the_model(f):
     want = model_parse(ubt.parse_frame(f, port=P.udp_port, rank=1))
     assert _engine.wire_parse_frame(f, P.udp_port, 1, *WIRE) == want
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(f=frames())
 def test_parse_ubt_decides_as_the_model(f):
     d = f[ubt.L2_L4_LEN :]
     assert _engine.wire_parse_ubt(d) == model_parse(ubt.parse_ubt(d))
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=700, deadline=None)
 @given(case=check_cases())
 def test_receiver_checks_decide_as_the_model(case):
     h, rank, world, base = case
