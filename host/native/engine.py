@@ -3,7 +3,9 @@
 Same methods, same arguments, same return types (Tx, OpResult with OpStats), so that
 every user of the model (trace replay, the virtual cluster, the driver) can take either.
 The work is done in C++ (host/native/src/engine.cpp) without the GIL; this class only
-converts what crosses the boundary.
+converts what crosses the boundary. One difference, on purpose: an OpResult's stats are a
+snapshot taken at poll_results(), where the model hands out its live OpStats object (which
+goes on counting late frames of the op until the op leaves the window).
 """
 
 from __future__ import annotations
