@@ -191,6 +191,32 @@ def test_impaired_ops_end_within_their_bound_and_report_the_injected_loss():
     assert max(c["release_queue_max"] for c in counters) > 0
 
 
+def test_duplicated_and_reordered_datagrams_change_nothing():
+    """Delay, duplication and reordering without loss: every op completes with the model's
+    result bit for bit, and every extra copy is dropped by a receiver (as a duplicate, or
+    late / stale once its op has moved on)."""
+    world, n = 3, 40_000
+    spec = ImpairmentSpec(median_us=200, p99_ratio=1.5, duplicate=0.05, reorder=0.2)
+    p = NicParams(t_b_us=5_000_000, t_c_min_us=5_000_000)
+    xs = inputs(world, n, seed=12)
+    nics, trs = make_world(world, p, impairment=spec, seed=12)
+    try:
+        got = run_all(nics, lambda r, nic: nic.allreduce(xs[r]))
+        time.sleep(0.2)  # the last copies leave the release queues and arrive
+        counters = [nic.counters() for nic in nics]
+    finally:
+        close_world(nics, trs)
+    want, _ = simulate_allreduce(xs, params=p, calibrate=False)
+    for (out, stats), w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(out, w)
+        assert all(s.phase1_reason == s.phase2_reason == "complete" for s in stats)
+    duplicated = sum(c["impairment_duplicated"] for c in counters)
+    dropped = sum(c["duplicate"] + c["late"] + c["stale_op"] for c in counters)
+    assert duplicated > 0 and dropped == duplicated
+    assert sum(c["impairment_reordered"] for c in counters) > 0
+    assert sum(c["impairment_lost"] for c in counters) == 0
+
+
 def test_loss_statistics_match_what_was_injected():
     """Loss only, and deadlines far above any scheduling hiccup: every datagram the
     impairment dropped is one packet some rank reports missing, and nothing else is."""
