@@ -78,6 +78,7 @@ class Plan:
     first_op: int = 0  # id of the first op
     retune_at: int | None = None  # tick at which every rank's t_B becomes retune_t_b
     retune_t_b: int = 1
+    data: str = "normal"  # "nonfinite": some inf/NaN; "saturate": an exponent 3 too small
 
 
 def _corrupt(frame: bytes, rng: np.random.Generator) -> bytes:
@@ -115,6 +116,12 @@ def run_cluster(plan: Plan, max_steps: int = 200_000) -> list[Twin]:
     xs = [[rng.standard_normal(n).astype(np.float32) * 4 for n in plan.lens] for _ in range(world)]
     exps = [agree_exponent([propose_exponent(xs[r][k], p) for r in range(world)])
             for k in range(len(plan.lens))]  # fmt: skip
+    if plan.data == "saturate":  # quantizer, transform and output saturate
+        exps = [max(e - 3, -128) for e in exps]
+    if plan.data == "nonfinite":  # flagged, carried, and non-finite results everywhere
+        for r in range(world):
+            x = xs[r][-1]
+            x[rng.integers(0, len(x), 2)] = rng.choice([np.inf, -np.inf, np.nan], 2)
     events: list[tuple] = []  # (tick, seq, kind, rank, what)
     seq = 0
 

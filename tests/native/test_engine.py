@@ -66,6 +66,7 @@ def plans(draw: st.DrawFn) -> Plan:
         first_op=draw(st.sampled_from([0, 0, 1, 2**31 - 7])),
         retune_at=draw(st.one_of(st.none(), st.integers(0, 600))),
         retune_t_b=draw(st.integers(1, 2 * t_b)),
+        data=draw(st.sampled_from(["normal", "normal", "nonfinite", "saturate"])),
     )  # fmt: skip
 
 
@@ -84,16 +85,21 @@ def test_a_cluster_exercises_every_rule():
     p = NicParams(p=4, b=16, c=64, n_max=8, t_b_us=300, t_c_min_us=5, last_percent=30)
     seen: dict[str, int] = dict.fromkeys(COUNTERS, 0)
     reasons: set[str] = set()
+    stats = dict.fromkeys(("sat_quantize", "nonfinite", "late", "duplicate"), 0)
     for seed in range(6):
         plan = Plan(params=p, world=4, lens=[64, 50, 64, 9], seed=seed, loss=0.1, dup=0.2,
                     max_delay=120, mutate=0.2, datagram=0.3, dead=3, dead_at=400,
-                    detect=100, mismatch=(None, "exponent", "length")[seed % 3])  # fmt: skip
+                    detect=100, mismatch=(None, "exponent", "length")[seed % 3],
+                    data=("normal", "saturate", "nonfinite")[seed // 2 % 3])  # fmt: skip
         for node in run_cluster(plan):
             for k, v in node.native.counters.items():
                 seen[k] += v
             for r in node.results:
                 reasons |= {r.stats.phase1_reason, r.stats.phase2_reason}
+                for k in stats:
+                    stats[k] += getattr(r.stats, k)
     assert reasons == {"complete", "early", "deadline"}
+    assert all(stats.values()), stats
     for k in ("duplicate", "late", "exponent_mismatch", "bad_length", "bad_ip_checksum",
               "truncated", "stale_op", "future_op", "wrong_job", "unknown_rank", "rx_scatter",
               "rx_gather", "ops_completed"):  # fmt: skip
