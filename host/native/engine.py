@@ -14,7 +14,7 @@ import numpy as np
 
 from optireduce import ubt
 from optireduce.counters import COUNTERS
-from optireduce.host.model.nic_model import OpResult, Tx
+from optireduce.host.model.nic_model import OpResult, Tx, check_world
 from optireduce.host.native import _engine, why
 from optireduce.op_stats import OpStats
 from optireduce.params import NicParams
@@ -57,10 +57,7 @@ class NativeNicModel:
     ) -> None:
         if _engine is None:
             raise NativeError(why)
-        if not 2 <= world <= p.n_max:
-            raise ValueError(f"world={world}: must be in 2..n_max={p.n_max}")
-        if not 0 <= rank < world:
-            raise ValueError(f"rank={rank}: must be in 0..world-1={world - 1}")
+        check_world(p, rank, world)
         self._p, self.rank, self.world, self.addressing = p, rank, world, addressing
         self._e = _engine.Engine(
             p, rank, world, addressing.mac_base, addressing.ip_base, first_op=first_op
