@@ -293,6 +293,31 @@ def test_encode_decode_equal_the_model(op, data):
     assert (sat_out, empty) == (ref_d.sat_output, ref_d.empty_blocks)
 
 
+@pytest.mark.parametrize("est", ["unbiased", "plain"])
+def test_encode_decode_with_flush_to_zero_and_far_exponents(est):
+    # FTZ/DAZ (torch.set_flush_denormal) and |E| > 512 take the integer loops: same bits
+    torch = pytest.importorskip("torch")
+    p = NicParams(p=16, b=512, c=1024, estimator=est)
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal(3000) * 1e-38).astype(np.float32)  # subnormals among them
+    x[:4] = [np.inf, np.nan, -np.inf, 1e-45]
+    have = rng.random(p.packets_for(3000)) < 0.8
+    for e in (quantize.propose_exponent(x, p), -600, 600):
+        ref = codec.encode(x, e, 4, p)
+        z = np.where(np.repeat(have, p.p), ref.y, 0)
+        ref_d = codec.decode(z, have, 3000, e, 4, p)
+        assert torch.set_flush_denormal(True), "this CPU cannot flush denormals"
+        try:
+            y, sat_q, sat_t, nonfinite = E.encode(x, e, 4, p)
+            out, sat_out, empty = E.decode(z.astype(np.int32), have, 3000, e, 4, p)
+        finally:
+            torch.set_flush_denormal(False)
+        np.testing.assert_array_equal(y, ref.y)
+        assert (sat_q, sat_t, nonfinite) == (ref.sat_quantize, ref.sat_transform, ref.nonfinite)
+        assert_same_floats(out, ref_d.x)
+        assert (sat_out, empty) == (ref_d.sat_output, ref_d.empty_blocks)
+
+
 def test_encode_saturates_the_transform_like_the_model():
     p = NicParams(p=4, b=64, c=128, headroom_bits=1)
     x = np.full(64, 1.0, dtype=np.float32)

@@ -53,11 +53,15 @@ struct Scratch {
     int64_t* t64;
     int64_t* v;
     int32_t* t32;
+    uint8_t* signs;
 };
 Scratch scratch(size_t b) {
     thread_local std::vector<int64_t> buf;
-    if (buf.size() < 2 * b + b / 2 + 1) buf.resize(2 * b + b / 2 + 1);
-    return {buf.data(), buf.data() + b, reinterpret_cast<int32_t*>(buf.data() + 2 * b)};
+    const size_t words = 2 * b + (b + 1) / 2 + (b + 7) / 8;
+    if (buf.size() < words) buf.resize(words);
+    int64_t* base = buf.data();
+    return {base, base + b, reinterpret_cast<int32_t*>(base + 2 * b),
+            reinterpret_cast<uint8_t*>(base + 2 * b + (b + 1) / 2)};
 }
 
 // ------------------------------------------------------------------ float32 -> fixed
@@ -82,26 +86,76 @@ OR_INLINE int64_t quantize_one(uint32_t bits, int64_t exponent, int64_t q_max, i
     return (bits >> 31) ? -mag : mag;
 }
 
+// The model's loop on the bit fields. s: per-element extra negation (the random signs), or null.
 template <class Q>
 OR_INLINE QuantizeCounts quantize_loop(const float* __restrict x, size_t n, int64_t exponent,
-                                       int64_t q_max, Q* __restrict q) {
+                                       int64_t q_max, const uint8_t* __restrict s,
+                                       Q* __restrict q) {
     int64_t sat = 0, nonfinite = 0;
     for (size_t i = 0; i < n; ++i) {
         uint32_t bits;
         std::memcpy(&bits, x + i, 4);
-        q[i] = static_cast<Q>(quantize_one(bits, exponent, q_max, sat, nonfinite));
+        const int64_t v = quantize_one(bits, exponent, q_max, sat, nonfinite);
+        q[i] = static_cast<Q>(s && s[i] ? -v : v);
     }
     return {sat, nonfinite};
 }
 
+// The same values through the FPU, which vectorises: |x| 2^-E is exact in double (|E| <= 512),
+// and floor(a + 1/2) is the model's round half up (a + 1/2 is exact below 2^52, and anything
+// above saturates). NaN -> 0, inf saturates. Valid with the default MXCSR only (DAZ would read
+// subnormal inputs as zero): checked by the caller.
+template <class Q>
+OR_INLINE QuantizeCounts quantize_fpu(const float* __restrict x, size_t n, double scale,
+                                      int64_t q_max, const uint8_t* __restrict s,
+                                      Q* __restrict q) {
+    const double qm = static_cast<double>(q_max);
+    int64_t sat = 0, nonfinite = 0;
+    for (size_t i = 0; i < n; ++i) {
+        const double a = std::fabs(static_cast<double>(x[i])) * scale;
+        const bool nan = a != a;
+        nonfinite += nan | (a == HUGE_VAL);
+        double m = std::floor(a + 0.5);
+        const bool over = m > qm;
+        sat += over;
+        m = over ? qm : m;
+        m = nan ? 0.0 : m;
+        const bool neg = std::signbit(x[i]) != (s && s[i]);
+        q[i] = static_cast<Q>(neg ? -m : m);  // -0.0 converts to 0
+    }
+    return {sat, nonfinite};
+}
+
+bool fpu_default_mode() {
+#if defined(__x86_64__)
+    // rounding control bits 13-14 = 0 (nearest), FTZ (bit 15) and DAZ (bit 6) clear;
+    // torch.set_flush_denormal(True) sets FTZ/DAZ, and then the exact integer paths run.
+    return (_mm_getcsr() & 0xE040u) == 0;
+#else
+    return std::fegetround() == FE_TONEAREST;
+#endif
+}
+
+constexpr int FPU_EXPONENT_RANGE = 512;  // |E| for which 2^E scaling stays exact in double
+
+bool fpu_ok(int64_t exponent) {
+    return exponent >= -FPU_EXPONENT_RANGE && exponent <= FPU_EXPONENT_RANGE && fpu_default_mode();
+}
+
 OR_CLONES QuantizeCounts quantize_i32(const float* __restrict x, size_t n, int64_t exponent,
-                                      int64_t q_max, int32_t* __restrict q) {
-    return quantize_loop(x, n, exponent, q_max, q);
+                                      int64_t q_max, const uint8_t* __restrict s,
+                                      int32_t* __restrict q) {
+    if (fpu_ok(exponent))
+        return quantize_fpu(x, n, std::ldexp(1.0, static_cast<int>(-exponent)), q_max, s, q);
+    return quantize_loop(x, n, exponent, q_max, s, q);
 }
 
 OR_CLONES QuantizeCounts quantize_i64(const float* __restrict x, size_t n, int64_t exponent,
                                       int64_t q_max, int64_t* __restrict q) {
-    return quantize_loop(x, n, exponent, q_max, q);
+    if (fpu_ok(exponent))
+        return quantize_fpu(x, n, std::ldexp(1.0, static_cast<int>(-exponent)), q_max,
+                            static_cast<const uint8_t*>(nullptr), q);
+    return quantize_loop(x, n, exponent, q_max, static_cast<const uint8_t*>(nullptr), q);
 }
 
 OR_CLONES uint32_t max_finite_magnitude(const float* __restrict x, size_t n) {
@@ -175,16 +229,6 @@ OR_CLONES int64_t dequantize_fpu(const int64_t* __restrict v, size_t n, double s
     return saturated;
 }
 
-bool fpu_default_mode() {
-#if defined(__x86_64__)
-    // rounding control bits 13-14 = 0 (nearest), FTZ (bit 15) and DAZ (bit 6) clear;
-    // torch.set_flush_denormal(True) sets FTZ/DAZ, and then the exact path is used.
-    return (_mm_getcsr() & 0xE040u) == 0;
-#else
-    return std::fegetround() == FE_TONEAREST;
-#endif
-}
-
 OR_CLONES bool any_abs_at_least_2p53(const int64_t* __restrict v, size_t n) {
     const int64_t lim = int64_t{1} << 53;
     bool any = false;
@@ -193,7 +237,7 @@ OR_CLONES bool any_abs_at_least_2p53(const int64_t* __restrict v, size_t n) {
 }
 
 int64_t dequantize_range(const int64_t* v, size_t n, int exponent, float* out) {
-    if (exponent >= -512 && exponent <= 512 && fpu_default_mode())
+    if (fpu_ok(exponent))
         return dequantize_fpu(v, n, std::ldexp(1.0, exponent), out);
     return dequantize_exact(v, n, exponent, out);
 }
@@ -238,6 +282,16 @@ OR_CLONES void negate_i32(const uint32_t* __restrict words, const int32_t* v, si
 }
 
 constexpr size_t WORDS_PER_RUN = 256;  // signs of 8192 elements per batch of cipher calls
+
+// s[j] = bit j mod 32 of words[j / 32], j < n
+OR_CLONES void expand_words(const uint32_t* __restrict words, size_t n, uint8_t* __restrict s) {
+    size_t w = 0;
+    for (; 32 * (w + 1) <= n; ++w) {
+        const uint32_t word = words[w];
+        for (int l = 0; l < 32; ++l) s[32 * w + l] = static_cast<uint8_t>((word >> l) & 1);
+    }
+    for (size_t j = 32 * w; j < n; ++j) s[j] = static_cast<uint8_t>((words[w] >> (j & 31)) & 1);
+}
 
 template <class T, class Neg>
 void apply_signs_t(const SignKey& k, uint64_t start, const T* v, size_t n, T* out, Neg neg) {
@@ -451,18 +505,39 @@ OR_INLINE void fwht_block64(const T* x, size_t b, int64_t* y) {
         pass_r(radix[k], y, b, h);
 }
 
-// The int32 path for one block, b >= 128: tile and all passes but the last in int32 (scratch
-// t, b elements), the last one widening into y. The caller has checked the bound.
+// max |x[i]| (exact: |INT32_MIN| = 2^31 fits the uint32)
+OR_INLINE uint32_t max_abs_loop(const int32_t* __restrict x, size_t n) {
+    uint32_t m = 0;
+    for (size_t i = 0; i < n; ++i) {
+        const uint32_t a = x[i] < 0 ? 0u - static_cast<uint32_t>(x[i]) : static_cast<uint32_t>(x[i]);
+        m = a > m ? a : m;
+    }
+    return m;
+}
+
+// The int32 path for one block, b >= 128: tile and all passes but the last in int32 (in t, b
+// elements; for int32 output in y itself), the last one widening into y. When every input of
+// the last pass is within limit / radix, its outputs are within limit: then it runs in int32
+// too and nothing is clamped (the usual case: the transform spreads a block's energy evenly).
+// The caller has checked the bound that makes the int32 stages exact.
 template <class Out>
 OR_INLINE void fwht_block32(const int32_t* x, size_t b, int32_t* t, Out* y, int64_t limit,
                             int64_t& over) {
+    if constexpr (std::is_same_v<Out, int32_t>) t = y;
     for (size_t o = 0; o < b; o += TILE) tile<int32_t, 4>(x + o, t + o);
     int radix[8];
     const int np = plan_passes(b, radix);
     size_t h = TILE;
     for (int k = 0; k + 1 < np; h *= static_cast<size_t>(radix[k]), ++k)
         pass_r(radix[k], t, b, h);
-    switch (radix[np - 1]) {
+    const int last = radix[np - 1];
+    if constexpr (std::is_same_v<Out, int32_t>) {
+        if (max_abs_loop(t, b) <= static_cast<uint64_t>(limit) / static_cast<uint64_t>(last)) {
+            pass_r(last, t, b, h);
+            return;
+        }
+    }
+    switch (last) {
         case 8: pass_widen<8>(t, b, h, y, limit, over); break;
         case 4: pass_widen<4>(t, b, h, y, limit, over); break;
         default: pass_widen<2>(t, b, h, y, limit, over); break;
@@ -476,15 +551,7 @@ int int32_stages(size_t b) {
     return __builtin_ctzll(b) - __builtin_ctzll(static_cast<uint64_t>(radix[np - 1]));
 }
 
-// max |x[i]| (exact: |INT32_MIN| = 2^31 fits the uint32)
-OR_CLONES uint32_t max_abs_i32(const int32_t* __restrict x, size_t n) {
-    uint32_t m = 0;
-    for (size_t i = 0; i < n; ++i) {
-        const uint32_t a = x[i] < 0 ? 0u - static_cast<uint32_t>(x[i]) : static_cast<uint32_t>(x[i]);
-        m = a > m ? a : m;
-    }
-    return m;
-}
+OR_CLONES uint32_t max_abs_i32(const int32_t* __restrict x, size_t n) { return max_abs_loop(x, n); }
 
 // True when the int32 path is exact for a block of b elements bounded by max_abs.
 bool int32_path_ok(size_t b, uint64_t max_abs) {
@@ -569,6 +636,40 @@ OR_CLONES void div_round_block(const int64_t* __restrict t, size_t n, int64_t d,
     }
 }
 
+// The decoder's per-element steps after the transform, in one pass through the FPU (which
+// vectorises): q = div_round(t, d), negated where s says, times 2^E rounded to float32, clamped
+// to +-FLT_MAX. Exact: |t| < 2^51 converts exactly (the 1.5 * 2^52 trick, no int64 -> double
+// instruction needed), a = 2|t| + d < 2^53 and q * 2d are exact integers in double, the
+// quotient through the reciprocal is within one and one correction step makes it exact, and
+// q 2^E is exact before the one rounding to float32. Valid with the default MXCSR and
+// |E| <= 512 (fpu_ok).
+OR_CLONES int64_t decode_fpu(const int64_t* __restrict t, size_t n, int64_t d,
+                             const uint8_t* __restrict s, double scale, float* __restrict out) {
+    const double dd = static_cast<double>(d), two_d = 2.0 * dd, inv = 1.0 / two_d;
+    constexpr int64_t MAGIC_BITS = 0x4338000000000000;  // 1.5 * 2^52
+    constexpr double MAGIC = 6755399441055744.0;
+    constexpr float FMAX = 3.40282346638528859812e+38f;
+    int64_t saturated = 0;
+    for (size_t i = 0; i < n; ++i) {
+        const int64_t bits = t[i] + MAGIC_BITS;
+        double tv;
+        std::memcpy(&tv, &bits, sizeof tv);
+        tv -= MAGIC;  // == t[i]
+        const double a = 2.0 * std::fabs(tv) + dd;
+        double q = std::floor(a * inv);
+        const double r = a - q * two_d;
+        q = r < 0.0 ? q - 1.0 : q;
+        q = r >= two_d ? q + 1.0 : q;
+        const bool neg = (tv < 0.0) != (s[i] != 0);
+        float f = static_cast<float>((neg ? 0.0 - q : q) * scale);  // 0 - 0 = +0, as the model
+        const bool over = std::fabs(f) > FMAX;
+        saturated += over;
+        f = over ? std::copysign(FMAX, f) : f;
+        out[i] = f;
+    }
+    return saturated;
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------ Params
@@ -613,7 +714,7 @@ int propose_exponent(const float* x, size_t n, const Params& p) {
 
 QuantizeCounts quantize(const float* x, size_t n, int exponent, int64_t q_max, int32_t* q) {
     if (q_max < 0 || q_max >= (int64_t{1} << 31) - 1) bad("quantize: q_max must be in 0..2^31-2");
-    return quantize_i32(x, n, exponent, q_max, q);
+    return quantize_i32(x, n, exponent, q_max, nullptr, q);
 }
 
 QuantizeCounts quantize(const float* x, size_t n, int exponent, int64_t q_max, int64_t* q) {
@@ -656,11 +757,16 @@ uint32_t sign_word(const SignKey& k, uint32_t ctr) { return speck_word(k.rk, ctr
 
 void sign_bits(const SignKey& k, uint64_t start, size_t n, uint8_t* out) {
     size_t j = 0;
-    while (j < n) {
+    for (; j < n && ((start + j) & 31); ++j) {  // an unaligned start: the first partial word
         const uint64_t e = start + j;
-        const uint32_t w = speck_word(k.rk, static_cast<uint32_t>(e >> 5));
-        const size_t end = std::min<uint64_t>(n, ((e >> 5) + 1) * 32 - start);
-        for (; j < end; ++j) out[j] = static_cast<uint8_t>((w >> ((start + j) & 31)) & 1);
+        out[j] = static_cast<uint8_t>((speck_word(k.rk, static_cast<uint32_t>(e >> 5)) >> (e & 31)) & 1);
+    }
+    uint32_t words[WORDS_PER_RUN];
+    while (j < n) {
+        const size_t m = std::min(n - j, WORDS_PER_RUN * 32);
+        sign_words(k.rk, static_cast<uint32_t>((start + j) >> 5), (m + 31) / 32, words);
+        expand_words(words, m, out + j);
+        j += m;
     }
 }
 
@@ -709,12 +815,13 @@ EncodeCounts encode_blocks(const float* x, size_t n, int exponent, uint32_t op_i
         const size_t o = k * b;
         const size_t m = o < n ? std::min(b, n - o) : 0;  // real elements of the block
         int32_t* yb = y + o;
-        const QuantizeCounts qc = quantize_i32(x + o, m, exponent, p.q_max(), yb);
+        if (p.rht) sign_bits(key, o, m, s.signs);  // applied as the values are quantized
+        const QuantizeCounts qc =
+            quantize_i32(x + o, m, exponent, p.q_max(), p.rht ? s.signs : nullptr, yb);
         c.sat_quantize += qc.saturated;
         c.nonfinite += qc.nonfinite;
         std::fill(yb + m, yb + b, 0);
         if (!p.rht) continue;  // |q| <= q_max < wire_max: nothing to saturate
-        apply_signs(key, o, yb, b, yb);
         // |signed q| <= q_max bounds the block: no need to measure it
         c.sat_transform +=
             fwht_saturate_blocks(yb, b, b, p.wire_max(), p.q_max(), yb, s.t32, s.t64);
@@ -757,7 +864,12 @@ DecodeCounts decode_blocks(const int32_t* z, const uint8_t* have, size_t n, int 
             const int64_t d = p.estimator == Estimator::unbiased
                                   ? std::max<int64_t>(kept, 1) * p.p
                                   : static_cast<int64_t>(b);
-            div_round_block(t, m, d, v);  // only the elements that are output
+            if (fpu_ok(exponent)) {  // only the elements that are output
+                sign_bits(key, o, m, s.signs);
+                c.sat_output += decode_fpu(t, m, d, s.signs, std::ldexp(1.0, exponent), out + o);
+                continue;
+            }
+            div_round_block(t, m, d, v);
             apply_signs(key, o, v, m, v);
         } else {
             for (size_t i = 0; i < m; ++i) v[i] = z[o + i];

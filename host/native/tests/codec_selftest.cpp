@@ -347,3 +347,33 @@ TEST(params_check_rejects_what_the_codec_cannot_use) {
     CHECK(p.padded_len(0) == 4096 && p.padded_len(4097) == 8192 && p.packets_for(1) == 16);
     CHECK(p.q_max() == (1 << 22) - 1 && p.wire_max() == 0x7FFFFFFF && p.log2_b() == 12);
 }
+
+TEST(encode_decode_integer_paths_equal_the_fpu_paths) {
+#if defined(__x86_64__)
+    // flush-to-zero / denormals-are-zero (or a far exponent) select the integer loops
+    for (const Estimator est : {Estimator::unbiased, Estimator::plain}) {
+        const Params p = params(16, 512, 9, true, est);
+        for (int rep = 0; rep < 8; ++rep) {
+            const size_t n = 1 + rng() % 2000;
+            const std::vector<float> x = random_floats(n);
+            const int e = propose_exponent(x.data(), n, p) - static_cast<int>(rng() % 2) * 8;
+            std::vector<int32_t> y(p.padded_len(n)), y2(y.size());
+            std::vector<uint8_t> have(p.packets_for(n));
+            for (auto& h : have) h = static_cast<uint8_t>(rng() % 3 != 0);
+            std::vector<float> out(n), out2(n);
+            const EncodeCounts c = encode(x.data(), n, e, 5, p, y.data());
+            const DecodeCounts d = decode(y.data(), have.data(), n, e, 5, p, out.data());
+            const unsigned csr = _mm_getcsr();
+            _mm_setcsr(csr | 0x8040u);
+            const EncodeCounts c2 = encode(x.data(), n, e, 5, p, y2.data());
+            const DecodeCounts d2 = decode(y2.data(), have.data(), n, e, 5, p, out2.data());
+            _mm_setcsr(csr);
+            CHECK(y == y2);
+            CHECK(c.sat_quantize == c2.sat_quantize && c.sat_transform == c2.sat_transform &&
+                  c.nonfinite == c2.nonfinite);
+            CHECK(d.sat_output == d2.sat_output && d.empty_blocks == d2.empty_blocks);
+            for (size_t i = 0; i < n; ++i) CHECK(to_bits(out[i]) == to_bits(out2[i]));
+        }
+    }
+#endif
+}
