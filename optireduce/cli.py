@@ -505,11 +505,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from optireduce.sim.replay import ReplayError, replay
     from optireduce.sim.trace import read_pcap, write_pcap
 
-    backend = args.backend
-    if backend == "native":
-        from optireduce.host.native.engine import NativeError, NativeNicModel
+    from optireduce.host.native.engine import NativeError, NativeNicModel
 
-        backend = NativeNicModel
+    backend = NativeNicModel if args.backend == "native" else args.backend
     try:
         frames = read_pcap(args.trace)
         res = replay(frames, backend=backend)
