@@ -144,8 +144,8 @@ class HostNic:
         )
 
     def _room(self, op_id: int, done: int) -> bool:
-        """May op op_id start now, `done` of this call's ops having come back (counted
-        from its first op id)?"""
+        """May op `op_id` start now? `done`: this call's first op id plus the number of
+        its results back so far."""
         raise NotImplementedError
 
     def _start(self, op_id: int, chunk: np.ndarray, exponent: int) -> None:

@@ -11,6 +11,12 @@ def f64_mean(xs):
     return np.mean([x.astype(np.float64) for x in xs], axis=0)
 
 
+def gaussians(seed, world, n):
+    """world float32 vectors of n standard normal values, from one seeded generator."""
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(n).astype(np.float32) for _ in range(world)]
+
+
 def rel_l2(a, ref):
     return float(np.linalg.norm(a.astype(np.float64) - ref) / np.linalg.norm(ref))
 
@@ -37,15 +43,13 @@ def test_lossless_on_a_realistic_gradient():
 
 
 def test_no_transform_is_also_lossless():
-    rng = np.random.default_rng(5)
-    xs = [rng.standard_normal(3000).astype(np.float32) for _ in range(4)]
+    xs = gaussians(5, 4, 3000)
     outs, _ = simulate_allreduce(xs, params=NicParams(rht=False))
     assert rel_l2(outs[0], f64_mean(xs)) <= 1e-4
 
 
 def test_exactly_lost_packets_are_reported():
-    rng = np.random.default_rng(6)
-    xs = [rng.standard_normal(4096).astype(np.float32) for _ in range(8)]
+    xs = gaussians(6, 8, 4096)
     lost = [(1, 1, 0, 8), (2, 0, 3, 0)]  # a contribution to owner 0; a reduced packet to 3
     outs, st = simulate_allreduce(xs, lost=lost)
     assert st.injected == {1: 1, 2: 1}
@@ -61,8 +65,7 @@ def test_exactly_lost_packets_are_reported():
 
 
 def test_deterministic_for_a_seed():
-    rng = np.random.default_rng(7)
-    xs = [rng.standard_normal(9000).astype(np.float32) for _ in range(4)]
+    xs = gaussians(7, 4, 9000)
     a, sa = simulate_allreduce(xs, drop_rate=0.05, seed=11)
     b, sb = simulate_allreduce(xs, drop_rate=0.05, seed=11)
     c, sc = simulate_allreduce(xs, drop_rate=0.05, seed=12)
@@ -80,8 +83,7 @@ def segment_errors(out, ref, block, p):
 
 
 def test_a_lost_packet_is_spread_over_its_block_by_the_transform():
-    rng = np.random.default_rng(8)
-    xs = [rng.standard_normal(8192).astype(np.float32) for _ in range(8)]
+    xs = gaussians(8, 8, 8192)
     ref = f64_mean(xs)
     lost = [(2, 21 % 8, 2, 21)]  # packet 21 (block 1) never reaches rank 2
     with_rht, _ = simulate_allreduce(xs, lost=lost)
@@ -143,9 +145,8 @@ def test_bad_arguments():
 
 def test_lossless_with_more_workers_than_packets_per_op():
     """Ranks that own no slot must not drag t_C (and everyone's T) to zero."""
-    rng = np.random.default_rng(9)
     p = NicParams(c=4096)
-    xs = [rng.standard_normal(10 * 4096).astype(np.float32) for _ in range(32)]
+    xs = gaussians(9, 32, 10 * 4096)
     outs, st = simulate_allreduce(xs, params=p)
     assert st.packets_lost == 0
     assert rel_l2(outs[0], f64_mean(xs)) <= 1e-4
@@ -154,8 +155,7 @@ def test_lossless_with_more_workers_than_packets_per_op():
 def test_calibrated_tb_is_twice_the_p95_of_warmup_phases():
     from optireduce.host.model.virtual_cluster import calibrate_t_b
 
-    rng = np.random.default_rng(10)
-    xs = [rng.standard_normal(40_000).astype(np.float32) for _ in range(4)]
+    xs = gaussians(10, 4, 40_000)
     p = NicParams()
     t_b = calibrate_t_b(xs, p)
     _, st = simulate_allreduce([x[: 2 * p.c] for x in xs], params=p, calibrate=False)
@@ -170,8 +170,7 @@ def test_calibrated_tb_is_twice_the_p95_of_warmup_phases():
 def test_duplicated_and_reordered_packets_change_nothing():
     from optireduce.host.model.impairment import ImpairmentSpec
 
-    rng = np.random.default_rng(11)
-    xs = [rng.standard_normal(20_000).astype(np.float32) for _ in range(4)]
+    xs = gaussians(11, 4, 20_000)
     clean, _ = simulate_allreduce(xs)
     spec = ImpairmentSpec(median_us=20, duplicate=0.1, reorder=0.2)
     outs, st = simulate_allreduce(xs, impairment=spec, seed=4)
@@ -185,8 +184,7 @@ def test_duplicated_and_reordered_packets_change_nothing():
 def test_tail_latency_is_bounded_by_the_deadlines():
     from optireduce.host.model.impairment import ImpairmentSpec
 
-    rng = np.random.default_rng(12)
-    xs = [rng.standard_normal(100_000).astype(np.float32) for _ in range(8)]
+    xs = gaussians(12, 8, 100_000)
     _, st = simulate_allreduce(xs, impairment=ImpairmentSpec(median_us=50, p99_ratio=3.0))
     for ops in st.per_worker:
         for s in ops:
