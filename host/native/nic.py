@@ -16,6 +16,7 @@ know, its peers table, its impairment spec), or a fresh one bound to `bind`.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Union
@@ -111,6 +112,7 @@ class NativeNic:
             seed=rank if seed is None else seed,
         )  # fmt: skip
         self.transport = NativeTransport(self, transport)
+        self._lock = threading.Lock()  # one allreduce at a time: op ids are handed out in order
         # arrays the engine thread may still read or write, by op id
         self._held: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._leaked: list[object] = []
@@ -229,6 +231,10 @@ class NativeNic:
         return v.reshape(-1)
 
     def _run(self, x: np.ndarray, out: np.ndarray) -> list[OpStats]:
+        with self._lock:
+            return self._run_locked(x, out)
+
+    def _run_locked(self, x: np.ndarray, out: np.ndarray) -> list[OpStats]:
         if x.size == 0:
             raise ValueError("allreduce: empty input")
         if out.size != x.size:

@@ -180,15 +180,26 @@ def test_impaired_ops_end_within_their_bound_and_report_the_injected_loss():
     assert len(set(t_bs)) == 1 and 0 < t_bs[0] < p.t_b_us  # calibrated, the same everywhere
     t_b = t_bs[0]
     ref = np.mean([x.astype(np.float64) for x in xs], axis=0)
-    for out, stats in got:
+    for _, stats in got:
         for s in stats:
             assert s.elapsed_us <= 2 * t_b + 200_000  # two phases, plus scheduling slack
-        err = np.linalg.norm(out - ref) / np.linalg.norm(ref)
-        assert err < 0.5, (t_b, err, [s.to_dict() for s in stats])
+            for phase, reason in ((1, s.phase1_reason), (2, s.phase2_reason)):
+                missing = getattr(s, f"lost_phase{phase}")
+                assert (missing == 0) == (reason == "complete")  # a cut phase says so
     lost = sum(s.lost_phase1 + s.lost_phase2 for _, stats in got for s in stats)
+    expected = sum(s.p1_expected + s.p2_expected for _, stats in got for s in stats)
     injected = sum(c["impairment_lost"] for c in counters)
-    assert injected > 0 and lost >= 1
+    assert injected > 0 and lost >= injected  # every dropped datagram is reported missing
     assert max(c["release_queue_max"] for c in counters) > 0
+    # What the deadlines cut on top of the injected loss depends on how far apart the
+    # threads started their ops on this shared machine (t_C is a few ms here): the error
+    # is bounded when the cut was small.
+    if lost <= 0.05 * expected:
+        for out, stats in got:
+            err = np.linalg.norm(out - ref) / np.linalg.norm(ref)
+            assert err < 0.5, (t_b, err, [s.to_dict() for s in stats])
+    for out, _ in got:
+        assert np.isfinite(out).all()
 
 
 def test_duplicated_and_reordered_datagrams_change_nothing():
@@ -240,6 +251,8 @@ def test_control_calls_and_bad_arguments():
     try:
         rcv, snd = nics[0].socket_buffers
         assert rcv > 0 and snd > 0
+        with pytest.raises(ValueError, match="connect"):  # at once, not at a timeout
+            nics[0].allreduce(np.ones(8, np.float32))
         for nic in nics:
             nic.connect([m.address for m in nics])
         with pytest.raises(ValueError, match="same address"):

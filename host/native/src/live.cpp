@@ -113,6 +113,7 @@ void LiveNic::connect(const std::vector<PeerAddr>& peers, int64_t timeout_us) {
     call([this, peers] {
         tr_->set_peers(peers, cfg_.rank);
         connected_ = true;
+        has_peers_.store(true);
     }, timeout_us, "connect");
 }
 
@@ -169,6 +170,8 @@ int64_t LiveNic::cancel(int64_t timeout_us) {
 }
 
 void LiveNic::submit(int64_t op_id, const float* in, float* out, size_t n, int exponent) {
+    if (!has_peers_.load())
+        throw std::invalid_argument("submit: no peers yet: connect() first");
     if (op_id != next_submit_)
         throw std::invalid_argument("submit: op " + std::to_string(op_id) +
                                     " is not the next op (" + std::to_string(next_submit_) + ")");

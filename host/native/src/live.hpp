@@ -159,6 +159,7 @@ private:
     int64_t live_[N_LIVE_COUNTERS] = {};
 
     std::atomic<bool> stop_{false};
+    std::atomic<bool> has_peers_{false};  // connect() has run: submit may queue ops
     std::thread thread_;
 };
 
