@@ -46,10 +46,6 @@ class NativeUnavailable(RuntimeError):
     """The native engine is not built (or not with the live runtime)."""
 
 
-def _local_agreement(proposals: list[int]) -> list[int]:
-    return list(proposals)
-
-
 class NativeTransport:
     """`nic.transport` as the host backends' callers use it (the DDP hook's warm-up runs
     under `nic.transport.reliable()`), for the engine thread's own socket."""
@@ -93,8 +89,13 @@ class NativeNic:
     ) -> None:
         if _engine is None or not hasattr(_engine, "LiveNic"):
             raise NativeUnavailable(why or "the native module has no live runtime; rebuild it")
+        if agree is None:
+            raise ValueError(
+                "NativeNic: agree is required: every rank must run an op with the same "
+                "exponent (driver.torch_exponent_agreement() over torch.distributed)"
+            )
         self.p, self.rank, self.world = p, rank, world
-        self.agree = agree or _local_agreement
+        self.agree = agree
         self._params = _engine.Params.from_nicparams(p)
         peers: list[Address] = []
         fd = -1

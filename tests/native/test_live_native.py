@@ -247,7 +247,10 @@ def test_loss_statistics_match_what_was_injected():
 
 def test_control_calls_and_bad_arguments():
     world, p = 2, NicParams(t_b_us=5_000_000)
-    nics = [NativeNic(p, r, world) for r in range(world)]  # own sockets, connected after
+    with pytest.raises(ValueError, match="agree is required"):
+        NativeNic(p, 0, world)
+    # own sockets, connected after; rank 1 runs no op, so rank 0 agrees with itself
+    nics = [NativeNic(p, r, world, agree=list) for r in range(world)]
     try:
         rcv, snd = nics[0].socket_buffers
         assert rcv > 0 and snd > 0
