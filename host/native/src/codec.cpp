@@ -1,6 +1,8 @@
-// The codec's arithmetic: each loop does the integer steps of docs/numerics.md that
-// host/model/kernels.py does, written so that the compiler vectorises it (no branches on
-// data in the hot loops, plain strided loops in the transform).
+// The codec's arithmetic: the steps of docs/numerics.md that host/model/kernels.py does, bit
+// for bit, written so that the compiler vectorises them: no branches on data in the hot loops,
+// the transform on vector types, and quantize / the decoder's division and float conversion
+// through the FPU where that is provably exact (the integer loops of the model remain for the
+// cases where it is not: flush-to-zero modes, exponents beyond +-512).
 #include "codec.hpp"
 
 #include <algorithm>
@@ -21,7 +23,8 @@
 // much older ones). The hot loops are also compiled for x86-64-v3 (AVX2) and v4 (AVX-512) and
 // chosen at load time by the CPU's features (GCC function multiversioning), so one build runs
 // everywhere and still uses the wide vectors where they exist; -march=native would not run on
-// an older machine. Sanitizer builds keep one version (simpler stacks).
+// an older machine. The machines here report AVX-512 (/proc/cpuinfo), so the v4 version runs.
+// Sanitizer builds keep one version (simpler stacks).
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && __GNUC__ >= 12 && \
     !defined(OPTIREDUCE_NO_CLONES)
 #define OR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
@@ -48,7 +51,7 @@ void check_block(int b, size_t n) {
 }
 
 // Per-thread scratch of one block: the transform of one block stays in L1/L2. t64 and v hold
-// b int64 each, t32 b int32.
+// b int64 each, t32 b int32, signs b bytes (one sign bit per element).
 struct Scratch {
     int64_t* t64;
     int64_t* v;
@@ -323,9 +326,10 @@ void apply_signs_t(const SignKey& k, uint64_t start, const T* v, size_t n, T* ou
 // block is 3 passes over L1.
 //
 // Each stage adds one bit. While max|x| 2^s < 2^31 the first s stages are exact in int32, which
-// holds twice the lanes: the encoder's input (|q| <= q_max = 2^(w_in-1)-1, w_in = 32 - headroom)
-// runs every pass but the last in int32, and the last one widens to int64, adds its stages and
-// saturates to the wire on the way out, so no int64 ever reaches memory. Otherwise (the
+// holds twice the lanes: the encoder's input (|q| <= q_max < 2^22 with the default b = 4096
+// and its 9 bits of headroom) runs every pass but the last in int32, and the last one widens to
+// int64, adds its stages and saturates to the wire on the way out (or stays int32 when its
+// inputs show that nothing can clamp), so no int64 reaches memory. Otherwise (other widths, the
 // decoder's wire values) everything is int64.
 using V8 = int64_t __attribute__((vector_size(64)));
 using V16 = int32_t __attribute__((vector_size(64)));
