@@ -48,6 +48,11 @@ class NicParams:
     tc_dev_mult: int = 4  # t_C = mean + mult * deviation
     udp_port: int = 17017
     job_id: int = 1
+    # Packets carry the sender's exponent proposal for op + K in the header's `reserved`
+    # field, and start_op may leave the op's exponent to the NIC (docs/numerics.md 1).
+    # Off: frames as the gateware builds and parses them today (reserved = 0).
+    exp_inband: bool = False  # exponents agreed in-band from proposals carried ahead of time
+    exp_lead: int | None = None  # in-band proposals are for op + lead (None: 2K)
 
     def __post_init__(self) -> None:
         def need(cond: bool, name: str, msg: str) -> None:
@@ -78,7 +83,7 @@ class NicParams:
         need(_is_pow2(self.lanes) and self.lanes <= self.p, "lanes", "power of two, at most p")
         need(2 <= self.ops_in_flight <= 64, "ops_in_flight", "K must be in 2..64")
         need(self.w_wire == 32, "w_wire", "UBT v1 carries 32-bit elements")
-        for name in ("headroom_bits", "t_c_init_us"):
+        for name in ("headroom_bits", "t_c_init_us", "exp_lead"):
             v = getattr(self, name)
             need(v is None or (isinstance(v, int) and not isinstance(v, bool)), name,
                  "must be an int or None")  # fmt: skip
@@ -91,6 +96,12 @@ class NicParams:
         need(0 <= self.seed < 1 << 32, "seed", "must fit 32 bits")
         need(self.estimator in ESTIMATORS, "estimator", f"must be one of {ESTIMATORS}")
         need(isinstance(self.rht, bool), "rht", "must be a bool")
+        need(isinstance(self.exp_inband, bool), "exp_inband", "must be a bool")
+        need(
+            self.ops_in_flight <= self.exp_lead_eff <= 256,
+            "exp_lead",
+            f"must be in K={self.ops_in_flight}..256 (an op is proposed for before it starts)",
+        )
         need(1 <= self.t_b_us < 1 << 32, "t_b_us", "must be in 1..2^32-1 microseconds")
         need(
             self.t_c_init_us is None or 1 <= self.t_c_init_us <= self.t_b_us,
@@ -154,6 +165,13 @@ class NicParams:
     def rx_window(self) -> int:
         """Op contexts of a NIC: its own K in flight plus K for peers up to K ops ahead."""
         return 2 * self.ops_in_flight
+
+    @property
+    def exp_lead_eff(self) -> int:
+        """In-band exponent lead: op j carries proposals for op j + lead. 2K by default: a
+        peer's frames of op j may then arrive up to K ops after j completed here and
+        still count (docs/numerics.md 1)."""
+        return 2 * self.ops_in_flight if self.exp_lead is None else self.exp_lead
 
     @property
     def t_c_init(self) -> int:

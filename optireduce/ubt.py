@@ -49,8 +49,34 @@ FIELDS: tuple[Field, ...] = (
     Field("t_c_us", "I", "sender's t_C estimate, microseconds"),
     Field("op_len", "I", "elements of the op before padding"),
     Field("world", "H", "world size N"),
-    Field("reserved", "H", "zero"),
+    Field("reserved", "H", "zero; with NicParams.exp_inband a proposal word (below)"),
 )
+
+# With NicParams.exp_inband the 16-bit `reserved` field carries a proposal (docs/protocol.md).
+PROPOSAL_PRESENT = 0x0001
+
+
+def proposal_word(proposal: int | None) -> int:
+    """The `reserved` field that carries `proposal` (an int8), or says there is none."""
+    if proposal is None:
+        return 0
+    if not -128 <= proposal <= 127:
+        raise ValueError(f"proposal {proposal} outside int8")
+    return ((proposal & 0xFF) << 8) | PROPOSAL_PRESENT
+
+
+def proposal_word_ok(word: int) -> bool:
+    """A well-formed proposal word: none (0), or an int8 with bit 0 set and bits 7..1 zero."""
+    return word == 0 or (word & 0xFF) == PROPOSAL_PRESENT
+
+
+def proposal_of(word: int) -> int | None:
+    """The proposal a well-formed word carries, None when it carries none."""
+    if not word & PROPOSAL_PRESENT:
+        return None
+    v = word >> 8
+    return v - 256 if v > 127 else v
+
 
 HEADER = struct.Struct("!" + "".join(f.fmt for f in FIELDS))
 assert HEADER.size == HEADER_LEN
@@ -204,11 +230,13 @@ def parse_frame(
     port: int,
     rank: int,
     addressing: Addressing = DEFAULT_ADDRESSING,
+    inband: bool = False,
 ) -> ParsedFrame | str:
     """Check L2-L4 and the UBT header's own consistency.
 
     Returns the parsed frame, or the drop reason (a name in DROP_REASONS).
     Checks that need op state (job, ranks, window, ownership) are the NIC's.
+    inband (NicParams.exp_inband): `reserved` may carry a proposal word.
     """
     n = len(frame)
     if n < L2_L4_LEN:
@@ -235,11 +263,12 @@ def parse_frame(
         return "wrong_port"
     if udp_len != ip_len - IP_LEN:
         return "bad_udp_length"
-    return parse_ubt(mv[L2_L4_LEN : ETH_LEN + ip_len])
+    return parse_ubt(mv[L2_L4_LEN : ETH_LEN + ip_len], inband=inband)
 
 
-def parse_ubt(datagram: bytes | memoryview) -> ParsedFrame | str:
-    """Check a UBT datagram (UDP payload) on its own: header and payload length."""
+def parse_ubt(datagram: bytes | memoryview, *, inband: bool = False) -> ParsedFrame | str:
+    """Check a UBT datagram (UDP payload) on its own: header and payload length.
+    inband (NicParams.exp_inband): `reserved` may carry a proposal word."""
     mv = memoryview(datagram)
     if len(mv) < HEADER_LEN:
         return "truncated"
@@ -248,7 +277,9 @@ def parse_ubt(datagram: bytes | memoryview) -> ParsedFrame | str:
         return "bad_version"
     if h.msg_type not in MSG_TYPES:
         return "bad_type"
-    if h.flags & ~FLAGS_KNOWN or h.reserved:
+    if h.flags & ~FLAGS_KNOWN:
+        return "malformed_header"
+    if not (proposal_word_ok(h.reserved) if inband else h.reserved == 0):
         return "malformed_header"
     if (h.msg_type == MSG_SCATTER) != (h.contributors == 0):
         return "malformed_header"

@@ -22,7 +22,7 @@ from optireduce import ubt, ubt_lua
 from optireduce.ubt_scapy import UBT, bind_port, scapy_frame, scapy_to_header, scapy_values
 
 REPO = Path(__file__).resolve().parents[1]
-LUA_PATH = REPO / "host" / "ubt.lua"
+LUA_PATH = REPO / "optireduce" / "ubt.lua"
 PORT = ubt_lua.DEFAULT_PORT
 SRC, DST = 3, 1
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

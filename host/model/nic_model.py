@@ -10,7 +10,9 @@ cluster all drive this one object.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -37,6 +39,26 @@ class Tx:
     phase: int  # 1 scatter, 2 gather
     op_id: int
     pkt_index: int
+
+
+# How this NIC chose its ops' exponents (docs/numerics.md 1). Not in COUNTERS: the
+# gateware's register bank does not have them yet.
+EXP_COUNTERS = (
+    "exp_given",  # ops started with the host's exponent (reliable exchange: first K ops, fallback)
+    "exp_inband",  # ops agreed in-band with every live rank's proposal in
+    "exp_incomplete",  # ops agreed from the proposals that arrived, some live peer's missing
+    "exp_followed",  # in-band ops that took the other exponent peers ahead already sent
+    "exp_missing",  # live peers' proposals missing at the start of those ops, summed
+    "exp_saturated",  # in-band ops whose quantizer saturated here: the host should fall back
+)
+
+
+class InbandExponent(NamedTuple):
+    """What the proposals that arrived say about an op's exponent."""
+
+    exponent: int | None  # their max; None when a rank has no proposal (`unknown`)
+    missing: tuple[int, ...]  # live peers whose proposal has not arrived
+    unknown: tuple[int, ...]  # ranks that sent "no proposal" (this one too, if it gave none)
 
 
 @dataclass
@@ -99,6 +121,10 @@ class NicModel:
         check_world(p, rank, world)
         self.p, self.rank, self.world, self.addressing = p, rank, world, addressing
         self.counters = dict.fromkeys(COUNTERS, 0)
+        self.exp_counters = dict.fromkeys(EXP_COUNTERS, 0)
+        # target op -> {rank: proposal, None for "no proposal"}, targets in
+        # (last_started, base + 2K + lead): a frame of op j proposes for j + lead
+        self._proposals: dict[int, dict[int, int | None]] = {}
         # One t_C per phase (index 0: scatter, 1: gather): their durations differ.
         self.tc = (TcEstimator(p), TcEstimator(p))
         self.tc_table = np.full((2, world), p.t_c_init, dtype=np.int64)
@@ -112,15 +138,33 @@ class NicModel:
         self._results: list[OpResult] = []
 
     # ---- host port ---------------------------------------------------------------
-    def start_op(self, now: int, op_id: int, data: np.ndarray, exponent: int) -> None:
-        """Begin op op_id with this worker's chunk (float32) and the agreed exponent."""
+    def start_op(
+        self,
+        now: int,
+        op_id: int,
+        data: np.ndarray,
+        exponent: int | None,
+        *,
+        next_proposal: int | None = None,
+    ) -> None:
+        """Begin op op_id with this worker's chunk (float32) and the agreed exponent.
+
+        With NicParams.exp_inband: exponent None takes the in-band agreed value
+        (inband_exponent), or the exponent of this op's frames that peers ahead already
+        sent, when that differs (the first rank to start an op fixes it). next_proposal is
+        this rank's proposal for op op_id + lead (NicParams.exp_lead_eff), carried in
+        every packet of this op (None: no proposal; that op needs an exponent given).
+        """
         p = self.p
         if not isinstance(data, np.ndarray) or data.dtype != np.float32 or data.ndim != 1:
             raise TypeError("start_op: data must be a 1-D numpy float32 array")
         if not 1 <= len(data) <= p.c:
             raise ValueError(f"start_op: {len(data)} elements; an op holds 1..c={p.c}")
-        if not EXP_MIN <= exponent <= EXP_MAX:
-            raise ValueError(f"start_op: exponent {exponent} outside int8")
+        if (exponent is None or next_proposal is not None) and not p.exp_inband:
+            raise ValueError("start_op: in-band exponents need NicParams.exp_inband")
+        for name, v in (("exponent", exponent), ("next_proposal", next_proposal)):
+            if v is not None and not EXP_MIN <= v <= EXP_MAX:
+                raise ValueError(f"start_op: {name} {v} outside int8")
         if op_id != self.last_started + 1:
             raise ValueError(f"start_op: op {op_id} is not the next op ({self.last_started + 1})")
         if not self.base <= op_id < self.base + p.ops_in_flight:
@@ -128,6 +172,21 @@ class NicModel:
                 f"start_op: op {op_id} outside the window [{self.base}, "
                 f"{self.base + p.ops_in_flight}): wait for op {self.base} to complete"
             )
+        source, missing = "exp_given", ()
+        if exponent is None:
+            inb = self.inband_exponent(op_id)
+            if inb.exponent is None:
+                raise ValueError(
+                    f"start_op: op {op_id} has no in-band exponent (no proposal from ranks "
+                    f"{list(inb.unknown)}): give one"
+                )
+            held, missing = self.ops.get(op_id), inb.missing
+            if held is not None and held.exponent != inb.exponent:
+                # peers ahead already sent this op with their exponent: follow them
+                exponent, source = held.exponent, "exp_followed"
+            else:
+                exponent = inb.exponent
+                source = "exp_incomplete" if missing else "exp_inband"
         self.advance(now)
         op = self.ops.get(op_id)
         if op is not None and (op.exponent != exponent or op.n != len(data)):
@@ -141,12 +200,20 @@ class NicModel:
         self.counters["ops_started"] += 1
         op.started = True
         op.stats.start_us = now
+        if p.exp_inband:
+            self._proposals.pop(op_id, None)
+            self._proposals.setdefault(op_id + p.exp_lead_eff, {})[self.rank] = next_proposal
+            op.ctx = dataclasses.replace(op.ctx, reserved=ubt.proposal_word(next_proposal))
 
         enc = encode(data, exponent, op_id, p)
         st = op.stats
         st.sat_quantize, st.sat_transform, st.nonfinite = (
             enc.sat_quantize, enc.sat_transform, enc.nonfinite,
         )  # fmt: skip
+        self.exp_counters[source] += 1
+        self.exp_counters["exp_missing"] += len(missing)
+        if source != "exp_given" and enc.sat_quantize:
+            self.exp_counters["exp_saturated"] += 1
         packets = enc.y.reshape(op.n_packets, p.p)
         for i in op.agg.slots:
             op.agg.add(int(i), self.rank, packets[i])
@@ -159,17 +226,44 @@ class NicModel:
         out, self._results = self._results, []
         return out
 
+    def inband_exponent(self, op_id: int) -> InbandExponent:
+        """The in-band agreement for op op_id as it stands: the max of the proposals that
+        arrived (this rank's own included), which live peers are missing, who gave none."""
+        rec = self._proposals.get(op_id, {})
+        unknown = sorted(r for r in range(self.world) if rec.get(r) is None
+                         and (r in rec or r == self.rank))  # fmt: skip
+        missing = tuple(
+            r for r in range(self.world) if r != self.rank and r not in self.gone and r not in rec
+        )
+        exp = None if unknown else max(rec.values())
+        return InbandExponent(exp, missing, tuple(unknown))
+
+    def put_proposal(self, op_id: int, rank: int, proposal: int | None) -> None:
+        """A proposal the host learnt another way (a reliable fetch from `rank`): it
+        replaces whatever arrived in-band for op op_id."""
+        if not self.p.exp_inband:
+            raise ValueError("put_proposal: in-band exponents need NicParams.exp_inband")
+        if not 0 <= rank < self.world:
+            raise ValueError(f"put_proposal: rank {rank} outside 0..{self.world - 1}")
+        top = self.base + self.p.rx_window + self.p.exp_lead_eff
+        if not self.last_started < op_id < top:
+            raise ValueError(f"put_proposal: op {op_id} outside ({self.last_started}, {top})")
+        if proposal is not None and not EXP_MIN <= proposal <= EXP_MAX:
+            raise ValueError(f"put_proposal: proposal {proposal} outside int8")
+        self._proposals.setdefault(op_id, {})[rank] = proposal
+
     # ---- network port ------------------------------------------------------------
     def receive(self, now: int, frame: bytes) -> None:
         """One Ethernet frame from the network port."""
         self.advance(now)
-        r = ubt.parse_frame(frame, port=self.p.udp_port, rank=self.rank, addressing=self.addressing)
+        r = ubt.parse_frame(frame, port=self.p.udp_port, rank=self.rank,
+                            addressing=self.addressing, inband=self.p.exp_inband)  # fmt: skip
         self._accept(now, r)
 
     def receive_datagram(self, now: int, datagram: bytes) -> None:
         """One UBT datagram (the UDP payload), for transports that strip L2-L4."""
         self.advance(now)
-        self._accept(now, ubt.parse_ubt(datagram))
+        self._accept(now, ubt.parse_ubt(datagram, inband=self.p.exp_inband))
 
     def poll_tx(self) -> list[Tx]:
         out, self._tx = self._tx, []
@@ -250,6 +344,8 @@ class NicModel:
             return self._drop(r)
         h, p, world = r.header, self.p, self.world
         reason = check_peer(h, p, self.rank, world) or check_op(h, p, self.rank, world, self.base)
+        if p.exp_inband and reason in (None, "stale_op"):
+            self._note_proposal(h)  # even a frame dropped below, or of a completed op
         if reason:
             return self._drop(reason)
         op = self.ops.get(h.op_id)
@@ -281,6 +377,13 @@ class NicModel:
             self.counters["rx_gather"] += 1
         self._progress(op, now)
         return None
+
+    def _note_proposal(self, h: ubt.UbtHeader) -> None:
+        """Keep the sender's proposal for op_id + lead if that op has not started (the
+        first one heard wins: every packet of an op carries the same)."""
+        target = h.op_id + self.p.exp_lead_eff
+        if target > self.last_started:
+            self._proposals.setdefault(target, {}).setdefault(h.sender, ubt.proposal_of(h.reserved))
 
     def _peer_progress(self, now: int, sender: int, op_id: int) -> None:
         """A NIC starts op j only after op j - K is complete: sender is done with those."""

@@ -29,6 +29,7 @@ class OpContext:
     exponent: int
     op_len: int
     addressing: ubt.Addressing = ubt.DEFAULT_ADDRESSING
+    reserved: int = 0  # with NicParams.exp_inband: the proposal word for op_id + K
 
     def header(self, msg_type: int, pkt_index: int, contributors: int, last: bool,
                t_c_us: int) -> ubt.UbtHeader:  # fmt: skip
@@ -46,7 +47,7 @@ class OpContext:
             t_c_us=t_c_us,
             op_len=self.op_len,
             world=self.world,
-            reserved=0,
+            reserved=self.reserved,
         )
 
     def frame(self, h: ubt.UbtHeader, dst: int, values: np.ndarray) -> bytes:

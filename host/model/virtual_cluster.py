@@ -4,7 +4,10 @@ The network is lossless unless told otherwise: every frame leaves its sender's
 link after the ones before it (serialization at link_gbps) and arrives latency_us
 later. Drops are injected at random (drop_rate, seeded) or exactly (lost).
 The shared exponent of each op is agreed as the max of the workers' proposals
-(the driver's tiny reliable exchange, instantaneous here).
+(the driver's tiny reliable exchange, instantaneous here). With NicParams.exp_inband
+only the first `lead` ops (exp_lead_eff) are agreed that way; every later op takes the
+NICs' in-band agreement (each op carries its senders' proposals for op + lead).
+host_delay_us makes hosts slow: a reliable exchange then waits for the last of them.
 """
 
 from __future__ import annotations
@@ -35,6 +38,12 @@ class ClusterStats:
     injected: dict[int, int] = field(default_factory=lambda: {1: 0, 2: 0})  # drops by phase
     elapsed_us: int = 0  # virtual time when the last worker had its last result
     t_b_us: int = 0  # the hard bound the NICs ran with
+    exp_counters: list[dict[str, int]] = field(default_factory=list)  # each NIC's, at the end
+
+    @property
+    def exp_disagreements(self) -> int:
+        """Ops whose workers did not all use the same exponent."""
+        return sum(len({ops[k].exponent for ops in self.per_worker}) > 1 for k in range(self.ops))
 
     def _sum(self, name: str) -> int:
         return sum(getattr(s, name) for ops in self.per_worker for s in ops)
@@ -131,6 +140,7 @@ def simulate_allreduce(
     link_gbps: float = 10.0,
     calibrate: bool = True,
     impairment: ImpairmentSpec | None = None,
+    host_delay_us: Sequence[int] | None = None,
 ) -> tuple[list[np.ndarray], ClusterStats]:
     """AllReduce (mean) of `inputs` through N model NICs; returns (outputs, stats).
 
@@ -141,6 +151,10 @@ def simulate_allreduce(
     False keeps params.t_b_us.
     impairment: per-packet extra delay, loss, duplication and reordering on every
     link (host/model/impairment.py), seeded from `seed`.
+    host_delay_us: per rank, the ticks its host takes to hand the NIC an op once the NIC
+    has room (a straggler). An op whose exponent is a reliable exchange starts everywhere
+    when the last host is ready; an in-band op (exp_inband, op >= K) starts when its own
+    host is. None: every host is ready at once (no exchange wait, as before).
     """
     p = params or NicParams()
     n = _check_inputs(inputs, p)
@@ -150,10 +164,15 @@ def simulate_allreduce(
     if latency_us < 0 or link_gbps <= 0:
         raise ValueError("latency_us must be >= 0 and link_gbps > 0")
     lost_set = _check_lost(lost or (), world)
+    if host_delay_us is not None:
+        host_delay_us = [int(d) for d in host_delay_us]
+        if len(host_delay_us) != world or min(host_delay_us) < 0:
+            raise ValueError(f"host_delay_us: {world} ticks >= 0, one per worker")
     if calibrate:
         reliable = impairment.reliable() if impairment else None
         p = p.replace(t_b_us=calibrate_t_b(inputs, p, latency_us, link_gbps, reliable))
-    return _run(inputs, n, p, drop_rate, seed, lost_set, latency_us, link_gbps, impairment)
+    return _run(inputs, n, p, drop_rate, seed, lost_set, latency_us, link_gbps, impairment,
+                host_delay_us=host_delay_us)  # fmt: skip
 
 
 def calibrate_t_b(
@@ -184,6 +203,7 @@ def _run(
     link_gbps: float,
     impairment: ImpairmentSpec | None = None,
     tap: Callable[[str, int, int, object], None] | None = None,
+    host_delay_us: Sequence[int] | None = None,
 ) -> tuple[list[np.ndarray], ClusterStats]:
     """The event loop. tap(kind, tick, rank, what) sees every host command ("start":
     (op_id, data, exponent)) and every delivered frame ("frame": bytes), for traces."""
@@ -192,17 +212,22 @@ def _run(
     imp = Impairment(impairment, seed + 0x5EED) if impairment else None
 
     bounds = [(s, min(s + p.c, n)) for s in range(0, n, p.c)]
-    exps = [agree_exponent([propose_exponent(x[a:b], p) for x in inputs]) for a, b in bounds]
+    props = [[propose_exponent(x[a:b], p) for a, b in bounds] for x in inputs]  # [rank][op]
+    exps = [agree_exponent([pr[k] for pr in props]) for k in range(len(bounds))]
+    k_in = p.exp_lead_eff  # ops before this one have no in-band proposals
     nics = [NicModel(p, r, world) for r in range(world)]
     stats = ClusterStats(world, n, [[] for _ in range(world)], [], t_b_us=p.t_b_us)
     results: list[dict[int, np.ndarray]] = [{} for _ in range(world)]
     next_op = [0] * world
     link_free = [0] * world
-    events: list[tuple[int, int, int, int, bytes | None]] = []  # (t, seq, kind, rank, frame)
+    # (t, seq, kind, rank, what): kind 0 a frame arrives, 1 a timer, 2 the host starts op `what`
+    events: list[tuple[int, int, int, int, bytes | int | None]] = []
+    ready: dict[int, dict[int, int]] = {}  # op -> {rank: tick its host is ready} (exchange)
+    scheduled = [False] * world  # the rank's next op has a start event pending
     seq = 0
     wakes: list[set[int]] = [set() for _ in range(world)]
 
-    def push(t: int, kind: int, rank: int, frame: bytes | None = None) -> None:
+    def push(t: int, kind: int, rank: int, frame: bytes | int | None = None) -> None:
         nonlocal seq
         heapq.heappush(events, (t, seq, kind, rank, frame))
         seq += 1
@@ -221,15 +246,36 @@ def _run(
         for d in delays:
             push(start + ser + latency_us + round(d), 0, tx.dst, tx.frame)
 
+    def start(r: int, k: int, now: int) -> None:
+        a, b = bounds[k]
+        chunk = np.ascontiguousarray(inputs[r][a:b])
+        inband = p.exp_inband and k >= k_in
+        nxt = props[r][k + k_in] if p.exp_inband and k + k_in < len(bounds) else None
+        exp = nics[r].inband_exponent(k).exponent if inband else exps[k]
+        if tap is not None:
+            tap("start", now, r, (k, chunk, exp))
+        nics[r].start_op(now, k, chunk, None if inband else exp, next_proposal=nxt)
+        next_op[r] += 1
+
     def start_ops(r: int, now: int) -> None:
         while next_op[r] < len(bounds) and next_op[r] < nics[r].base + p.ops_in_flight:
             k = next_op[r]
-            a, b = bounds[k]
-            chunk = np.ascontiguousarray(inputs[r][a:b])
-            if tap is not None:
-                tap("start", now, r, (k, chunk, exps[k]))
-            nics[r].start_op(now, k, chunk, exps[k])
-            next_op[r] += 1
+            if host_delay_us is None:
+                start(r, k, now)
+                continue
+            if scheduled[r]:
+                return
+            scheduled[r] = True
+            t = now + host_delay_us[r]
+            if p.exp_inband and k >= k_in:
+                push(t, 2, r, k)
+                return
+            ready.setdefault(k, {})[r] = t
+            if len(ready[k]) == world:  # the reliable exchange ends with its last member
+                t_all = max(ready.pop(k).values())
+                for q in range(world):
+                    push(t_all, 2, q, k)
+            return
 
     def settle(r: int, now: int) -> None:
         nic = nics[r]
@@ -252,6 +298,7 @@ def _run(
         start_ops(r, 0)
         settle(r, 0)
     slack = 20 * impairment.median_us * impairment.p99_ratio if impairment else 0
+    slack += len(bounds) * max(host_delay_us or [0])
     horizon = int(
         len(bounds) * 2 * (p.t_b_us + latency_us + 1) + 16 * world * p.packets_for(n) + slack + 1000
     )
@@ -264,6 +311,10 @@ def _run(
             if tap is not None:
                 tap("frame", now, r, frame)
             nics[r].receive(now, frame)
+        elif kind == 2:
+            scheduled[r] = False
+            start(r, frame, now)
+            start_ops(r, now)
         else:
             wakes[r].discard(now)
             nics[r].advance(now)
@@ -273,6 +324,7 @@ def _run(
         raise RuntimeError(f"simulate_allreduce: workers {missing} did not finish (a model bug)")
     stats.elapsed_us = max(s.end_us for ops in stats.per_worker for s in ops)
     stats.counters = [dict(nic.counters) for nic in nics]
+    stats.exp_counters = [dict(getattr(nic, "exp_counters", {})) for nic in nics]
     for ops in stats.per_worker:
         ops.sort(key=lambda s: s.op_id)
     outputs = [np.concatenate([results[r][k] for k in range(len(bounds))]) for r in range(world)]
