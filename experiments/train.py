@@ -42,6 +42,7 @@ and op of the run.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -53,7 +54,7 @@ from pathlib import Path
 import numpy as np
 
 from optireduce.experiments import loss_tolerance as lt
-from optireduce.host.model.impairment import Impairment, ImpairmentSpec
+from optireduce.host.model.impairment import ImpairmentSpec
 
 METHODS = ("gloo", "optireduce")
 SCHEDULES = ("cosine", "constant")
@@ -133,17 +134,6 @@ def straggler_delays(cfg: TrainConfig) -> np.ndarray:
     return out
 
 
-class StepDelayImpairment(Impairment):
-    """The transport's impairment plus a per-step extra delay of every copy (a late link)."""
-
-    def __init__(self, spec: ImpairmentSpec, seed: int) -> None:
-        super().__init__(spec, seed)
-        self.extra_us = 0.0
-
-    def fates(self) -> list[float]:
-        return [d + self.extra_us for d in super().fates()]
-
-
 def verification_inputs(cfg: TrainConfig) -> list[np.ndarray]:
     """One gradient-sized vector per rank for the lossless check op run before training."""
     rng = np.random.default_rng([cfg.seed, 11])
@@ -184,7 +174,8 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
 
     model = FlatMlp()
     ddp = DDP(model)
-    state = imp = None
+    state = late_link = spec = None
+    extra_us = 0.0
     ops: list = []
     if method == "optireduce":
         from optireduce import OptiReduceState, optireduce_hook
@@ -204,8 +195,7 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
         # transport and to keep every op's statistics.
         nic = state.nic
         dist.barrier()  # a co-simulated NIC may build its harness first: minutes, not t_B
-        if not sim:
-            imp = nic.transport.impairment = StepDelayImpairment(spec, cfg.seed * 1000 + rank)
+        late_link = None if sim else nic.transport.set_impairment  # the straggler's step
         # Op 0: a lossless check (no loss, t_B of the warm-up: every phase completes); the
         # parent compares every rank's result with simulate_allreduce bit for bit.
         with nic.transport.reliable():
@@ -245,8 +235,9 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
     for t in range(cfg.steps):
         if method == "gloo":
             time.sleep(delays[t])  # a straggler: its allreduce starts late, all wait
-        elif imp is not None:
-            imp.extra_us = delays[t] * 1e6  # a late link: this step's datagrams
+        elif late_link is not None and delays[t] * 1e6 != extra_us:
+            extra_us = delays[t] * 1e6  # a late link: this step's datagrams
+            late_link(dataclasses.replace(spec, extra_us=extra_us))
         idx = batches[t]
         opt.zero_grad()
         torch.nn.functional.cross_entropy(ddp(xtr_t[idx]), ytr_t[idx]).backward()

@@ -1,10 +1,11 @@
 """The driver: one `Nic` interface, a backend chosen at run time, AllReduce of any length.
 
-Backends, best first: `board` (an FPGA NIC), `sim` (the Verilated RTL, live) and
-`software` (the bit-exact model over UDP). select_nic() takes the best one that
-is available and logs one line saying which and why; `sim` only when asked for
-(prefer=, or OPTIREDUCE_NIC=sim: host/cosim_nic.py). All of them give the same
-results bit for bit.
+Backends, best first: `board` (an FPGA NIC), `sim` (the Verilated RTL, live),
+`native` (the C++ engine over UDP, host/native) and `software` (the bit-exact Python
+model over UDP). select_nic() takes the best one that is available and logs one line
+saying which and why the others were passed over (for `native`: why the extension did
+not load); `sim` only when asked for (prefer=, or OPTIREDUCE_NIC=sim:
+host/cosim_nic.py). All of them give the same results bit for bit.
 """
 
 from __future__ import annotations
@@ -238,11 +239,21 @@ def _sim(p: NicParams, rank: int, world: int, transport: UdpTransport,
     return SimNic(p, rank, world, transport, agree)
 
 
+def _native(p: NicParams, rank: int, world: int, transport: UdpTransport,
+            agree: ExponentAgreement) -> Nic:  # fmt: skip
+    from optireduce.host.native.nic import NativeNic, NativeUnavailable
+
+    try:
+        return NativeNic(p, rank, world, transport, agree)
+    except NativeUnavailable as e:
+        raise BackendUnavailable(str(e)) from e
+
+
 def default_backends() -> tuple[str, ...]:
-    """board, then software; the co-simulation only when asked for, e.g. with the
+    """board, native, then software; the co-simulation only when asked for, e.g. with the
     environment OPTIREDUCE_NIC=sim (a comma list; software is always the last resort)."""
     env = [b.strip() for b in os.environ.get("OPTIREDUCE_NIC", "").split(",") if b.strip()]
-    return (*env, "software") if env else ("board", "software")
+    return (*env, "software") if env else ("board", "native", "software")
 
 
 def select_nic(
@@ -263,6 +274,8 @@ def select_nic(
                 nic = _board()
             elif name == "sim":
                 nic = _sim(p, rank, world, transport, agree)
+            elif name == "native":
+                nic = _native(p, rank, world, transport, agree)
             elif name == "software":
                 nic = SoftwareNic(p, rank, world, transport, agree)
             else:

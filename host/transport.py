@@ -91,6 +91,17 @@ class UdpTransport:
                 _, _, dst, datagram = heapq.heappop(self._queue)
             self._sendto(dst, datagram)
 
+    def set_impairment(self, spec: ImpairmentSpec) -> None:
+        """Change the impairment from the next datagram on (its random stream goes on)."""
+        if self.impairment is None:
+            raise ValueError("set_impairment: this transport was made without an impairment")
+        self.impairment.spec = spec
+
+    @property
+    def lost(self) -> int:
+        """Datagram copies the impairment dropped."""
+        return self.impairment.lost if self.impairment else 0
+
     @contextlib.contextmanager
     def reliable(self) -> Iterator[None]:
         """The same delays without loss or duplication, e.g. for warm-up ops."""

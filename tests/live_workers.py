@@ -54,7 +54,7 @@ def allreduce_worker(rank: int, world: int, tmp: str, n: int, seed: int, cfg: di
     transport = transport_from_store(store, rank, world, impairment=imp, seed=seed * 100 + rank)
     nic = select_nic(
         NicParams(**cfg.get("params", {})), rank, world,
-        transport=transport, agree=torch_exponent_agreement(),
+        transport=transport, agree=torch_exponent_agreement(), prefer=cfg.get("prefer"),
     )  # fmt: skip
     x = live_inputs(world, n, seed)[rank]
     if cfg.get("calibrate"):
@@ -65,14 +65,13 @@ def allreduce_worker(rank: int, world: int, tmp: str, n: int, seed: int, cfg: di
     np.save(f"{tmp}/out{rank}.npy", out)
     import torch
 
-    with transport.reliable():  # not part of the loss statistics below
+    with nic.transport.reliable():  # not part of the loss statistics below
         t_out, _ = nic.allreduce(torch.from_numpy(x[:20].copy()).view(4, 5))  # a tensor in
     np.save(f"{tmp}/tensor{rank}.npy", t_out.numpy())
     assert isinstance(t_out, torch.Tensor) and tuple(t_out.shape) == (4, 5)
     with open(f"{tmp}/stats{rank}.json", "w") as f:
-        json.dump({"t_b_us": t_b, "ops": [s.to_dict() for s in stats],
-                   "sent": transport.sent, "lost": transport.impairment.lost
-                   if transport.impairment else 0}, f)  # fmt: skip
+        json.dump({"t_b_us": t_b, "ops": [s.to_dict() for s in stats], "backend": nic.backend,
+                   "sent": nic.transport.sent, "lost": nic.transport.lost}, f)  # fmt: skip
     dist.barrier()
     nic.close()
     dist.destroy_process_group()

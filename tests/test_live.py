@@ -1,25 +1,33 @@
-"""Worker processes on loopback: the model NIC over real UDP sockets."""
+"""Worker processes on loopback: each host backend (the C++ engine, the Python model) over
+real UDP sockets."""
 
 from __future__ import annotations
 
 import json
 
 import numpy as np
+import pytest
 
 from optireduce import NicParams, simulate_allreduce
 from tests.live_workers import allreduce_worker, live_inputs, spawn_world
+
+
+BACKENDS = pytest.mark.parametrize("backend", ["native", "software"])
 
 
 def run_world(tmp_path, world: int, n: int, seed: int, cfg: dict, timeout_s: float = 120):
     spawn_world(allreduce_worker, (world, str(tmp_path), n, seed, cfg), world, timeout_s)
     outs = [np.load(tmp_path / f"out{r}.npy") for r in range(world)]
     stats = [json.loads((tmp_path / f"stats{r}.json").read_text()) for r in range(world)]
+    assert {s["backend"] for s in stats} == set(cfg["prefer"])  # no silent fallback
     return outs, stats
 
 
-def test_lossless_live_equals_the_virtual_cluster_bit_for_bit(tmp_path):
+@BACKENDS
+def test_lossless_live_equals_the_virtual_cluster_bit_for_bit(tmp_path, backend):
     world, n, seed = 3, 40_000, 5
-    cfg = {"params": {"t_b_us": 5_000_000}}  # no phase may time out on a loaded machine
+    # no phase may time out on a loaded machine
+    cfg = {"params": {"t_b_us": 5_000_000}, "prefer": [backend]}
     outs, stats = run_world(tmp_path, world, n, seed, cfg)
     want, _ = simulate_allreduce(live_inputs(world, n, seed), params=NicParams(t_b_us=5_000_000))
     for o, w in zip(outs, want, strict=True):
@@ -35,12 +43,14 @@ def test_lossless_live_equals_the_virtual_cluster_bit_for_bit(tmp_path):
         np.testing.assert_allclose(t.ravel(), ref, rtol=1e-5, atol=1e-6)
 
 
-def test_impaired_live_ops_end_within_their_bound(tmp_path):
+@BACKENDS
+def test_impaired_live_ops_end_within_their_bound(tmp_path, backend):
     world, n, seed = 3, 50_000, 6
     cfg = {
         "params": {"t_b_us": 2_000_000},
         "calibrate": True,
         "impairment": {"median_us": 300, "p99_ratio": 3.0, "loss": 0.02},
+        "prefer": [backend],
     }
     outs, stats = run_world(tmp_path, world, n, seed, cfg)
     ref = np.mean([x.astype(np.float64) for x in live_inputs(world, n, seed)], axis=0)
@@ -56,13 +66,15 @@ def test_impaired_live_ops_end_within_their_bound(tmp_path):
         assert np.linalg.norm(o - ref) / np.linalg.norm(ref) < 0.5
 
 
-def test_live_loss_statistics_match_what_was_injected(tmp_path):
+@BACKENDS
+def test_live_loss_statistics_match_what_was_injected(tmp_path, backend):
     """Loss only, and deadlines far above any scheduling hiccup: every datagram the
     impairment dropped is one packet some rank reports missing, and nothing else is."""
     world, n, seed = 3, 60_000, 7
     cfg = {
         "params": {"t_b_us": 3_000_000, "t_c_min_us": 1_000_000},
         "impairment": {"loss": 0.03},
+        "prefer": [backend],
     }
     _, stats = run_world(tmp_path, world, n, seed, cfg)
     lost = sum(op["lost_phase1"] + op["lost_phase2"] for s in stats for op in s["ops"])

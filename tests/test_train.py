@@ -90,7 +90,7 @@ def test_entries_lost_is_what_the_nics_report(run):
     assert out["optireduce"]["entries_lost"] == missed / packets
     # the lossless check op before training: every live NIC equals the virtual cluster
     assert out["optireduce"]["verify_bit_exact"] == [True] * WORLD
-    assert out["optireduce"]["backends"] == ["software"] * WORLD
+    assert out["optireduce"]["backends"] == ["native"] * WORLD  # the default software backend
     assert out["optireduce"]["cosim_bit_exact"] is None
     assert out["gloo"]["entries_lost"] == 0.0
 

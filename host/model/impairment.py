@@ -13,6 +13,7 @@ packets sent after it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -28,10 +29,13 @@ class ImpairmentSpec:
     loss: float = 0.0
     duplicate: float = 0.0
     reorder: float = 0.0
+    extra_us: float = 0.0  # added to every copy's delay: a late link (a straggler's step)
 
     def __post_init__(self) -> None:
         if self.median_us < 0:
             raise ValueError(f"ImpairmentSpec.median_us={self.median_us}: must be >= 0")
+        if self.extra_us < 0:
+            raise ValueError(f"ImpairmentSpec.extra_us={self.extra_us}: must be >= 0")
         if self.p99_ratio < 1:
             raise ValueError(f"ImpairmentSpec.p99_ratio={self.p99_ratio}: must be >= 1")
         for name in ("loss", "duplicate", "reorder"):
@@ -45,7 +49,7 @@ class ImpairmentSpec:
 
     def reliable(self) -> ImpairmentSpec:
         """The same path without loss or duplication (for warm-up and baselines)."""
-        return ImpairmentSpec(self.median_us, self.p99_ratio, 0.0, 0.0, self.reorder)
+        return dataclasses.replace(self, loss=0.0, duplicate=0.0)
 
 
 class Impairment:
@@ -61,8 +65,9 @@ class Impairment:
     def delay_us(self) -> float:
         s = self.spec
         if s.median_us == 0:
-            return 0.0
+            return s.extra_us
         d = s.median_us * math.exp(s.sigma * self.rng.standard_normal()) if s.sigma else s.median_us
+        d += s.extra_us
         if s.reorder and self.rng.random() < s.reorder:
             self.reordered += 1
             d += s.median_us

@@ -60,6 +60,9 @@ class NativeTransport:
     def reliable(self) -> contextlib.AbstractContextManager[None]:
         return self._nic.reliable()
 
+    def set_impairment(self, spec: ImpairmentSpec) -> None:
+        self._nic.set_impairment(spec)
+
     @property
     def sent(self) -> int:
         return self._nic.counters()["tx_datagrams"]
@@ -67,6 +70,11 @@ class NativeTransport:
     @property
     def received(self) -> int:
         return self._nic.counters()["rx_datagrams"]
+
+    @property
+    def lost(self) -> int:
+        """Datagram copies the engine's impairment dropped."""
+        return self._nic.counters()["impairment_lost"]
 
 
 class NativeNic:
@@ -160,6 +168,11 @@ class NativeNic:
         """A calibrated hard bound for every later phase."""
         self.p = self.p.replace(t_b_us=int(t_b_us))
         self._live.set_t_b(int(t_b_us), CALL_TIMEOUT_S)
+
+    def set_impairment(self, spec: ImpairmentSpec) -> None:
+        """Change the engine's impairment from the next datagram on."""
+        self._live.set_impairment(spec, CALL_TIMEOUT_S)
+        self.impairment = spec
 
     @contextlib.contextmanager
     def reliable(self) -> Iterator[None]:

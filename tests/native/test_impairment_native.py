@@ -72,11 +72,11 @@ def test_seeded():
 @pytest.mark.parametrize(
     ("field", "value"),
     [("median_us", -1.0), ("p99_ratio", 0.5), ("loss", 1.0), ("duplicate", -0.1),
-     ("reorder", 1.5)],
+     ("reorder", 1.5), ("extra_us", -2.0)],
 )  # fmt: skip
 def test_bad_spec(field, value):
     class Spec:  # the Python spec refuses these itself: hand the fields over unchecked
-        median_us, p99_ratio, loss, duplicate, reorder = 0.0, 1.0, 0.0, 0.0, 0.0
+        median_us, p99_ratio, loss, duplicate, reorder, extra_us = 0.0, 1.0, 0.0, 0.0, 0.0, 0.0
 
     s = Spec()
     setattr(s, field, value)
@@ -99,3 +99,16 @@ def test_release_queue_releases_by_due_tick_then_push_order():
     assert q.next() is None and len(q) == 0
     with pytest.raises(RuntimeError, match="exceeds 64"):
         q.push(0, 0, bytes(65))
+
+
+@pytest.mark.parametrize("median", [0, 40])
+def test_a_late_link_adds_its_extra_delay_to_every_copy_in_both_impairments(median):
+    spec = ImpairmentSpec(median_us=median, extra_us=2500, reorder=0.5)
+    cpp = _engine.Impairment(spec, seed=4).sample_delays(2000)
+    py = PyImpairment(spec, seed=4)
+    ref = np.array([py.delay_us() for _ in range(2000)])
+    # every copy: extra + median, plus one more median when reordered (half of them)
+    want = {2500.0 + median, 2500.0 + 2 * median}
+    assert set(cpp.tolist()) == set(ref.tolist()) == want
+    with pytest.raises(ValueError, match="extra_us"):
+        ImpairmentSpec(extra_us=-1)

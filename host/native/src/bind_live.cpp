@@ -47,6 +47,7 @@ ImpairmentSpec spec_from(nb::handle h) {
     s.loss = nb::cast<double>(h.attr("loss"));
     s.duplicate = nb::cast<double>(h.attr("duplicate"));
     s.reorder = nb::cast<double>(h.attr("reorder"));
+    s.extra_us = nb::cast<double>(h.attr("extra_us"));
     s.check();
     return s;
 }

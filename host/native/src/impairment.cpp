@@ -22,6 +22,7 @@ void ImpairmentSpec::check() const {
     if (!(loss >= 0 && loss < 1)) bad("loss", loss, "must be in [0, 1)");
     if (!(duplicate >= 0 && duplicate < 1)) bad("duplicate", duplicate, "must be in [0, 1)");
     if (!(reorder >= 0 && reorder < 1)) bad("reorder", reorder, "must be in [0, 1)");
+    if (!(extra_us >= 0) || !std::isfinite(extra_us)) bad("extra_us", extra_us, "must be >= 0");
 }
 
 double ImpairmentSpec::sigma() const { return std::log(p99_ratio) / Z99; }
@@ -40,8 +41,9 @@ double Impairment::uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p
 
 double Impairment::delay_us() {
     const ImpairmentSpec& s = spec_;
-    if (s.median_us == 0) return 0.0;
+    if (s.median_us == 0) return s.extra_us;
     double d = sigma_ != 0 ? s.median_us * std::exp(sigma_ * normal_(rng_)) : s.median_us;
+    d += s.extra_us;
     if (s.reorder != 0 && uniform() < s.reorder) {
         reordered += 1;
         d += s.median_us;

@@ -24,11 +24,12 @@ struct ImpairmentSpec {
     double loss = 0.0;       // each copy dropped with this probability
     double duplicate = 0.0;  // a second copy, with its own delay and loss draw
     double reorder = 0.0;    // a copy held one more median, behind later packets
+    double extra_us = 0.0;   // added to every copy's delay: a late link (a straggler's step)
 
     void check() const;  // throws std::invalid_argument as ImpairmentSpec.__post_init__
     double sigma() const;
-    bool active() const { return median_us > 0 || loss > 0 || duplicate > 0; }
-    ImpairmentSpec reliable() const { return {median_us, p99_ratio, 0.0, 0.0, reorder}; }
+    bool active() const { return median_us > 0 || extra_us > 0 || loss > 0 || duplicate > 0; }
+    ImpairmentSpec reliable() const { return {median_us, p99_ratio, 0.0, 0.0, reorder, extra_us}; }
 };
 
 class Impairment {
