@@ -14,7 +14,7 @@ import numpy as np
 
 from optireduce import ubt
 from optireduce.counters import COUNTERS
-from optireduce.host.model.nic_model import OpResult, Tx, check_world
+from optireduce.host.model.nic_model import InbandExponent, OpResult, Tx, check_world
 from optireduce.host.native import _engine, why
 from optireduce.op_stats import OpStats
 from optireduce.params import NicParams
@@ -83,11 +83,33 @@ class NativeNicModel:
         self.p = self._p.replace(t_b_us=int(t_b_us))
 
     # ---- host port ---------------------------------------------------------------
-    def start_op(self, now: int, op_id: int, data: np.ndarray, exponent: int) -> None:
-        """Begin op op_id with this worker's chunk (float32) and the agreed exponent."""
+    def start_op(
+        self,
+        now: int,
+        op_id: int,
+        data: np.ndarray,
+        exponent: int | None,
+        *,
+        next_proposal: int | None = None,
+    ) -> None:
+        """Begin op op_id with this worker's chunk (float32) and the agreed exponent
+        (None: the in-band one), as NicModel.start_op."""
         if not isinstance(data, np.ndarray) or data.dtype != np.float32 or data.ndim != 1:
             raise TypeError("start_op: data must be a 1-D numpy float32 array")
-        self._e.start_op(int(now), int(op_id), np.ascontiguousarray(data), int(exponent))
+        self._e.start_op(
+            int(now), int(op_id), np.ascontiguousarray(data),
+            None if exponent is None else int(exponent),
+            None if next_proposal is None else int(next_proposal),
+        )  # fmt: skip
+
+    def inband_exponent(self, op_id: int) -> InbandExponent:
+        """NicModel.inband_exponent."""
+        exp, missing, unknown = self._e.inband_exponent(int(op_id))
+        return InbandExponent(exp, tuple(missing), tuple(unknown))
+
+    def put_proposal(self, op_id: int, rank: int, proposal: int | None) -> None:
+        """NicModel.put_proposal."""
+        self._e.put_proposal(int(op_id), int(rank), None if proposal is None else int(proposal))
 
     def poll_results(self) -> list[OpResult]:
         return [OpResult(op_id, data, OpStats(**st)) for op_id, data, st in self._e.poll_results()]
@@ -123,6 +145,11 @@ class NativeNicModel:
         """A snapshot of the counters, by the model's names (COUNTERS order)."""
         c = self._e.counters()
         return {k: c[k] for k in COUNTERS}
+
+    @property
+    def exp_counters(self) -> dict[str, int]:
+        """A snapshot of NicModel.exp_counters."""
+        return dict(self._e.exp_counters())
 
     @property
     def base(self) -> int:

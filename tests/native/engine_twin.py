@@ -32,16 +32,22 @@ class Twin:
         self.native = NativeNicModel(p, rank, world, first_op=first_op)
         self.results: list[OpResult] = []
 
-    def call(self, name: str, *args: object) -> None:
-        """The same call on both; both raise the same error type, or neither does."""
+    def call(self, name: str, *args: object, **kw: object) -> None:
+        """The same call on both; both raise the same error (type and message), or neither."""
         errors = []
         for nic in (self.model, self.native):
             try:
-                getattr(nic, name)(*args)
+                getattr(nic, name)(*args, **kw)
                 errors.append(None)
             except (ValueError, TypeError) as e:
-                errors.append(type(e))
+                errors.append((type(e), str(e) if isinstance(e, ValueError) else ""))
         assert errors[0] == errors[1], (name, errors)
+
+    def inband(self, op_id: int):
+        """inband_exponent of both, compared."""
+        a = self.model.inband_exponent(op_id)
+        assert a == self.native.inband_exponent(op_id), op_id
+        return a
 
     def collect(self) -> list:
         """Compare everything the two show; returns the model's Tx frames."""
@@ -52,6 +58,7 @@ class Twin:
         same_results(res, n.poll_results())
         self.results += res
         assert m.counters == n.counters
+        assert m.exp_counters == n.exp_counters
         assert (m.base, m.last_started, m.next_timer()) == (n.base, n.last_started, n.next_timer())
         assert m.tc_table.tolist() == n.tc_table.tolist()
         return tx
@@ -79,6 +86,10 @@ class Plan:
     retune_at: int | None = None  # tick at which every rank's t_B becomes retune_t_b
     retune_t_b: int = 1
     data: str = "normal"  # "nonfinite": some inf/NaN; "saturate": an exponent 3 too small
+    no_proposal: float = 0.0  # exp_inband: share of ops whose host gives no next proposal
+    fetch: float = 0.0  # exp_inband: share of missing proposals fetched (put_proposal)
+    slow: int | None = None  # a rank whose host starts every op slow_by ticks late, with
+    slow_by: int = 0  # data 16 times larger (its proposals are the largest)
 
 
 def _corrupt(frame: bytes, rng: np.random.Generator) -> bytes:
@@ -93,8 +104,10 @@ def _corrupt(frame: bytes, rng: np.random.Generator) -> bytes:
     if kind == 2:
         return bytes(rng.integers(0, 256, int(rng.integers(1, 120)), dtype=np.uint8))
     h = ubt.UbtHeader.unpack(frame, ubt.L2_L4_LEN)
-    field = ("op_id", "job_id", "sender", "pkt_index", "version", "exponent")[int(rng.integers(6))]
+    field = ("op_id", "job_id", "sender", "pkt_index", "version", "exponent",
+             "reserved")[int(rng.integers(7))]  # fmt: skip
     value = {
+        "reserved": int(rng.choice([0, 1, 0x8001, 0x7F01, 0x0100, int(rng.integers(0, 2**16))])),
         "op_id": (h.op_id + int(rng.integers(-3, 6))) % 2**32,
         "job_id": h.job_id ^ 1,
         "sender": int(rng.integers(0, 10)),
@@ -114,10 +127,23 @@ def run_cluster(plan: Plan, max_steps: int = 200_000) -> list[Twin]:
     rng = np.random.default_rng(plan.seed)
     nodes = [Twin(p, r, world, plan.first_op) for r in range(world)]
     xs = [[rng.standard_normal(n).astype(np.float32) * 4 for n in plan.lens] for _ in range(world)]
+    if plan.slow is not None:
+        xs[plan.slow] = [x * np.float32(16) for x in xs[plan.slow]]
     exps = [agree_exponent([propose_exponent(xs[r][k], p) for r in range(world)])
             for k in range(len(plan.lens))]  # fmt: skip
+    props = [[propose_exponent(xs[r][k], p) for k in range(len(plan.lens))] for r in range(world)]
     if plan.data == "saturate":  # quantizer, transform and output saturate
         exps = [max(e - 3, -128) for e in exps]
+        props = [[max(e - 3, -128) for e in pr] for pr in props]
+    lead = p.exp_lead_eff
+    silent = {(r, k) for r in range(world) for k in range(len(plan.lens))
+              if rng.random() < plan.no_proposal}  # fmt: skip
+
+    def next_proposal(r: int, k: int) -> int | None:
+        if not p.exp_inband or k + lead >= len(plan.lens) or (r, k) in silent:
+            return None
+        return props[r][k + lead]
+
     if plan.data == "nonfinite":  # flagged, carried, and non-finite results everywhere
         for r in range(world):
             x = xs[r][-1]
@@ -137,8 +163,9 @@ def run_cluster(plan: Plan, max_steps: int = 200_000) -> list[Twin]:
                 exp = exp + 1 if exp < 127 else exp - 1
             if r == 1 and k == 0 and plan.mismatch == "length":
                 x = x[:-1] if len(x) > 1 else np.append(x, np.float32(1))
-            what = (plan.first_op + k, x, exp)
-            push(k * plan.start_gap + int(rng.integers(0, 20)), "start", r, what)
+            what = (plan.first_op + k, x, exp, next_proposal(r, k))
+            late = plan.slow_by if r == plan.slow else 0
+            push(k * plan.start_gap + late + int(rng.integers(0, 20)), "start", r, what)
         if plan.retune_at is not None:
             push(plan.retune_at, "set_t_b", r, plan.retune_t_b)
     if plan.dead is not None and plan.detect is not None:
@@ -165,8 +192,18 @@ def run_cluster(plan: Plan, max_steps: int = 200_000) -> list[Twin]:
             nic = nodes[r].model
             if not (pending[r] and pending[r][0][0] < nic.base + p.ops_in_flight):
                 return
-            op_id, data, exp = pending[r].popleft()
-            nodes[r].call("start_op", now, op_id, data, exp)
+            op_id, data, exp, nxt = pending[r].popleft()
+            k = op_id - plan.first_op
+            if p.exp_inband and k >= lead:
+                inb = nodes[r].inband(op_id)
+                if inb.missing and rng.random() < plan.fetch:  # the host asks the peers
+                    for q in inb.missing:
+                        silent_q = (q, k - lead) in silent
+                        nodes[r].call("put_proposal", op_id, q, None if silent_q else props[q][k])
+                    inb = nodes[r].inband(op_id)
+                if inb.exponent is not None:
+                    exp = None  # else: someone had no proposal, the hosts exchange
+            nodes[r].call("start_op", now, op_id, data, exp, next_proposal=nxt)
 
     for _ in range(max_steps):
         timers = [(t, r) for r in range(world) if (t := nodes[r].model.next_timer()) is not None

@@ -35,9 +35,13 @@ def plans(draw: st.DrawFn) -> Plan:
     b = max(pp * draw(st.sampled_from([1, 2, 4, 8])), 2)
     c = b * draw(st.sampled_from([1, 2, 4]))
     t_b = draw(st.integers(20, 600))
+    k = draw(st.sampled_from([2, 2, 3]))
+    inband = draw(st.sampled_from([False, False, True]))
     params = NicParams(
         p=pp, b=b, c=c, n_max=8,
-        ops_in_flight=draw(st.sampled_from([2, 2, 3])),
+        ops_in_flight=k,
+        exp_inband=inband,
+        exp_lead=draw(st.sampled_from([None, k, k + 1])),
         t_b_us=t_b,
         t_c_min_us=draw(st.integers(1, t_b)),
         t_c_init_us=draw(st.one_of(st.none(), st.integers(1, t_b))),
@@ -48,7 +52,7 @@ def plans(draw: st.DrawFn) -> Plan:
         seed=draw(st.integers(0, 2**32 - 1)),
     )  # fmt: skip
     world = draw(st.sampled_from([2, 3, 4, 5, 8]))
-    n_ops = draw(st.integers(1, 4))
+    n_ops = draw(st.integers(1, 10 if inband else 4))
     size = st.one_of(st.sampled_from([c, c, c - 1, c // 2 + 1]), st.integers(1, c))
     lens = draw(st.lists(size, min_size=n_ops, max_size=n_ops))
     dead = draw(st.one_of(st.none(), st.integers(0, world - 1)))
@@ -67,6 +71,8 @@ def plans(draw: st.DrawFn) -> Plan:
         retune_at=draw(st.one_of(st.none(), st.integers(0, 600))),
         retune_t_b=draw(st.integers(1, 2 * t_b)),
         data=draw(st.sampled_from(["normal", "normal", "nonfinite", "saturate"])),
+        no_proposal=draw(st.sampled_from([0.0, 0.0, 0.2])),
+        fetch=draw(st.sampled_from([0.0, 0.5])),
     )  # fmt: skip
 
 
@@ -77,6 +83,8 @@ def test_random_clusters_run_identically(plan):
     rx = sum(n.native.counters["rx_scatter"] + n.native.counters["rx_gather"] for n in nodes)
     event(f"frames accepted: {'0' if rx == 0 else '<100' if rx < 100 else '>=100'}")
     event(f"ops completed: {sum(len(n.results) for n in nodes)}")
+    inb = sum(n.native.exp_counters[k] for n in nodes for k in ("exp_inband", "exp_incomplete"))
+    event(f"in-band ops: {'0' if inb == 0 else '>0'}")
 
 
 def test_a_cluster_exercises_every_rule():
@@ -104,6 +112,29 @@ def test_a_cluster_exercises_every_rule():
               "truncated", "stale_op", "future_op", "wrong_job", "unknown_rank", "rx_scatter",
               "rx_gather", "ops_completed"):  # fmt: skip
         assert seen[k] > 0, k
+
+
+def test_an_inband_cluster_exercises_every_exponent_rule():
+    """Seeded in-band runs (NicParams.exp_inband) with loss, a straggling start and hosts
+    that sometimes give no proposal: model and engine agree on every exponent counter, and
+    each rule shows up."""
+    p = NicParams(p=4, b=16, c=64, n_max=8, t_b_us=200, t_c_min_us=5, last_percent=30,
+                  exp_inband=True, exp_lead=2)  # fmt: skip
+    seen = dict.fromkeys(("exp_given", "exp_inband", "exp_incomplete", "exp_followed",
+                          "exp_missing", "exp_saturated"), 0)  # fmt: skip
+    mismatch = 0
+    for seed in range(8):
+        plan = Plan(params=p, world=4, lens=[64, 33, 64, 64, 17, 64, 64, 64, 40, 64], seed=seed,
+                    loss=0.25, dup=0.1, max_delay=150, start_gap=(10, 120)[seed % 2],
+                    datagram=0.3, mutate=0.1, no_proposal=0.1, fetch=(0.0, 0.5)[seed // 4],
+                    data=("normal", "saturate")[seed // 2 % 2],
+                    slow=(None, 3)[seed % 2], slow_by=400)  # fmt: skip
+        for node in run_cluster(plan):
+            for k in seen:
+                seen[k] += node.native.exp_counters[k]
+            mismatch += node.native.counters["exponent_mismatch"]
+    assert all(seen.values()), seen
+    assert mismatch > 0
 
 
 # ---- (b) the trace suite ------------------------------------------------------------------

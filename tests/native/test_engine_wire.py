@@ -4,6 +4,7 @@ optireduce/frame_checks.py: frames byte for byte, every parse and check decision
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -116,10 +117,22 @@ def test_parse_frame_decides_as_the_model(f):
 
 
 @settings(max_examples=300, deadline=None)
-@given(f=frames())
-def test_parse_ubt_decides_as_the_model(f):
+@given(f=frames(), inband=st.booleans())
+def test_parse_ubt_decides_as_the_model(f, inband):
     d = f[ubt.L2_L4_LEN :]
-    assert _engine.wire_parse_ubt(d) == model_parse(ubt.parse_ubt(d))
+    want = model_parse(ubt.parse_ubt(d, inband=inband))
+    assert _engine.wire_parse_ubt(d, inband=inband) == want
+
+
+@pytest.mark.parametrize("word", [0, 1, 0x8001, 0x7F01, 0xEC01, 0x0100, 0x0003, 0x0080, 0xFFFF])
+def test_proposal_words_parse_as_the_model(word):
+    h = ubt.UbtHeader(1, ubt.MSG_SCATTER, 0, -3, P.job_id, 0, 0, 0, P.p, 0, 7, 1, 2, word)
+    frame = ubt.build_frame(h, bytes(4 * P.p), src=0, dst=1, port=P.udp_port)
+    for inband in (False, True):
+        want = model_parse(ubt.parse_frame(frame, port=P.udp_port, rank=1, inband=inband))
+        assert _engine.wire_parse_frame(frame, P.udp_port, 1, *WIRE, inband=inband) == want
+        ok = word == 0 or (inband and word & 0xFF == 1)
+        assert (want == "malformed_header") != ok, (hex(word), inband)
 
 
 @settings(max_examples=700, deadline=None)

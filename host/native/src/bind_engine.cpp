@@ -124,10 +124,20 @@ struct PyEngine {
     Engine e;
     std::mutex mu;
     PyEngine(const optireduce::Params& p, int rank, int world, const Addressing& a,
-             int64_t first_op)
-        : e(p, rank, world, a, first_op) {}
+             int64_t first_op, optireduce::Inband inband)
+        : e(p, rank, world, a, first_op, inband) {}
 };
 using Lock = std::lock_guard<std::mutex>;
+
+// NicParams.exp_inband / exp_lead_eff (a C++ Params has neither: in-band off).
+optireduce::Inband inband_from(nb::handle params) {
+    optireduce::Inband ib;
+    if (nb::hasattr(params, "exp_inband")) {
+        ib.on = nb::cast<bool>(params.attr("exp_inband"));
+        ib.lead = nb::cast<int>(params.attr("exp_lead_eff"));
+    }
+    return ib;
+}
 
 void check_phase(int phase) {
     if (phase != 1 && phase != 2) throw std::invalid_argument("phase must be 1 or 2");
@@ -142,17 +152,43 @@ void bind_engine(nb::module_& m) {
             [](PyEngine* self, nb::handle params, int rank, int world, uint64_t mac_base,
                uint32_t ip_base, int64_t first_op) {
                 new (self) PyEngine(optireduce::params_from_py(params), rank, world,
-                                    addressing(mac_base, ip_base), first_op);
+                                    addressing(mac_base, ip_base), first_op,
+                                    inband_from(params));
             },
             "params"_a, "rank"_a, "world"_a, "mac_base"_a, "ip_base"_a, "first_op"_a = 0)
         .def(
             "start_op",
-            [](PyEngine& s, int64_t now, int64_t op_id, F32In data, int exponent) {
+            [](PyEngine& s, int64_t now, int64_t op_id, F32In data, std::optional<int> exponent,
+               std::optional<int> next_proposal) {
                 nb::gil_scoped_release unlocked;
                 Lock lock(s.mu);
-                s.e.start_op(now, op_id, data.data(), data.shape(0), exponent);
+                s.e.start_op(now, op_id, data.data(), data.shape(0), exponent, next_proposal);
             },
-            "now"_a, "op_id"_a, "data"_a, "exponent"_a)
+            "now"_a, "op_id"_a, "data"_a, "exponent"_a.none(), "next_proposal"_a.none() = nb::none())
+        .def(
+            "inband_exponent",
+            [](PyEngine& s, int64_t op_id) {
+                // (exponent or None, missing ranks, ranks with no proposal)
+                Lock lock(s.mu);
+                const optireduce::InbandExponent r = s.e.inband_exponent(op_id);
+                return nb::make_tuple(r.exponent, r.missing, r.unknown);
+            },
+            "op_id"_a)
+        .def(
+            "put_proposal",
+            [](PyEngine& s, int64_t op_id, int rank, std::optional<int> proposal) {
+                Lock lock(s.mu);
+                s.e.put_proposal(op_id, rank, proposal);
+            },
+            "op_id"_a, "rank"_a, "proposal"_a.none())
+        .def("exp_counters",
+             [](PyEngine& s) {
+                 Lock lock(s.mu);
+                 nb::dict d;
+                 for (int k = 0; k < optireduce::N_EXP_COUNTERS; ++k)
+                     d[optireduce::exp_counter_name(k)] = s.e.exp_counters()[k];
+                 return d;
+             })
         .def(
             "receive",
             [](PyEngine& s, int64_t now, nb::bytes frame) {
@@ -282,21 +318,22 @@ void bind_engine(nb::module_& m) {
     // The wire layer alone, for tests against optireduce/ubt.py and frame_checks.py.
     m.def(
         "wire_parse_frame",
-        [](nb::bytes frame, int port, int rank, uint64_t mac_base, uint32_t ip_base) {
+        [](nb::bytes frame, int port, int rank, uint64_t mac_base, uint32_t ip_base, bool inband) {
             optireduce::Parsed r;
             const int code = optireduce::parse_frame(bytes_ptr(frame), frame.size(),
                                                      static_cast<uint16_t>(port), rank,
-                                                     addressing(mac_base, ip_base), r);
+                                                     addressing(mac_base, ip_base), r, inband);
             return parsed(code, r);
         },
-        "frame"_a, "port"_a, "rank"_a, "mac_base"_a, "ip_base"_a);
+        "frame"_a, "port"_a, "rank"_a, "mac_base"_a, "ip_base"_a, "inband"_a = false);
     m.def(
         "wire_parse_ubt",
-        [](nb::bytes datagram) {
+        [](nb::bytes datagram, bool inband) {
             optireduce::Parsed r;
-            return parsed(optireduce::parse_ubt(bytes_ptr(datagram), datagram.size(), r), r);
+            return parsed(
+                optireduce::parse_ubt(bytes_ptr(datagram), datagram.size(), r, inband), r);
         },
-        "datagram"_a);
+        "datagram"_a, "inband"_a = false);
     m.def(
         "wire_build_frame",
         [](nb::handle header, I32In values, int src, int dst, int port, uint64_t mac_base,

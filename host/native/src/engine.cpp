@@ -4,6 +4,7 @@
 #include "engine.hpp"
 
 #include <algorithm>
+#include <climits>
 #include <stdexcept>
 #include <string>
 
@@ -14,6 +15,21 @@ namespace {
 const char* const EXTRA_COUNTERS[N_COUNTERS - N_DROPS] = {
     "rx_scatter", "rx_gather", "tx_scatter", "tx_gather", "ops_started", "ops_completed",
 };
+
+const char* const EXP_COUNTER_NAMES[N_EXP_COUNTERS] = {
+    "exp_given", "exp_inband", "exp_incomplete", "exp_followed", "exp_missing", "exp_saturated",
+};
+
+// A proposal table cell: nothing heard yet, "no proposal", or an int8 proposal.
+constexpr int16_t NO_RECORD = INT16_MIN;
+constexpr int16_t NO_PROPOSAL = INT16_MIN + 1;
+
+// Python's repr of a list of ints, for messages equal to the model's.
+std::string py_list(const std::vector<int>& v) {
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+    return s + "]";
+}
 
 // Packets of an op of n_packets that rank r owns: indices r, r + N, r + 2N, ...
 int64_t owned(int64_t n_packets, int r, int world) {
@@ -27,10 +43,15 @@ const char* counter_name(int k) {
     return k < N_DROPS ? DROP_NAMES[k] : EXTRA_COUNTERS[k - N_DROPS];
 }
 
+const char* exp_counter_name(int k) {
+    return k < 0 || k >= N_EXP_COUNTERS ? "" : EXP_COUNTER_NAMES[k];
+}
+
 // One op in the window: the model's _Op with its Aggregator and GatherBuffer inlined.
 struct Engine::Op {
     int64_t op_id = 0, n = 0, n_packets = 0, n_slots = 0;
     int exponent = 0;
+    uint16_t proposal_word = 0;  // the reserved field of its frames (exp_inband)
     bool started = false, done = false;
     // aggregator: slot row k is packet rank + k N
     std::vector<int64_t> acc, count;
@@ -80,10 +101,14 @@ struct Engine::Op {
     }
 };
 
-Engine::Engine(const Params& p, int rank, int world, const Addressing& a, int64_t first_op)
+Engine::Engine(const Params& p, int rank, int world, const Addressing& a, int64_t first_op,
+               Inband inband)
     : p_(p), rank_(rank), world_(world), addr_(a), tc_{TcEstimator(p), TcEstimator(p)},
-      base_(first_op), last_started_(first_op - 1) {
+      inband_(inband), base_(first_op), last_started_(first_op - 1) {
     p_.check();
+    if (inband.on && (inband.lead < p.ops_in_flight || inband.lead > 256))
+        throw std::invalid_argument("exp_lead=" + std::to_string(inband.lead) + ": must be in K=" +
+                                    std::to_string(p.ops_in_flight) + "..256");
     if (world < 2 || world > p.n_max)
         throw std::invalid_argument("world=" + std::to_string(world) +
                                     ": must be in 2..n_max=" + std::to_string(p.n_max));
@@ -98,14 +123,20 @@ Engine::~Engine() = default;
 
 // ---- host port -------------------------------------------------------------------------
 
-void Engine::start_op(int64_t now, int64_t op_id, const float* data, size_t n, int exponent) {
+void Engine::start_op(int64_t now, int64_t op_id, const float* data, size_t n,
+                      std::optional<int> given, std::optional<int> next_proposal) {
     const int64_t k = p_.ops_in_flight;
     if (n < 1 || static_cast<int64_t>(n) > p_.c)
         throw std::invalid_argument("start_op: " + std::to_string(n) +
                                     " elements; an op holds 1..c=" + std::to_string(p_.c));
-    if (exponent < EXP_MIN || exponent > EXP_MAX)
-        throw std::invalid_argument("start_op: exponent " + std::to_string(exponent) +
+    if ((!given || next_proposal) && !inband_.on)
+        throw std::invalid_argument("start_op: in-band exponents need NicParams.exp_inband");
+    if (given && (*given < EXP_MIN || *given > EXP_MAX))
+        throw std::invalid_argument("start_op: exponent " + std::to_string(*given) +
                                     " outside int8");
+    if (next_proposal && (*next_proposal < EXP_MIN || *next_proposal > EXP_MAX))
+        throw std::invalid_argument("start_op: next_proposal " +
+                                    std::to_string(*next_proposal) + " outside int8");
     if (op_id != last_started_ + 1)
         throw std::invalid_argument("start_op: op " + std::to_string(op_id) +
                                     " is not the next op (" + std::to_string(last_started_ + 1) +
@@ -115,6 +146,26 @@ void Engine::start_op(int64_t now, int64_t op_id, const float* data, size_t n, i
                                     " outside the window [" + std::to_string(base_) + ", " +
                                     std::to_string(base_ + k) + "): wait for op " +
                                     std::to_string(base_) + " to complete");
+    int exponent = given.value_or(0);
+    int source = EXP_GIVEN;
+    size_t n_missing = 0;
+    if (!given) {
+        const InbandExponent inb = inband_exponent(op_id);
+        if (!inb.exponent)
+            throw std::invalid_argument("start_op: op " + std::to_string(op_id) +
+                                        " has no in-band exponent (no proposal from ranks " +
+                                        py_list(inb.unknown) + "): give one");
+        const Op* held = find(op_id);
+        n_missing = inb.missing.size();
+        if (held != nullptr && held->exponent != *inb.exponent) {
+            // peers ahead already sent this op with their exponent: follow them
+            exponent = held->exponent;
+            source = EXP_FOLLOWED;
+        } else {
+            exponent = *inb.exponent;
+            source = n_missing ? EXP_INCOMPLETE : EXP_INBAND;
+        }
+    }
     advance(now);
     Op* op = find(op_id);
     const int64_t len = static_cast<int64_t>(n);
@@ -141,6 +192,12 @@ void Engine::start_op(int64_t now, int64_t op_id, const float* data, size_t n, i
     op->started = true;
     OpStats& st = *op->stats;
     st.start_us = now;
+    if (inband_.on) {
+        proposals_.erase(op_id);
+        proposal_row(op_id + inband_.lead)[rank_] =
+            next_proposal ? static_cast<int16_t>(*next_proposal) : NO_PROPOSAL;
+        op->proposal_word = proposal_word(next_proposal.has_value(), next_proposal.value_or(0));
+    }
 
     enc_.resize(p_.padded_len(n));
     const EncodeCounts ec = encode(data, n, exponent, static_cast<uint32_t>(op_id), p_,
@@ -148,6 +205,9 @@ void Engine::start_op(int64_t now, int64_t op_id, const float* data, size_t n, i
     st.sat_quantize = ec.sat_quantize;
     st.sat_transform = ec.sat_transform;
     st.nonfinite = ec.nonfinite;
+    exp_counters_[source] += 1;
+    exp_counters_[EXP_MISSING] += static_cast<int64_t>(n_missing);
+    if (source != EXP_GIVEN && ec.sat_quantize) exp_counters_[EXP_SATURATED] += 1;
     const int P = p_.p;
     for (int64_t row = 0; row < op->n_slots; ++row) {
         const int64_t i = rank_ + row * world_;
@@ -173,19 +233,54 @@ std::vector<OpResult> Engine::poll_results() {
     return out;
 }
 
+InbandExponent Engine::inband_exponent(int64_t op_id) const {
+    InbandExponent r;
+    const auto it = proposals_.find(op_id);
+    int best = INT_MIN;
+    for (int q = 0; q < world_; ++q) {
+        const int16_t v = it == proposals_.end() ? NO_RECORD : it->second[q];
+        if (v == NO_PROPOSAL || (v == NO_RECORD && q == rank_))
+            r.unknown.push_back(q);
+        else if (v == NO_RECORD) {
+            if (!is_gone_[q]) r.missing.push_back(q);
+        } else
+            best = std::max<int>(best, v);
+    }
+    if (r.unknown.empty()) r.exponent = best;
+    return r;
+}
+
+void Engine::put_proposal(int64_t op_id, int rank, std::optional<int> proposal) {
+    if (!inband_.on)
+        throw std::invalid_argument("put_proposal: in-band exponents need NicParams.exp_inband");
+    if (rank < 0 || rank >= world_)
+        throw std::invalid_argument("put_proposal: rank " + std::to_string(rank) +
+                                    " outside 0.." + std::to_string(world_ - 1));
+    const int64_t top = base_ + 2 * int64_t{p_.ops_in_flight} + inband_.lead;
+    if (!(last_started_ < op_id && op_id < top))
+        throw std::invalid_argument("put_proposal: op " + std::to_string(op_id) + " outside (" +
+                                    std::to_string(last_started_) + ", " + std::to_string(top) +
+                                    ")");
+    if (proposal && (*proposal < EXP_MIN || *proposal > EXP_MAX))
+        throw std::invalid_argument("put_proposal: proposal " + std::to_string(*proposal) +
+                                    " outside int8");
+    proposal_row(op_id)[rank] = proposal ? static_cast<int16_t>(*proposal) : NO_PROPOSAL;
+}
+
 // ---- network port ----------------------------------------------------------------------
 
 void Engine::receive(int64_t now, const uint8_t* frame, size_t n) {
     advance(now);
     Parsed r;
-    const int code = parse_frame(frame, n, static_cast<uint16_t>(p_.udp_port), rank_, addr_, r);
+    const int code =
+        parse_frame(frame, n, static_cast<uint16_t>(p_.udp_port), rank_, addr_, r, inband_.on);
     accept(now, code, r);
 }
 
 void Engine::receive_datagram(int64_t now, const uint8_t* datagram, size_t n) {
     advance(now);
     Parsed r;
-    const int code = parse_ubt(datagram, n, r);
+    const int code = parse_ubt(datagram, n, r, inband_.on);
     accept(now, code, r);
 }
 
@@ -275,6 +370,7 @@ std::unique_ptr<Engine::Op> Engine::make_op(int64_t op_id, int64_t n, int expone
     op->op_id = op_id;
     op->n = n;
     op->exponent = exponent;
+    op->proposal_word = 0;
     op->n_packets = static_cast<int64_t>(p_.packets_for(static_cast<size_t>(n)));
     op->n_slots = owned(op->n_packets, rank_, world_);
     op->started = op->done = false;
@@ -357,6 +453,8 @@ void Engine::accept(int64_t now, int code, const Parsed& r) {
     int reason = check_peer(h, p_.job_id, rank_, world_);
     if (reason == OK)
         reason = check_op(h, p_.p, p_.c, p_.b, rank_, world_, base_, 2 * p_.ops_in_flight);
+    if (inband_.on && (reason == OK || reason == DROP_STALE_OP))
+        note_proposal(h);  // even a frame dropped below, or of a completed op
     if (reason != OK) return drop(reason);
     Op* op = find(h.op_id);
     if (op == nullptr) op = new_op(h.op_id, h.op_len, h.exponent, now);  // a peer is ahead
@@ -384,6 +482,22 @@ void Engine::accept(int64_t now, int code, const Parsed& r) {
         counters_[RX_GATHER] += 1;
     }
     progress(*op, now);
+}
+
+std::vector<int16_t>& Engine::proposal_row(int64_t op_id) {
+    auto [it, fresh] = proposals_.try_emplace(op_id);
+    if (fresh) it->second.assign(world_, NO_RECORD);
+    return it->second;
+}
+
+void Engine::note_proposal(const Header& h) {
+    // the sender's proposal for op_id + lead, if that op has not started; the first heard wins
+    const int64_t target = int64_t{h.op_id} + inband_.lead;
+    if (target <= last_started_) return;
+    int16_t& cell = proposal_row(target)[h.sender];
+    if (cell == NO_RECORD)
+        cell = proposal_present(h.reserved) ? static_cast<int16_t>(proposal_value(h.reserved))
+                                            : NO_PROPOSAL;
 }
 
 void Engine::peer_progress(int64_t now, int sender, int64_t op_id) {
@@ -505,7 +619,7 @@ Header Engine::header(const Op& op, uint8_t msg_type, int64_t pkt_index, int con
     h.t_c_us = static_cast<uint32_t>(t_c);
     h.op_len = static_cast<uint32_t>(op.n);
     h.world = static_cast<uint16_t>(world_);
-    h.reserved = 0;
+    h.reserved = op.proposal_word;
     return h;
 }
 

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -31,6 +32,31 @@ enum Counter : int {
     N_COUNTERS,
 };
 const char* counter_name(int k);
+
+// nic_model.EXP_COUNTERS: how the ops' exponents were chosen (not in the register bank).
+enum ExpCounter : int {
+    EXP_GIVEN,
+    EXP_INBAND,
+    EXP_INCOMPLETE,
+    EXP_FOLLOWED,
+    EXP_MISSING,
+    EXP_SATURATED,
+    N_EXP_COUNTERS,
+};
+const char* exp_counter_name(int k);
+
+// NicParams.exp_inband and exp_lead_eff (Params holds the codec's fields only).
+struct Inband {
+    bool on = false;
+    int lead = 0;  // op j carries proposals for op j + lead (>= K)
+};
+
+// nic_model.InbandExponent.
+struct InbandExponent {
+    std::optional<int> exponent;  // max of the proposals; none if a rank gave none
+    std::vector<int> missing;     // live peers whose proposal has not arrived
+    std::vector<int> unknown;     // ranks that sent "no proposal" (this one too, if so)
+};
 
 // optireduce/op_stats.py OpStats, field for field.
 struct OpStats {
@@ -64,14 +90,22 @@ struct OpResult {
 class Engine {
 public:
     Engine(const Params& p, int rank, int world, const Addressing& a = Addressing{},
-           int64_t first_op = 0);
+           int64_t first_op = 0, Inband inband = Inband{});
     ~Engine();
     Engine(const Engine&) = delete;
     Engine& operator=(const Engine&) = delete;
 
     // ---- host port
-    // Throws std::invalid_argument as NicModel.start_op raises ValueError.
-    void start_op(int64_t now, int64_t op_id, const float* data, size_t n, int exponent);
+    // Throws std::invalid_argument as NicModel.start_op raises ValueError. No exponent:
+    // the in-band one (inband_exponent, or that of peers ahead); next_proposal: this rank's
+    // proposal for op_id + lead, none for "no proposal".
+    void start_op(int64_t now, int64_t op_id, const float* data, size_t n,
+                  std::optional<int> exponent, std::optional<int> next_proposal);
+    void start_op(int64_t now, int64_t op_id, const float* data, size_t n, int exponent) {
+        start_op(now, op_id, data, n, std::optional<int>(exponent), std::nullopt);
+    }
+    InbandExponent inband_exponent(int64_t op_id) const;
+    void put_proposal(int64_t op_id, int rank, std::optional<int> proposal);
     std::vector<OpResult> poll_results();
 
     // ---- network port
@@ -94,6 +128,7 @@ public:
     int64_t base() const { return base_; }
     int64_t last_started() const { return last_started_; }
     const int64_t* counters() const { return counters_; }
+    const int64_t* exp_counters() const { return exp_counters_; }
     int64_t tc(int phase) const { return tc_[phase - 1].tc; }
     int64_t tc_table(int phase, int rank) const { return tc_table_[phase - 1][rank]; }
     std::vector<int> gone() const;  // in the order the engine learnt of them
@@ -112,6 +147,8 @@ private:
     bool op_timer(const Op& op, int64_t& t) const;
     void accept(int64_t now, int code, const Parsed& r);
     void peer_progress(int64_t now, int sender, int64_t op_id);
+    void note_proposal(const Header& h);
+    std::vector<int16_t>& proposal_row(int64_t op_id);
     void progress(Op& op, int64_t now);
     void end_phase(int phase, PhaseTracker& ph, int64_t t, Reason reason);
     void end_phase1(Op& op, int64_t t, Reason reason);
@@ -125,6 +162,10 @@ private:
     int rank_, world_;
     Addressing addr_;
     int64_t counters_[N_COUNTERS] = {};
+    Inband inband_;
+    int64_t exp_counters_[N_EXP_COUNTERS] = {};
+    // target op -> per rank: NO_RECORD, NO_PROPOSAL or the proposal (the model's dict)
+    std::map<int64_t, std::vector<int16_t>> proposals_;
     TcEstimator tc_[2];
     std::vector<int64_t> tc_table_[2];
     int64_t t_change_[2] = {0, 0};

@@ -113,7 +113,7 @@ void build_frame(const Header& h, const int32_t* values, int src, int dst, uint1
 }
 
 int parse_frame(const uint8_t* f, size_t n, uint16_t port, int rank, const Addressing& a,
-                Parsed& out) {
+                Parsed& out, bool inband) {
     if (n < L2_L4_LEN) return DROP_TRUNCATED;
     if (f[12] != 0x08 || f[13] != 0x00) return DROP_NOT_IPV4;
     const uint8_t* ip = f + ETH_LEN;
@@ -129,15 +129,16 @@ int parse_frame(const uint8_t* f, size_t n, uint16_t port, int rank, const Addre
     const uint8_t* udp = ip + IP_LEN;
     if (be16(udp + 2) != port) return DROP_WRONG_PORT;
     if (be16(udp + 4) != ip_len - IP_LEN) return DROP_BAD_UDP_LENGTH;
-    return parse_ubt(f + L2_L4_LEN, ETH_LEN + ip_len - L2_L4_LEN, out);
+    return parse_ubt(f + L2_L4_LEN, ETH_LEN + ip_len - L2_L4_LEN, out, inband);
 }
 
-int parse_ubt(const uint8_t* d, size_t n, Parsed& out) {
+int parse_ubt(const uint8_t* d, size_t n, Parsed& out, bool inband) {
     if (n < HEADER_LEN) return DROP_TRUNCATED;
     const Header h = unpack_header(d);
     if (h.version != UBT_VERSION) return DROP_BAD_VERSION;
     if (h.msg_type != MSG_SCATTER && h.msg_type != MSG_GATHER) return DROP_BAD_TYPE;
-    if ((h.flags & ~FLAGS_KNOWN) || h.reserved) return DROP_MALFORMED_HEADER;
+    if (h.flags & ~FLAGS_KNOWN) return DROP_MALFORMED_HEADER;
+    if (inband ? !proposal_word_ok(h.reserved) : h.reserved != 0) return DROP_MALFORMED_HEADER;
     if ((h.msg_type == MSG_SCATTER) != (h.contributors == 0)) return DROP_MALFORMED_HEADER;
     if (h.contributors > h.world || h.t_c_us == 0) return DROP_MALFORMED_HEADER;
     if (n != HEADER_LEN + 4 * size_t{h.count}) return DROP_BAD_LENGTH;

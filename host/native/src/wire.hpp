@@ -18,6 +18,16 @@ constexpr size_t L2_L4_LEN = ETH_LEN + IP_LEN + UDP_LEN;
 constexpr uint8_t MSG_SCATTER = 1, MSG_GATHER = 2;
 constexpr uint8_t FLAG_LAST = 0x01, FLAGS_KNOWN = FLAG_LAST;
 
+// ubt.proposal_word: with NicParams.exp_inband the `reserved` field carries the sender's
+// exponent proposal for op_id + lead: bits 15..8 an int8, bit 0 set when there is one.
+constexpr uint16_t PROPOSAL_PRESENT = 0x0001;
+inline uint16_t proposal_word(bool present, int proposal) {
+    return present ? static_cast<uint16_t>(((proposal & 0xFF) << 8) | PROPOSAL_PRESENT) : 0;
+}
+inline bool proposal_word_ok(uint16_t w) { return w == 0 || (w & 0xFF) == PROPOSAL_PRESENT; }
+inline bool proposal_present(uint16_t w) { return w & PROPOSAL_PRESENT; }
+inline int proposal_value(uint16_t w) { return static_cast<int8_t>(w >> 8); }
+
 // ubt.DROP_REASONS, in its order (the register bank's counter order).
 enum Drop : int {
     DROP_TRUNCATED,
@@ -92,10 +102,11 @@ struct Parsed {
 };
 
 // ubt.parse_frame: L2-L4 checks for a frame addressed to `rank`, then parse_ubt.
+// inband (NicParams.exp_inband): `reserved` may carry a proposal word.
 int parse_frame(const uint8_t* f, size_t n, uint16_t port, int rank, const Addressing& a,
-                Parsed& out);
+                Parsed& out, bool inband = false);
 // ubt.parse_ubt: the header's own consistency and the payload length of a UDP payload.
-int parse_ubt(const uint8_t* d, size_t n, Parsed& out);
+int parse_ubt(const uint8_t* d, size_t n, Parsed& out, bool inband = false);
 
 inline int32_t payload_value(const uint8_t* payload, size_t i) {
     const uint8_t* b = payload + 4 * i;
