@@ -250,6 +250,29 @@ def test_fwht_rejects_ragged_length():
         E.fwht_blocks(np.zeros(12, np.int32), 8)
 
 
+# --------------------------------------------------------------------------- the mean
+
+
+@SETTINGS
+@given(
+    t=st.lists(st.integers(-(2**60), 2**60), max_size=300),
+    d=st.one_of(st.integers(1, 5000), st.sampled_from([1, 2, 256, 4096, 3 * 256, 63 * 256])),
+    small=st.booleans(),
+)
+def test_div_round_equals_the_model(t, d, small):
+    t = np.array(t, dtype=np.int64)
+    if small:  # the sums an aggregator sees: the vectorised path
+        t >>= 20
+    np.testing.assert_array_equal(E.div_round(t, d), codec.div_round(t, d))
+
+
+def test_div_round_rejects_what_the_model_cannot_divide():
+    with pytest.raises(ValueError, match="d must be"):
+        E.div_round(np.array([1], np.int64), 0)
+    with pytest.raises(ValueError, match="2\\^61"):
+        E.div_round(np.array([1, 2**62], np.int64), 3)
+
+
 # --------------------------------------------------------------------------- encode / decode
 
 

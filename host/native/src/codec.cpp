@@ -232,13 +232,6 @@ OR_CLONES int64_t dequantize_fpu(const int64_t* __restrict v, size_t n, double s
     return saturated;
 }
 
-OR_CLONES bool any_abs_at_least_2p53(const int64_t* __restrict v, size_t n) {
-    const int64_t lim = int64_t{1} << 53;
-    bool any = false;
-    for (size_t i = 0; i < n; ++i) any |= (v[i] >= lim) | (v[i] <= -lim);
-    return any;
-}
-
 int64_t dequantize_range(const int64_t* v, size_t n, int exponent, float* out) {
     if (fpu_ok(exponent))
         return dequantize_fpu(v, n, std::ldexp(1.0, exponent), out);
@@ -639,23 +632,20 @@ OR_CLONES int64_t fwht_saturate_blocks(const int32_t* x, size_t n, size_t b, int
     return over;
 }
 
-// v[i] = div_round(t[i], d) for one block; d > 0 and |t| < 2^52 here (|t| <= 2^31 b).
-// A power of two divides by a shift; otherwise the quotient through double is within one of
-// the exact one (2|t| + d < 2^53 is exact in double) and one correction step makes it exact.
-OR_CLONES void div_round_block(const int64_t* __restrict t, size_t n, int64_t d,
-                               int64_t* __restrict v) {
+// v[i] = div_round(t[i], d): d > 0, |t| < 2^51 (the caller checks). A power of two divides by
+// a shift; otherwise the quotient through double is within one of the exact one (2|t| + d <
+// 2^53 is exact in double) and one correction step makes it exact.
+template <class T>
+OR_INLINE void div_round_loop(const int64_t* __restrict t, size_t n, int64_t d,
+                              T* __restrict v) {
     if (is_pow2(d)) {
         const int sh = __builtin_ctzll(static_cast<uint64_t>(d));
-        const int64_t half = d >> 1;  // floor((2m + d) / 2d) = (m + d/2) >> log2 d, d even
-        if (d == 1) {
-            for (size_t i = 0; i < n; ++i) v[i] = t[i];
-            return;
-        }
+        const int64_t half = d >> 1;  // floor((2m + d) / 2d) = (m + floor(d/2)) >> log2 d
         for (size_t i = 0; i < n; ++i) {
             const int64_t x = t[i];
             const int64_t m = x < 0 ? -x : x;
             const int64_t q = (m + half) >> sh;
-            v[i] = x < 0 ? -q : q;
+            v[i] = static_cast<T>(x < 0 ? -q : q);
         }
         return;
     }
@@ -667,8 +657,24 @@ OR_CLONES void div_round_block(const int64_t* __restrict t, size_t n, int64_t d,
         int64_t q = static_cast<int64_t>(static_cast<double>(a) * inv);
         const int64_t r = a - q * two_d;
         q += (r >= two_d) - (r < 0);
-        v[i] = x < 0 ? -q : q;
+        v[i] = static_cast<T>(x < 0 ? -q : q);
     }
+}
+
+OR_CLONES void div_round_block(const int64_t* __restrict t, size_t n, int64_t d,
+                               int64_t* __restrict v) {
+    div_round_loop(t, n, d, v);
+}
+
+OR_CLONES void div_round_block32(const int64_t* __restrict t, size_t n, int64_t d,
+                                 int32_t* __restrict v) {
+    div_round_loop(t, n, d, v);
+}
+
+OR_CLONES bool any_abs_at_least(const int64_t* __restrict v, size_t n, int64_t lim) {
+    bool any = false;
+    for (size_t i = 0; i < n; ++i) any |= (v[i] >= lim) | (v[i] <= -lim);
+    return any;
 }
 
 // The decoder's per-element steps after the transform, in one pass through the FPU (which
@@ -758,7 +764,7 @@ QuantizeCounts quantize(const float* x, size_t n, int exponent, int64_t q_max, i
 }
 
 int64_t dequantize(const int64_t* v, size_t n, int exponent, float* out) {
-    if (any_abs_at_least_2p53(v, n)) bad("dequantize: |v| must stay below 2^53");
+    if (any_abs_at_least(v, n, int64_t{1} << 53)) bad("dequantize: |v| must stay below 2^53");
     return dequantize_range(v, n, exponent, out);
 }
 
@@ -830,6 +836,35 @@ int64_t fwht_saturate(const int32_t* x, size_t n, int b, int64_t limit, int32_t*
     if (limit < 0 || limit > 0x7FFFFFFF) bad("fwht_saturate: limit must be in 0..2^31-1");
     const Scratch s = scratch(static_cast<size_t>(b));
     return fwht_saturate_blocks(x, n, static_cast<size_t>(b), limit, -1, y, s.t32, s.t64, {});
+}
+
+// ------------------------------------------------------------------ the mean
+
+namespace {
+template <class T>
+void div_round_n_t(const int64_t* t, size_t n, int64_t d, T* out) {
+    if (d < 1) bad("div_round: d must be >= 1, got " + std::to_string(d));
+    if (!any_abs_at_least(t, n, int64_t{1} << 51)) {
+        if constexpr (std::is_same_v<T, int32_t>)
+            div_round_block32(t, n, d, out);
+        else
+            div_round_block(t, n, d, out);
+        return;
+    }
+    for (size_t i = 0; i < n; ++i) {  // beyond the double path: exact integer division
+        if (t[i] >= (int64_t{1} << 61) || t[i] <= -(int64_t{1} << 61))
+            bad("div_round: |t| must stay below 2^61");
+        out[i] = static_cast<T>(div_round(t[i], d));
+    }
+}
+}  // namespace
+
+void div_round_n(const int64_t* t, size_t n, int64_t d, int64_t* out) {
+    div_round_n_t(t, n, d, out);
+}
+
+void div_round_n(const int64_t* t, size_t n, int64_t d, int32_t* out) {
+    div_round_n_t(t, n, d, out);
 }
 
 // ------------------------------------------------------------------ encode / decode

@@ -125,6 +125,12 @@ inline int64_t div_round(int64_t t, int64_t d) {
     return t < 0 ? -mag : mag;
 }
 
+// div_round of n values by one divisor, vectorised (no integer division while |t| < 2^51):
+// the aggregator's mean of a slot's contributions. d >= 1 and |t| < 2^61 or it throws; the
+// int32 form needs every quotient to fit (a mean of wire values always does).
+void div_round_n(const int64_t* t, size_t n, int64_t d, int64_t* out);
+void div_round_n(const int64_t* t, size_t n, int64_t d, int32_t* out);
+
 // ------------------------------------------------------------------ encode / decode
 
 struct EncodeCounts {

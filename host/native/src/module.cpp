@@ -269,6 +269,20 @@ void bind_codec(nb::module_& m) {
         "H_b per block clamped to +-limit -> (y int32, clamped count).");
 
     m.def(
+        "div_round",
+        [](In<int64_t> t, long long d, nb::handle out) {
+            const size_t n = t.shape(0);
+            auto [o, obj] = output<int64_t>(out, n, "div_round");
+            {
+                nb::gil_scoped_release nogil;
+                div_round_n(t.data(), n, d, o);
+            }
+            return obj;
+        },
+        "t"_a, "d"_a, "out"_a = nb::none(),
+        "codec.div_round with one divisor: t / d rounded half away from zero (int64).");
+
+    m.def(
         "encode",
         [](In<float> x, int exponent, long long op_id, nb::handle p, nb::handle out) {
             const Params pp = params_from_py(p);

@@ -254,6 +254,34 @@ TEST(fwht_is_its_own_inverse_and_paths_agree) {
     CHECK_THROWS(fwht_blocks(x.data(), 0, 131072, y.data()), std::invalid_argument);
 }
 
+TEST(div_round_n_equals_the_scalar_division) {
+    for (int rep = 0; rep < 200; ++rep) {
+        const size_t n = rng() % 300;
+        const int64_t d = rep % 3 ? 1 + static_cast<int64_t>(rng() % 70000)
+                                  : int64_t{1} << (rng() % 17);
+        const int width = 1 + static_cast<int>(rng() % 61);  // past 2^51: the integer loop
+        std::vector<int64_t> t(n), q(n);
+        std::vector<int32_t> q32(n);
+        for (auto& v : t)
+            v = static_cast<int64_t>(rng() >> (64 - width)) * ((rng() & 1) ? -1 : 1);
+        div_round_n(t.data(), n, d, q.data());
+        for (size_t i = 0; i < n; ++i) {
+            // floor(|t| / d + 1/2) with the sign of t, in 128 bits
+            const __int128 a = t[i] < 0 ? -static_cast<__int128>(t[i]) : t[i];
+            const __int128 m = (2 * a + d) / (2 * static_cast<__int128>(d));
+            CHECK(q[i] == static_cast<int64_t>(t[i] < 0 ? -m : m));
+        }
+        if (width <= 31) {
+            div_round_n(t.data(), n, d, q32.data());
+            for (size_t i = 0; i < n; ++i) CHECK(q32[i] == q[i]);
+        }
+    }
+    int64_t t[1] = {1}, q[1];
+    CHECK_THROWS(div_round_n(t, 1, 0, q), std::invalid_argument);
+    t[0] = int64_t{1} << 62;
+    CHECK_THROWS(div_round_n(t, 1, 3, q), std::invalid_argument);
+}
+
 TEST(encode_decode_block_ranges_equal_the_whole_op) {
     const Params geometries[] = {
         params(8, 32, 5), params(4, 64, 1), params(16, 128, 7), params(256, 4096, 9),
