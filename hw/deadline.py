@@ -182,15 +182,28 @@ def settle_cycles(n_ctx: int) -> int:
     return 2 + IDLE_LATENCY + (n_ctx - 1) + PhaseTimer.LATENCY + PICK_LATENCY  # 14 at 4
 
 
-def settle_step(m: Module, settle, tc, target: int):
-    """One cycle of an owner's settle count (Signal(range(target + 1))): back to 0 while
-    the t_C estimator is busy, else up to `target` (settle_cycles). Returns "settled"
-    for this cycle."""
-    with m.If(tc.busy):
-        m.d.sync += settle.eq(0)
-    with m.Elif(settle != target):
-        m.d.sync += settle.eq(settle + 1)
-    return ~tc.busy & (settle == target)
+class Settle:
+    """An owner's settle count: the cycles its end evaluation has been stable, with the t_C
+    estimator idle. Its picks and due bits are valid once `settled` (settle_cycles(n_ctx)
+    cycles after the last change). `restart()` after every change; `step(m, tc)` counts."""
+
+    def __init__(self, n_ctx: int) -> None:
+        self.target = settle_cycles(n_ctx)
+        self.count = Signal(range(self.target + 1), name="settle")
+        self.settled = self.count == self.target
+
+    def restart(self):
+        """The statement (for m.d.sync) that starts the count again."""
+        return self.count.eq(0)
+
+    def step(self, m: Module, tc):
+        """One cycle of the count: back to 0 while the t_C estimator is busy, else up to
+        the target. Returns "settled, estimator idle" for this cycle."""
+        with m.If(tc.busy):
+            m.d.sync += self.count.eq(0)
+        with m.Elif(~self.settled):
+            m.d.sync += self.count.eq(self.count + 1)
+        return ~tc.busy & self.settled
 
 
 class PhaseContexts:
@@ -216,6 +229,20 @@ class PhaseContexts:
 
     def fields(self) -> tuple:
         return tuple(getattr(self, f) for f in self.FIELDS)
+
+    def claim(self, c, op_id) -> list:
+        """Statements that give context `c` to op `op_id`: valid, not begun, nothing in
+        (the per-sender counts are the owner's to set once it knows the op's size)."""
+        return [
+            self.valid[c].eq(1),
+            self.op[c].eq(op_id),
+            *(getattr(self, f)[c].eq(0) for f in ("begun", "ended", "has_arr", "last_arr",
+                                                  "last_gone", "start", "anchor", "recv")),
+        ]  # fmt: skip
+
+    def arrival(self, c, now) -> list:
+        """Statements for an accepted packet of context `c` at tick `now`."""
+        return [self.recv[c].eq(self.recv[c] + 1), self.last_arr[c].eq(now), self.has_arr[c].eq(1)]
 
     # What an event says of the contexts, registered a state before its use (125 MHz):
     # `hits` (context k holds the event's op) when the event is taken, `done` (context k's
@@ -299,30 +326,58 @@ class PhaseContexts:
         finished (NicModel._peer_progress): `done`, a registered bit per context that
         its op <= the event's op id - K.
 
-        Returns (idle_found, idle_pick, post_found, post_pick).
+        Returns (idle_found, idle_pick, post_found, post_pick). Also makes the end's
+        registers: `fire_c` (the context to end), `ret_post` (back to POST after it) and
+        `post_b` (POST is done with the sender's older ops).
         """
+        self.fire_c = Signal(max(1, (self.n_ctx - 1).bit_length()), name="fire_c")
+        self.ret_post = Signal(name="ret_post")
+        self.post_b = Signal(name="post_b")
         op, n = self.op, self.n_ctx
 
         def by_time(i, j):  # end tick, then op: each compare registered on its own
             return (due_end[i] < due_end[j], due_end[i] == due_end[j], op[j] >= op[i])
 
         idle_found, idle_pick = pick_first(m, "pick_idle", list(due), by_time)
-        post_found, post_pick = pick_first(
+        self.post_found, self.post_pick = pick_first(
             m, "pick_post", [due[k] & done[k] for k in range(n)],
             lambda i, j: (op[j] >= op[i],),
         )  # fmt: skip
-        return idle_found, idle_pick, post_found, post_pick
+        return idle_found, idle_pick, self.post_found, self.post_pick
 
-    def end_states(self, m: Module, owner, tc, T, f, due_end, due_reason, settle, ret_post,
+    def post_state(self, m: Module, settle: Settle, tc, c, peer_ev, own_due) -> None:
+        """The FSM state POST, after an event of context `c` (from `picks`' signals):
+        once the end evaluation has settled, end the due ops the event's sender has
+        finished, by op, if it came from a peer (`peer_ev`: NicModel._peer_progress),
+        then the event's own op if `own_due` (NicModel._progress), then IDLE (where the
+        rest end by (end tick, op): NicModel.advance). Call inside the owner's FSM."""
+        fire_c, ret_post, post_b = self.fire_c, self.ret_post, self.post_b
+        with m.State("POST"), m.If(settle.step(m, tc)):
+            with m.If(~post_b):
+                with m.If(peer_ev & self.post_found):
+                    m.d.sync += [fire_c.eq(self.post_pick), ret_post.eq(1)]
+                    m.next = "FIRE"
+                with m.Else():
+                    m.d.sync += post_b.eq(1)
+            with m.Elif(own_due):
+                m.d.sync += [fire_c.eq(c), ret_post.eq(1)]
+                m.next = "FIRE"
+            with m.Else():
+                m.d.sync += ret_post.eq(0)
+                m.next = "IDLE"
+
+    def end_states(self, m: Module, owner, tc, T, due_end, due_reason, settle: Settle,
                    select=(), report=None) -> None:  # fmt: skip
-        """The FSM states of a phase end of context `f`, in three steps (125 MHz): FIRE
-        selects the context's registers, FIRE_SMP subtracts the two completion-time
+        """The FSM states of a phase end of context `fire_c`, in three steps (125 MHz):
+        FIRE selects the context's registers, FIRE_SMP subtracts the two completion-time
         samples, FIRE_END reports the end on `owner`'s end_* ports (one end_valid
         strobe), marks the context ended and gives tc its sample (PhaseTracker.finish);
-        then POST if `ret_post`, else SETTLE. Call inside the owner's `with m.FSM()`.
-        `select`: the owner's own (register, value) pairs taken in FIRE; `report(m)`: its
-        own statements in FIRE_END. The estimator is idle here (every path to FIRE waits).
+        then POST if `ret_post`, else SETTLE, where the evaluation catches up before
+        IDLE. Call inside the owner's `with m.FSM()`. `select`: the owner's own
+        (register, value) pairs taken in FIRE; `report(m)`: its own statements in
+        FIRE_END. The estimator is idle here (every path to FIRE waits).
         """
+        f, ret_post = self.fire_c, self.ret_post
         t = TICK_BITS
         f_end, f_start, f_arr = Signal(t), Signal(t), Signal(t)
         f_reason, f_has, f_op = Signal(Reason), Signal(), Signal(32)
@@ -358,7 +413,7 @@ class PhaseContexts:
                 owner.end_timeout.eq(T),
                 owner.end_received.eq(f_recv),
                 owner.end_expected.eq(f_exp),
-                settle.eq(0),
+                settle.restart(),
             ]
             if report is not None:
                 report(m)
@@ -372,6 +427,8 @@ class PhaseContexts:
                 m.next = "POST"
             with m.Else():
                 m.next = "SETTLE"
+        with m.State("SETTLE"), m.If(settle.step(m, tc)):
+            m.next = "IDLE"
 
 
 def pick_first(m: Module, name: str, eligible: list, le) -> tuple[Signal, Signal]:

@@ -65,6 +65,7 @@ writes are registered (docs/gateware.md, "Timing").
 from __future__ import annotations
 
 import enum
+from types import SimpleNamespace
 
 from amaranth import Array, Cat, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
@@ -72,7 +73,9 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from optireduce.host.model.nic_model import NicModel
-from optireduce.hw.deadline import TICK_BITS, PhaseContexts, Reason, settle_cycles, settle_step
+from optireduce.hw.deadline import TICK_BITS, PhaseContexts, Reason, Settle
+from optireduce.hw.peer_progress import PeerProgress, peer_layout
+from optireduce.hw.serial_divider import SerialDivider
 from optireduce.hw.staged_write import StagedWrite
 from optireduce.hw.tc_estimator import TC_BITS, TcEstimator
 from optireduce.params import NicParams
@@ -166,371 +169,307 @@ class GatherTracker(wiring.Component):
         )
 
     def elaborate(self, platform):
-        p = self.p
         m = Module()
-        n_ctx, n_max, npk = self.n_ctx, p.n_max, self.npk_max
-        cb, sb, ib = _bits(n_ctx), _bits(n_max), _bits(npk)
-        K = p.ops_in_flight
-        n_cnt = range(n_max + 1)
-        tot = range(npk + 1)
+        s = self._state(m)  # time, t_C and T, the contexts, the memories, the event
+        m.submodules.divider = s.div = SerialDivider(_bits(s.npk + 1), range(s.n_max + 1))
+        m.submodules.peer_progress = s.pp = PeerProgress(s.n_ctx, s.n_max, s.rcv_shape)
+        m.d.comb += [s.div.den.eq(self.world), s.pp.hit.eq(s.peer_hit), s.pp.sender.eq(s.ev.sender)]
+        with m.FSM() as fsm:
+            self._take_states(m, s)  # IDLE: the clock, due phases, the next event; HIT, LOOKUP
+            self._claim_states(m, s)  # a new op's context: CLEAR, EXPECT, EXPECT_SET
+            self._dispatch_states(m, s)  # DISPATCH by kind; TC; GONE (peer progress)
+            self._slot_states(m, s)  # LATE, SLOT_REG, SLOT: a gather frame's verdict
+            self._end_states(m, s)  # POST, FIRE*, SETTLE: the phases the event made due
+        m.d.comb += self.ev.ready.eq(
+            fsm.ongoing("IDLE") & ~s.idle_found & (s.now >= self.ev.payload.at)
+        )
+        return m
 
-        now = Signal(TICK_BITS)
-        m.d.comb += self.now.eq(now)
+    def _state(self, m: Module) -> SimpleNamespace:
+        """The block's registers, memories and shared signals, by section."""
+        p = self.p
+        s = SimpleNamespace(p=p)
+        s.n_ctx, s.n_max, s.npk = n_ctx, n_max, npk = self.n_ctx, p.n_max, self.npk_max
+        s.cb, s.sb, s.ib = _bits(n_ctx), _bits(n_max), _bits(npk)
+        s.n_cnt = n_cnt = range(n_max + 1)
+        s.tot = tot = range(npk + 1)
+        s.rcv_shape = range(self.own_max + 1)
+
+        s.now = Signal(TICK_BITS)
+        m.d.comb += self.now.eq(s.now)
 
         # ---- t_C and T of phase 2 -----------------------------------------------------
-        m.submodules.tc = tc = TcEstimator(p)
+        m.submodules.tc = tc = s.tc = TcEstimator(p)
         m.d.comb += [tc.world.eq(self.world), tc.rank.eq(self.rank), tc.t_b.eq(self.t_b)]
         m.d.comb += self.own_tc.eq(tc.own_tc)
 
         # ---- per-op contexts ------------------------------------------------------------
-        cx = PhaseContexts(n_ctx, tot, n_cnt)
-        (c_valid, c_begun, c_ended, c_op, c_start, c_anchor, c_has_arr, c_last_arr,
-         c_last_gone, c_recv, c_exp, c_unflag, c_owing) = cx.fields()  # fmt: skip
+        s.cx = cx = PhaseContexts(n_ctx, tot, n_cnt)
+        for name, field in zip(PhaseContexts.FIELDS, cx.fields(), strict=True):
+            setattr(s, f"c_{name}", field)
         # divmod(n_packets, world)
-        c_q = Array(Signal(tot, name=f"q{k}") for k in range(n_ctx))
-        c_rem = Array(Signal(n_cnt, name=f"rem{k}") for k in range(n_ctx))
-
+        s.c_q = Array(Signal(tot, name=f"q{k}") for k in range(n_ctx))
+        s.c_rem = Array(Signal(n_cnt, name=f"rem{k}") for k in range(n_ctx))
         # per-context end evaluation, registered (the FSM settles after a change)
-        T, due, due_end, due_reason = cx.evaluate(m, tc, self.alpha_q8, now)
-        m.d.comb += self.timeout.eq(T)
+        s.T, s.due, s.due_end, s.due_reason = cx.evaluate(m, tc, self.alpha_q8, s.now)
+        m.d.comb += self.timeout.eq(s.T)
+        s.settle = Settle(n_ctx)  # cycles the end evaluation has been stable
 
         # ---- memories: per-sender state and the slot bitmap, per context ------------------
-        peer_layout = data.StructLayout({"rcv": range(self.own_max + 1), "flagged": 1, "gone": 1})
-        m.submodules.peers = pm = Memory(shape=peer_layout, depth=n_ctx << sb, init=[])
-        pm_rd = pm.read_port()
-        pm_wr = StagedWrite(m, pm.write_port(), "peers")
-        m.submodules.have = hv = Memory(shape=1, depth=n_ctx << ib, init=[])
-        hv_rd = hv.read_port()
-        hv_wr = StagedWrite(m, hv.write_port(), "have")
+        s.peer_layout = peer_layout(s.rcv_shape)
+        m.submodules.peers = pm = Memory(shape=s.peer_layout, depth=n_ctx << s.sb, init=[])
+        s.pm_rd = pm.read_port()
+        s.pm_wr = StagedWrite(m, pm.write_port(), "peers")
+        m.submodules.have = hv = Memory(shape=1, depth=n_ctx << s.ib, init=[])
+        s.hv_rd = hv.read_port()
+        s.hv_wr = StagedWrite(m, hv.write_port(), "have")
 
         # ---- the event being handled ----------------------------------------------------
-        ev = Signal(event_layout(p))
-        ev_now = Signal(TICK_BITS)
-        c = Signal(cb)
-        m.d.comb += c.eq(ev.op_id[:cb])
-
-        cnt_rx, cnt_dup, cnt_late = Signal(32), Signal(32), Signal(32)
-        m.d.comb += [
-            self.cnt_rx.eq(cnt_rx),
-            self.cnt_duplicate.eq(cnt_dup),
-            self.cnt_late.eq(cnt_late),
-        ]
-        m.d.sync += [self.end_valid.eq(0), self.verdict_valid.eq(0)]
-
-        # divider (restoring, one quotient bit per cycle): n_packets divmod world
-        qbits = _bits(npk + 1)
-        div_num = Signal(qbits)
-        div_rem = Signal(qbits + 1)
-        div_q = Signal(qbits)
-        div_k = Signal(range(qbits + 1))
-        div_busy = Signal()
-
-        n_pk = Signal(range(npk + 1))
-        m.d.comb += n_pk.eq(
+        s.ev = ev = Signal(event_layout(p))
+        s.ev_now = Signal(TICK_BITS)
+        s.c = Signal(s.cb)
+        m.d.comb += s.c.eq(ev.op_id[: s.cb])
+        s.n_pk = Signal(range(npk + 1))
+        m.d.comb += s.n_pk.eq(
             ((ev.op_len + (p.b - 1)) >> p.log2_b) << (p.log2_b - (p.p.bit_length() - 1))
         )
-
-        with m.If(div_busy):
-            rem2 = Cat(div_num[qbits - 1], div_rem[:qbits])
-            ge = rem2 >= self.world
-            m.d.sync += [
-                div_rem.eq(Mux(ge, rem2 - self.world, rem2)),
-                div_q.eq(Cat(ge, div_q[: qbits - 1])),
-                div_num.eq(div_num << 1),
-                div_k.eq(div_k - 1),
-            ]
-            with m.If(div_k == 1):
-                m.d.sync += div_busy.eq(0)
-
         # facts of the event, each registered a state before its use (125 MHz): which
         # contexts hold its op, the packets of its op, the ops its sender is done with
         # (op <= op_id - K), what the sender owes
-        hits, done = cx.event_registers()
-        n_pk_r = Signal(range(npk + 1))
-        peer_hit = Signal(n_ctx)  # ... and the sender still owes it packets: gone_hit
-        me = Signal()  # the sender is this rank
-        q_e, lt_e = Signal(tot), Signal()  # the event's context: q, sender < rem
-        exp_e = Signal(range(self.own_max + 1))  # packets it expects from the sender
-        p1_anchor = Signal(TICK_BITS + 1)  # a PHASE1_END's p1_start + t1
-
-        def expected(q, lt):
-            """Packets a context expects from the sender, from its registered q and
-            sender < rem: q + (sender < rem), none from this rank (NicModel)."""
-            return Mux(me, 0, q + lt)
+        s.hits, s.done = cx.event_registers()
+        s.n_pk_r = Signal(range(npk + 1))
+        s.peer_hit = Signal(n_ctx)  # ... and the sender still owes it packets
+        s.me = Signal()  # the sender is this rank
+        s.q_e, s.lt_e = Signal(tot), Signal()  # the event's context: q, sender < rem
+        s.exp_e = Signal(s.rcv_shape)  # packets it expects from the sender
+        s.p1_anchor = Signal(TICK_BITS + 1)  # a PHASE1_END's p1_start + t1
+        s.accepted = Signal()
+        s.clr = Signal(range(max(n_max, npk) + 1))  # the entry being cleared
 
         # selection of the next phase to end: by (end tick, op) among the due, or by op
         # among the due ops <= ev.op_id - K (the ones the event's sender is done with)
-        idle_found, idle_pick, post_found, post_pick = cx.picks(m, due, due_end, done)
+        s.idle_found, s.idle_pick, s.post_found, s.post_pick = cx.picks(m, s.due, s.due_end, s.done)
+        s.fire_c, s.ret_post, s.post_b = cx.fire_c, cx.ret_post, cx.post_b
 
-        fire_c = Signal(cb)
-        ret_post = Signal()
-        # cycles the end evaluation has been stable: T, idle, the timer stage, due
-        settle_n = settle_cycles(n_ctx)
-        settle = Signal(range(settle_n + 1))
-        settled = settle == settle_n
-        post_b = Signal()  # the older ops are done; next, the event's own op
-        accepted = Signal()
-        gone_c = Signal(range(n_ctx + 1))
-        n_clear = max(n_max, npk)
-        clr = Signal(range(n_clear + 1))
+        s.cnt_rx, s.cnt_dup, s.cnt_late = Signal(32), Signal(32), Signal(32)
+        m.d.comb += [
+            self.cnt_rx.eq(s.cnt_rx),
+            self.cnt_duplicate.eq(s.cnt_dup),
+            self.cnt_late.eq(s.cnt_late),
+        ]
+        m.d.sync += [self.end_valid.eq(0), self.verdict_valid.eq(0)]
+        return s
+
+    def _expected(self, s: SimpleNamespace, q, lt):
+        """Packets a context expects from the sender, from its registered q and
+        sender < rem: q + (sender < rem), none from this rank (NicModel)."""
+        return Mux(s.me, 0, q + lt)
+
+    def _take_states(self, m: Module, s: SimpleNamespace) -> None:
+        ev, c, now, K = s.ev, s.c, s.now, self.p.ops_in_flight
         target = Signal(TICK_BITS)
         m.d.comb += target.eq(Mux(self.ev.valid, self.ev.payload.at, self.time))
+        with m.State("IDLE"):
+            # the event's registers load in every IDLE cycle (as in the aggregator)
+            m.d.sync += [
+                ev.eq(self.ev.payload),
+                s.ev_now.eq(now),
+                s.post_b.eq(0),
+                s.accepted.eq(0),
+            ]
+            with m.If(s.idle_found):
+                m.d.sync += [s.fire_c.eq(s.idle_pick), s.ret_post.eq(0)]
+                m.next = "FIRE"
+            with m.Elif(now < target):
+                # NicModel.advance(target): ends come out in (end tick, op) order
+                m.d.sync += [now.eq(target), s.settle.restart()]
+                m.next = "SETTLE"
+            with m.Elif(self.ev.valid):
+                m.next = "HIT"
 
-        with m.FSM() as fsm:
-            with m.State("IDLE"):
-                # the event's registers load in every IDLE cycle (as in the aggregator)
-                m.d.sync += [ev.eq(self.ev.payload), ev_now.eq(now), post_b.eq(0), accepted.eq(0)]
-                with m.If(idle_found):
-                    m.d.sync += [fire_c.eq(idle_pick), ret_post.eq(0)]
-                    m.next = "FIRE"
-                with m.Elif(now < target):
-                    # NicModel.advance(target): ends come out in (end tick, op) order
-                    m.d.sync += [now.eq(target), settle.eq(0)]
-                    m.next = "SETTLE"
-                with m.Elif(self.ev.valid):
-                    m.next = "HIT"
+        with m.State("HIT"):
+            s.cx.take_event(m, ev.op_id, K)
+            m.d.sync += [
+                s.n_pk_r.eq(s.n_pk),
+                s.me.eq(ev.sender == self.rank),
+                s.p1_anchor.eq(ev.p1_start + ev.t1),
+            ]
+            m.next = "LOOKUP"
 
-            with m.State("HIT"):
-                cx.take_event(m, ev.op_id, K)
-                m.d.sync += [
-                    n_pk_r.eq(n_pk),
-                    me.eq(ev.sender == self.rank),
-                    p1_anchor.eq(ev.p1_start + ev.t1),
-                ]
-                m.next = "LOOKUP"
-
-            with m.State("LOOKUP"):
-                with m.If(~hits.bit_select(c, 1)):
-                    # claim the context: the op it held is done (the receive window)
-                    m.d.sync += [
-                        c_valid[c].eq(1),
-                        c_op[c].eq(ev.op_id),
-                        c_begun[c].eq(0),
-                        c_ended[c].eq(0),
-                        c_has_arr[c].eq(0),
-                        c_last_arr[c].eq(0),
-                        c_last_gone[c].eq(0),
-                        c_start[c].eq(0),
-                        c_anchor[c].eq(0),
-                        c_recv[c].eq(0),
-                        clr.eq(0),
-                        div_num.eq(n_pk_r),
-                        div_rem.eq(0),
-                        div_k.eq(qbits),
-                        div_busy.eq(1),
-                    ]
-                    m.next = "CLEAR"
-                with m.Else():
-                    m.next = "DISPATCH"
-
-            with m.State("CLEAR"):
-                m.d.sync += [
-                    pm_wr.addr.eq(Cat(clr[:sb], c)),
-                    pm_wr.en.eq(clr < n_max),
-                    pm_wr.data.eq(0),
-                    hv_wr.addr.eq(Cat(clr[:ib], c)),
-                    hv_wr.en.eq(clr < npk),
-                    hv_wr.data.eq(0),
-                ]
-                m.d.sync += clr.eq(clr + 1)
-                with m.If(clr == n_clear - 1):
-                    m.next = "EXPECT"
-
-            own = Signal(tot)
-            nsend = Signal(n_cnt)
-            with m.State("EXPECT"), m.If(~div_busy):
-                q, rem = div_q, div_rem[:qbits]
-                m.d.sync += [
-                    c_q[c].eq(q),
-                    c_rem[c].eq(rem),
-                    own.eq(q + (self.rank < rem)),
-                    nsend.eq(Mux(n_pk_r < self.world, n_pk_r, self.world)),
-                ]
-                m.next = "EXPECT_SET"
-            with m.State("EXPECT_SET"):
-                senders = nsend - (self.rank < n_pk_r)
-                m.d.sync += [
-                    c_exp[c].eq(n_pk_r - own),
-                    c_unflag[c].eq(senders),
-                    c_owing[c].eq(senders),
-                ]
+        with m.State("LOOKUP"):
+            with m.If(~s.hits.bit_select(c, 1)):
+                # claim the context: the op it held is done (the receive window)
+                m.d.sync += [*s.cx.claim(c, ev.op_id), s.clr.eq(0)]
+                m.d.comb += [s.div.go.eq(1), s.div.num.eq(s.n_pk_r)]  # n_packets divmod world
+                m.next = "CLEAR"
+            with m.Else():
                 m.next = "DISPATCH"
 
-            # the event's facts over the contexts, all in parallel (registered)
-            with m.State("DISPATCH"):
-                owes = [(c_q[k] != 0) | (ev.sender < c_rem[k]) for k in range(n_ctx)]
-                fin = cx.mark_done(m)
-                m.d.sync += [
-                    peer_hit.eq(Cat(
-                        c_valid[k] & ~c_ended[k] & ~me & owes[k] & fin[k]
-                        for k in range(n_ctx)
-                    )),
-                    q_e.eq(c_q[c]),
-                    lt_e.eq(ev.sender < c_rem[c]),
-                ]  # fmt: skip
-                with m.Switch(ev.kind):
-                    with m.Case(Kind.GATHER):
-                        m.next = "TC"
-                    with m.Case(Kind.SCATTER):
-                        m.d.sync += gone_c.eq(0)
-                        m.next = "GONE_RD"
-                    with m.Case(Kind.START):
-                        m.d.sync += settle.eq(0)
-                        m.next = "POST"
-                    with m.Case(Kind.PHASE1_END):
-                        m.d.sync += [
-                            c_begun[c].eq(1),
-                            c_start[c].eq(ev_now),
-                            c_anchor[c].eq(Mux(ev_now < p1_anchor, p1_anchor, ev_now)),
-                            settle.eq(0),
-                        ]
-                        m.next = "POST"
+    def _claim_states(self, m: Module, s: SimpleNamespace) -> None:
+        c, n_max, npk, clr = s.c, s.n_max, s.npk, s.clr
+        n_clear = max(n_max, npk)
+        with m.State("CLEAR"):
+            m.d.sync += [
+                s.pm_wr.addr.eq(Cat(clr[: s.sb], c)),
+                s.pm_wr.en.eq(clr < n_max),
+                s.pm_wr.data.eq(0),
+                s.hv_wr.addr.eq(Cat(clr[: s.ib], c)),
+                s.hv_wr.en.eq(clr < npk),
+                s.hv_wr.data.eq(0),
+            ]
+            m.d.sync += clr.eq(clr + 1)
+            with m.If(clr == n_clear - 1):
+                m.next = "EXPECT"
 
-            with m.State("TC"):  # the sender's piggybacked phase-2 t_C
-                m.d.sync += exp_e.eq(expected(q_e, lt_e))
-                m.d.comb += [
-                    tc.update.valid.eq(1),
-                    tc.update.payload.rank.eq(ev.sender),
-                    tc.update.payload.value.eq(ev.t_c),
-                    tc.update.payload.at.eq(ev_now),
-                ]
-                with m.If(tc.update.ready):
-                    m.d.sync += gone_c.eq(0)
-                    m.next = "GONE_RD"
+        own = Signal(s.tot)
+        nsend = Signal(s.n_cnt)
+        with m.State("EXPECT"), m.If(~s.div.busy):
+            q, rem = s.div.q, s.div.rem[: len(s.div.q)]
+            m.d.sync += [
+                s.c_q[c].eq(q),
+                s.c_rem[c].eq(rem),
+                own.eq(q + (self.rank < rem)),
+                nsend.eq(Mux(s.n_pk_r < self.world, s.n_pk_r, self.world)),
+            ]
+            m.next = "EXPECT_SET"
+        with m.State("EXPECT_SET"):
+            senders = nsend - (self.rank < s.n_pk_r)
+            m.d.sync += [
+                s.c_exp[c].eq(s.n_pk_r - own),
+                s.c_unflag[c].eq(senders),
+                s.c_owing[c].eq(senders),
+            ]
+            m.next = "DISPATCH"
 
-            # peer progress: the sender has finished every op <= ev.op_id - K
-            gk = gone_c[:cb]
-            gone_hit = Signal()
-            m.d.comb += gone_hit.eq((gone_c < n_ctx) & peer_hit.bit_select(gk, 1))
-            # the sender's expected count, registered a state ahead of its use (125 MHz)
-            exp_r = Signal(range(self.own_max + 1))
-            exp_z = Signal()  # exp_r == 0
-            q_g, lt_g = Signal(tot), Signal()
-            # and the memories' outputs registered (a *_REG state) before any logic
-            pm_q = Signal(peer_layout)
-            hv_q = Signal()
-            with m.State("GONE_RD"):
-                m.d.comb += pm_rd.addr.eq(Cat(ev.sender[:sb], gk))
-                m.d.sync += [q_g.eq(c_q[gk]), lt_g.eq(ev.sender < c_rem[gk])]
-                with m.If(gone_c == n_ctx):
-                    with m.If(ev.kind == Kind.GATHER):
-                        m.next = "LATE"
-                    with m.Else():
-                        m.d.sync += settle.eq(0)
-                        m.next = "POST"
-                with m.Elif(gone_hit):
-                    m.next = "GONE_REG"
-                with m.Else():
-                    m.d.sync += gone_c.eq(gone_c + 1)
-            with m.State("GONE_REG"):
-                m.d.sync += [pm_q.eq(pm_rd.data), exp_r.eq(expected(q_g, lt_g))]
-                m.next = "GONE_WR"
-            with m.State("GONE_WR"):
-                old = pm_q
-                with m.If(~old.gone):
+    def _dispatch_states(self, m: Module, s: SimpleNamespace) -> None:
+        ev, c, ev_now, pp, tc = s.ev, s.c, s.ev_now, s.pp, s.tc
+        # the event's facts over the contexts, all in parallel (registered)
+        with m.State("DISPATCH"):
+            owes = [(s.c_q[k] != 0) | (ev.sender < s.c_rem[k]) for k in range(s.n_ctx)]
+            fin = s.cx.mark_done(m)
+            m.d.sync += [
+                s.peer_hit.eq(Cat(
+                    s.c_valid[k] & ~s.c_ended[k] & ~s.me & owes[k] & fin[k]
+                    for k in range(s.n_ctx)
+                )),
+                s.q_e.eq(s.c_q[c]),
+                s.lt_e.eq(ev.sender < s.c_rem[c]),
+            ]  # fmt: skip
+            with m.Switch(ev.kind):
+                with m.Case(Kind.GATHER):
+                    m.next = "TC"
+                with m.Case(Kind.SCATTER):
+                    m.d.comb += pp.start.eq(1)
+                    m.next = "GONE"
+                with m.Case(Kind.START):
+                    m.d.sync += s.settle.restart()
+                    m.next = "POST"
+                with m.Case(Kind.PHASE1_END):
                     m.d.sync += [
-                        pm_wr.addr.eq(Cat(ev.sender[:sb], gk)),
-                        pm_wr.en.eq(1),
-                        pm_wr.data.rcv.eq(old.rcv),
-                        pm_wr.data.flagged.eq(old.flagged),
-                        pm_wr.data.gone.eq(1),
-                    ]
-                    m.d.sync += c_last_gone[gk].eq(ev_now)
-                    with m.If(old.rcv < exp_r):
-                        m.d.sync += c_owing[gk].eq(c_owing[gk] - 1)
-                m.d.sync += gone_c.eq(gone_c + 1)
-                m.next = "GONE_RD"
-
-            with m.State("LATE"):
-                m.d.comb += [
-                    hv_rd.addr.eq(Cat(ev.pkt_index[:ib], c)),
-                    pm_rd.addr.eq(Cat(ev.sender[:sb], c)),
-                ]
-                # rcv + 1 == exp, as old.rcv == exp - 1 (never when exp is 0)
-                m.d.sync += [exp_r.eq(exp_e - 1), exp_z.eq(exp_e == 0)]
-                with m.If(c_ended[c]):
-                    m.d.sync += [
-                        cnt_late.eq(cnt_late + 1),
-                        self.verdict_valid.eq(1),
-                        self.verdict.eq(Verdict.LATE),
-                        self.verdict_op.eq(ev.op_id),
-                        self.verdict_index.eq(ev.pkt_index),
-                        settle.eq(0),
+                        s.c_begun[c].eq(1),
+                        s.c_start[c].eq(ev_now),
+                        s.c_anchor[c].eq(Mux(ev_now < s.p1_anchor, s.p1_anchor, ev_now)),
+                        s.settle.restart(),
                     ]
                     m.next = "POST"
-                with m.Else():
-                    m.next = "SLOT_REG"
 
-            with m.State("SLOT_REG"):
-                m.d.sync += [pm_q.eq(pm_rd.data), hv_q.eq(hv_rd.data)]
-                m.next = "SLOT"
-            with m.State("SLOT"):
+        with m.State("TC"):  # the sender's piggybacked phase-2 t_C
+            m.d.sync += s.exp_e.eq(self._expected(s, s.q_e, s.lt_e))
+            m.d.comb += [
+                tc.update.valid.eq(1),
+                tc.update.payload.rank.eq(ev.sender),
+                tc.update.payload.value.eq(ev.t_c),
+                tc.update.payload.at.eq(ev_now),
+            ]
+            with m.If(tc.update.ready):
+                m.d.comb += pp.start.eq(1)
+                m.next = "GONE"
+
+        # peer progress: the sender has finished every op <= ev.op_id - K; what it owes a
+        # context, from registers loaded the cycle before the scan samples it (125 MHz)
+        q_g, lt_g = Signal(s.tot), Signal()
+        m.d.comb += pp.owed.eq(self._expected(s, q_g, lt_g))
+        with m.State("GONE"):
+            pp.serve(m, s.pm_rd, s.pm_wr, s.cx, ev_now)
+            m.d.sync += [q_g.eq(s.c_q[pp.ctx]), lt_g.eq(ev.sender < s.c_rem[pp.ctx])]
+            with m.If(pp.done):
+                with m.If(ev.kind == Kind.GATHER):
+                    m.next = "LATE"
+                with m.Else():
+                    m.d.sync += s.settle.restart()
+                    m.next = "POST"
+
+    def _slot_states(self, m: Module, s: SimpleNamespace) -> None:
+        ev, c, ev_now, ib, sb = s.ev, s.c, s.ev_now, s.ib, s.sb
+        # the sender's expected count, registered a state ahead of its use (125 MHz)
+        exp_r = Signal(s.rcv_shape)
+        exp_z = Signal()  # exp_r == 0
+        # and the memories' outputs registered (a *_REG state) before any logic
+        pm_q = Signal(s.peer_layout)
+        hv_q = Signal()
+        with m.State("LATE"):
+            m.d.comb += [
+                s.hv_rd.addr.eq(Cat(ev.pkt_index[:ib], c)),
+                s.pm_rd.addr.eq(Cat(ev.sender[:sb], c)),
+            ]
+            # rcv + 1 == exp, as old.rcv == exp - 1 (never when exp is 0)
+            m.d.sync += [exp_r.eq(s.exp_e - 1), exp_z.eq(s.exp_e == 0)]
+            with m.If(s.c_ended[c]):
                 m.d.sync += [
+                    s.cnt_late.eq(s.cnt_late + 1),
                     self.verdict_valid.eq(1),
+                    self.verdict.eq(Verdict.LATE),
                     self.verdict_op.eq(ev.op_id),
                     self.verdict_index.eq(ev.pkt_index),
-                    settle.eq(0),
+                    s.settle.restart(),
                 ]
-                with m.If(hv_q):
-                    m.d.sync += [cnt_dup.eq(cnt_dup + 1), self.verdict.eq(Verdict.DUPLICATE)]
-                with m.Else():
-                    old = pm_q
-                    rcv1 = old.rcv + 1
-                    m.d.sync += [
-                        hv_wr.addr.eq(Cat(ev.pkt_index[:ib], c)),
-                        hv_wr.en.eq(1),
-                        hv_wr.data.eq(1),
-                        pm_wr.addr.eq(Cat(ev.sender[:sb], c)),
-                        pm_wr.en.eq(1),
-                        pm_wr.data.rcv.eq(rcv1),
-                        pm_wr.data.flagged.eq(old.flagged | ev.last),
-                        pm_wr.data.gone.eq(old.gone),
-                    ]
-                    m.d.sync += [
-                        self.verdict.eq(Verdict.ACCEPT),
-                        accepted.eq(1),
-                        cnt_rx.eq(cnt_rx + 1),
-                        c_recv[c].eq(c_recv[c] + 1),
-                        c_last_arr[c].eq(ev_now),
-                        c_has_arr[c].eq(1),
-                    ]
-                    with m.If(ev.last & ~old.flagged):
-                        m.d.sync += c_unflag[c].eq(c_unflag[c] - 1)
-                    with m.If((old.rcv == exp_r) & ~exp_z & ~old.gone):
-                        m.d.sync += c_owing[c].eq(c_owing[c] - 1)
                 m.next = "POST"
+            with m.Else():
+                m.next = "SLOT_REG"
 
-            # end what the event made due, in the model's order: the ops its sender is done
-            # with (_peer_progress, op order), then the event's own op (_progress after an
-            # accepted gather frame or the phase-1 end), the rest in IDLE (advance)
-            own_due = due[c]  # context c holds the event's op from LOOKUP on
-            own_ok = (ev.kind == Kind.PHASE1_END) | ((ev.kind == Kind.GATHER) & accepted)
-            peer_ev = (ev.kind == Kind.SCATTER) | (ev.kind == Kind.GATHER)
-            with m.State("POST"):
-                with m.If(tc.busy):
-                    m.d.sync += settle.eq(0)
-                with m.Elif(~settled):
-                    m.d.sync += settle.eq(settle + 1)
-                with m.Elif(~post_b):
-                    with m.If(peer_ev & post_found):
-                        m.d.sync += [fire_c.eq(post_pick), ret_post.eq(1)]
-                        m.next = "FIRE"
-                    with m.Else():
-                        m.d.sync += post_b.eq(1)
-                with m.Elif(own_ok & own_due):
-                    m.d.sync += [fire_c.eq(c), ret_post.eq(1)]
-                    m.next = "FIRE"
-                with m.Else():
-                    m.next = "IDLE"
+        with m.State("SLOT_REG"):
+            m.d.sync += [pm_q.eq(s.pm_rd.data), hv_q.eq(s.hv_rd.data)]
+            m.next = "SLOT"
+        with m.State("SLOT"):
+            m.d.sync += [
+                self.verdict_valid.eq(1),
+                self.verdict_op.eq(ev.op_id),
+                self.verdict_index.eq(ev.pkt_index),
+                s.settle.restart(),
+            ]
+            with m.If(hv_q):
+                m.d.sync += [s.cnt_dup.eq(s.cnt_dup + 1), self.verdict.eq(Verdict.DUPLICATE)]
+            with m.Else():
+                m.d.sync += [
+                    s.hv_wr.addr.eq(Cat(ev.pkt_index[:ib], c)),
+                    s.hv_wr.en.eq(1),
+                    s.hv_wr.data.eq(1),
+                    s.pm_wr.addr.eq(Cat(ev.sender[:sb], c)),
+                    s.pm_wr.en.eq(1),
+                    s.pm_wr.data.rcv.eq(pm_q.rcv + 1),
+                    s.pm_wr.data.flagged.eq(pm_q.flagged | ev.last),
+                    s.pm_wr.data.gone.eq(pm_q.gone),
+                ]
+                m.d.sync += [
+                    self.verdict.eq(Verdict.ACCEPT),
+                    s.accepted.eq(1),
+                    s.cnt_rx.eq(s.cnt_rx + 1),
+                    *s.cx.arrival(c, ev_now),
+                ]
+                with m.If(ev.last & ~pm_q.flagged):
+                    m.d.sync += s.c_unflag[c].eq(s.c_unflag[c] - 1)
+                with m.If((pm_q.rcv == exp_r) & ~exp_z & ~pm_q.gone):
+                    m.d.sync += s.c_owing[c].eq(s.c_owing[c] - 1)
+            m.next = "POST"
 
-            # an end in three states (125 MHz)
-            cx.end_states(m, self, tc, T, fire_c, due_end, due_reason, settle, ret_post)
-
-            # the evaluation catches up
-            with m.State("SETTLE"), m.If(settle_step(m, settle, tc, settle_n)):
-                m.next = "IDLE"
-
-        m.d.comb += self.ev.ready.eq(
-            fsm.ongoing("IDLE") & ~idle_found & (now >= self.ev.payload.at)
-        )
-        return m
+    def _end_states(self, m: Module, s: SimpleNamespace) -> None:
+        ev, c = s.ev, s.c
+        # end what the event made due, in the model's order: the ops its sender is done
+        # with (_peer_progress, op order), then the event's own op (_progress after an
+        # accepted gather frame or the phase-1 end), the rest in IDLE (advance)
+        own_due = s.due[c]  # context c holds the event's op from LOOKUP on
+        own_ok = (ev.kind == Kind.PHASE1_END) | ((ev.kind == Kind.GATHER) & s.accepted)
+        peer_ev = (ev.kind == Kind.SCATTER) | (ev.kind == Kind.GATHER)
+        s.cx.post_state(m, s.settle, s.tc, c, peer_ev, own_ok & own_due)
+        # an end in three states (125 MHz)
+        s.cx.end_states(m, self, s.tc, s.T, s.due_end, s.due_reason, s.settle)

@@ -21,7 +21,6 @@ import pytest
 from amaranth import Module
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
-from amaranth.sim import Simulator
 
 from optireduce import ubt
 from optireduce.frame_checks import classify
@@ -30,9 +29,10 @@ from optireduce.host.model.nic_model import NicModel
 from optireduce.host.model.packetizer import OpContext, scatter_order
 from optireduce.hw.aggregator import Aggregator, Kind, event_layout
 from optireduce.hw.axis import AxisWrapper
-from optireduce.hw.deadline import REASON_NAMES, Reason
 from optireduce.params import NicParams
 from optireduce.sim.cocotb_run import run_bench
+from tests.hw import phase_owner_bench as bench
+from tests.hw.phase_owner_bench import Scenario, deliver
 
 P = NicParams(p=16, b=64, c=256, n_max=8, t_b_us=300, alpha_q8=64)
 EXP = -20
@@ -40,15 +40,6 @@ WMAX = P.wire_max
 
 
 # ---- scenarios ----------------------------------------------------------------------
-@dataclass
-class Scenario:
-    p: NicParams
-    world: int
-    rank: int
-    actions: list = field(default_factory=list)  # (tick, "start", op, len) | (tick, "frame", b)
-    t_end: int = 0
-
-
 def peer_values(rng: np.random.Generator, p: NicParams) -> np.ndarray:
     """A packet of wire values: random, or an edge pattern (max, min, zero, mixed)."""
     kind = rng.integers(6)
@@ -169,14 +160,8 @@ def run_model(sc: Scenario, data_seed: int = 0) -> Expected:
 
 # ---- the RTL side -------------------------------------------------------------------
 @dataclass
-class Got:
-    ends: dict = field(default_factory=dict)
-    end_order: list = field(default_factory=list)
+class Got(bench.Got):
     slots: dict = field(default_factory=dict)
-    counters: dict = field(default_factory=dict)
-    own_tc: int = 0
-    timeout: int = 0
-    cycles: int = 0
 
 
 def run_rtl(sc: Scenario, exp: Expected, *, idle=0.3, backpressure=0.3, seed=0) -> Got:
@@ -193,15 +178,7 @@ def run_rtl(sc: Scenario, exp: Expected, *, idle=0.3, backpressure=0.3, seed=0) 
         while True:
             ready = not (backpressure and rng.random() < backpressure)
             ctx.set(dut.o.ready, ready)
-            if ctx.get(dut.end_valid):
-                op = ctx.get(dut.end_op)
-                assert op not in got.ends, f"op {op} ended twice"
-                got.end_order.append(op)
-                got.ends[op] = (
-                    REASON_NAMES[Reason(ctx.get(dut.end_reason))], ctx.get(dut.end_tick),
-                    ctx.get(dut.end_timeout), ctx.get(dut.end_received),
-                    ctx.get(dut.end_expected),
-                )  # fmt: skip
+            bench.record_end(ctx, dut, got)
             if ready and ctx.get(dut.o.valid):
                 pl = ctx.get(dut.o.payload)
                 key = (ctx.get(dut.o_op), ctx.get(dut.o_index))
@@ -218,10 +195,7 @@ def run_rtl(sc: Scenario, exp: Expected, *, idle=0.3, backpressure=0.3, seed=0) 
 
     async def driver(ctx):
         nonlocal done
-        ctx.set(dut.rank, sc.rank)
-        ctx.set(dut.world, sc.world)
-        ctx.set(dut.t_b, p.t_b_us)
-        ctx.set(dut.alpha_q8, p.alpha_q8)
+        bench.configure(ctx, dut, sc)
         ticks = 0
         cycles = 0
 
@@ -275,21 +249,10 @@ def run_rtl(sc: Scenario, exp: Expected, *, idle=0.3, backpressure=0.3, seed=0) 
             await step()
         for _ in range(40):  # nothing more may come out
             await step()
-        got.counters = {
-            "rx_scatter": ctx.get(dut.cnt_rx),
-            "duplicate": ctx.get(dut.cnt_duplicate),
-            "late": ctx.get(dut.cnt_late),
-        }
-        got.own_tc = ctx.get(dut.own_tc)
-        got.timeout = ctx.get(dut.timeout)
-        got.cycles = cycles
+        bench.record_status(ctx, dut, got, "rx_scatter", cycles)
         done = True
 
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(driver)
-    sim.add_testbench(monitor, background=True)
-    sim.run()
+    bench.simulate(dut, driver, monitor)
     assert done
     return got
 
@@ -297,14 +260,11 @@ def run_rtl(sc: Scenario, exp: Expected, *, idle=0.3, backpressure=0.3, seed=0) 
 def check(sc: Scenario, **kw) -> tuple[Expected, Got]:
     exp = run_model(sc)
     got = run_rtl(sc, exp, **kw)
-    assert got.ends == exp.ends
-    assert got.end_order == exp.end_order
+    bench.check_common(got, exp)
     assert set(got.slots) == set(exp.slots)
     for key in exp.slots:
         assert got.slots[key][0] == exp.slots[key][0], key
         np.testing.assert_equal(got.slots[key][1], exp.slots[key][1], err_msg=str(key))
-    assert got.counters == exp.counters
-    assert (got.own_tc, got.timeout) == (exp.own_tc, exp.timeout)
     return exp, got
 
 
@@ -320,11 +280,6 @@ def one_op(world=3, rank=0, op_len=192, seed=0, p=P):
             for i, f in scatter_frames_to(sc, s, 0, op_len, p.t_b_us, rng).items():
                 frames[(s, i)] = f
     return sc, frames
-
-
-def deliver(sc, frames, keys, t0=10, dt=1):
-    for k, key in enumerate(keys):
-        sc.actions.append((t0 + k * dt, "frame", frames[key]))
 
 
 def sc_all_arrived() -> Scenario:
@@ -478,27 +433,7 @@ def random_scenario(seed: int, p: NicParams = P) -> Scenario:
                 if rng.random() < 0.5:
                     pool.append((op, gather_frame(sc, s, op, lens[op], i, tc(rng))))
     # peers run ahead up to K ops; start ours as the model's window allows
-    model = NicModel(p, rank, world)
-    t = 0
-    started = 0
-    released = 0
-    while pool or started < n_ops:
-        t += int(rng.choice([0, 1, 1, 2, 5, 30]))
-        model.advance(t)
-        model.poll_results()
-        if started < n_ops and started < model.base + p.ops_in_flight and rng.random() < 0.3:
-            sc.actions.append((t, "start", started, lens[started]))
-            model.start_op(t, started, np.zeros(lens[started], np.float32), EXP)
-            started += 1
-            continue
-        released = max(released, min(n_ops, started + p.ops_in_flight))
-        ready = [k for k, (op, _) in enumerate(pool) if op < released]
-        if not ready:
-            continue
-        k = ready[int(rng.integers(min(len(ready), 4)))]  # mild reordering
-        _, f = pool.pop(k)
-        sc.actions.append((t, "frame", f))
-        model.receive(t, f)
+    t = bench.play(sc, pool, lens, rng, [0, 1, 1, 2, 5, 30], EXP)
     sc.t_end = t + 2 * p.t_b_us + 10
     return sc
 

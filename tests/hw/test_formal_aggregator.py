@@ -373,7 +373,7 @@ MUTANTS = {
         {"w_acc, lanes = p.w_acc, p.lanes": "w_acc, lanes = p.w_wire, p.lanes"}
     ),
     "range": (  # payload written at row pkt_index mod rows (not pkt_index // world)
-        {"Cat(beat, row, c)": "Cat(beat, ev.pkt_index[:rb], c)"}
+        {"Cat(beat, row, c)": "Cat(beat, s.ev.pkt_index[: s.rb], c)"}
     ),
     "duplicate": (  # no bitmap check: a second frame from the same sender is added again
         {"& (bm_q.bits & who_bit).any()),": "& (bm_q.bits & who_bit).any() & 0),"}

@@ -23,16 +23,16 @@ import pytest
 from amaranth import Module
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
-from amaranth.sim import Simulator
 
 from optireduce import ubt
 from optireduce.frame_checks import classify
 from optireduce.host.model.nic_model import NicModel
 from optireduce.host.model.packetizer import OpContext, gather_order, scatter_order
-from optireduce.hw.deadline import REASON_NAMES, Reason
 from optireduce.hw.gather_tracker import GatherTracker, Kind, Verdict, event_layout
 from optireduce.params import NicParams
 from optireduce.sim.cocotb_run import run_bench
+from tests.hw import phase_owner_bench as bench
+from tests.hw.phase_owner_bench import Scenario, deliver
 
 P = NicParams(p=16, b=64, c=256, n_max=8, t_b_us=300, alpha_q8=64)
 EXP = -20
@@ -40,15 +40,6 @@ VERDICT = {"rx_gather": Verdict.ACCEPT, "duplicate": Verdict.DUPLICATE, "late": 
 
 
 # ---- scenarios ------------------------------------------------------------------------
-@dataclass
-class Scenario:
-    p: NicParams
-    world: int
-    rank: int
-    actions: list = field(default_factory=list)  # (tick, "start", op, len) | (tick, "frame", b)
-    t_end: int = 0
-
-
 def _ctx(sc: Scenario, sender: int, op: int, op_len: int) -> OpContext:
     return OpContext(sc.p, sender, sc.world, op, EXP, op_len)
 
@@ -154,14 +145,8 @@ def run_model(sc: Scenario) -> Expected:
 
 # ---- the RTL side ---------------------------------------------------------------------
 @dataclass
-class Got:
-    ends: dict = field(default_factory=dict)
-    end_order: list = field(default_factory=list)
+class Got(bench.Got):
     verdicts: list = field(default_factory=list)
-    counters: dict = field(default_factory=dict)
-    own_tc: int = 0
-    timeout: int = 0
-    cycles: int = 0
 
 
 def _payload(f: dict, kind: int) -> dict:
@@ -179,15 +164,7 @@ def run_rtl(sc: Scenario, exp: Expected, *, idle=0.4, seed=0) -> Got:
 
     async def monitor(ctx):
         while True:
-            if ctx.get(dut.end_valid):
-                op = ctx.get(dut.end_op)
-                assert op not in got.ends, f"op {op} ended twice"
-                got.end_order.append(op)
-                got.ends[op] = (
-                    REASON_NAMES[Reason(ctx.get(dut.end_reason))], ctx.get(dut.end_tick),
-                    ctx.get(dut.end_timeout), ctx.get(dut.end_received),
-                    ctx.get(dut.end_expected),
-                )  # fmt: skip
+            bench.record_end(ctx, dut, got)
             if ctx.get(dut.verdict_valid):
                 got.verdicts.append(
                     (ctx.get(dut.verdict_op), ctx.get(dut.verdict_index), ctx.get(dut.verdict))
@@ -196,10 +173,7 @@ def run_rtl(sc: Scenario, exp: Expected, *, idle=0.4, seed=0) -> Got:
 
     async def driver(ctx):
         nonlocal done
-        ctx.set(dut.rank, sc.rank)
-        ctx.set(dut.world, sc.world)
-        ctx.set(dut.t_b, p.t_b_us)
-        ctx.set(dut.alpha_q8, p.alpha_q8)
+        bench.configure(ctx, dut, sc)
         cycles = 0
         time = 0
 
@@ -238,21 +212,10 @@ def run_rtl(sc: Scenario, exp: Expected, *, idle=0.4, seed=0) -> Got:
             await step()
         for _ in range(40):  # nothing more may come out
             await step()
-        got.counters = {
-            "rx_gather": ctx.get(dut.cnt_rx),
-            "duplicate": ctx.get(dut.cnt_duplicate),
-            "late": ctx.get(dut.cnt_late),
-        }
-        got.own_tc = ctx.get(dut.own_tc)
-        got.timeout = ctx.get(dut.timeout)
-        got.cycles = cycles
+        bench.record_status(ctx, dut, got, "rx_gather", cycles)
         done = True
 
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(driver)
-    sim.add_testbench(monitor, background=True)
-    sim.run()
+    bench.simulate(dut, driver, monitor)
     assert done
     return got
 
@@ -260,11 +223,8 @@ def run_rtl(sc: Scenario, exp: Expected, *, idle=0.4, seed=0) -> Got:
 def check(sc: Scenario, **kw) -> tuple[Expected, Got]:
     exp = run_model(sc)
     got = run_rtl(sc, exp, **kw)
-    assert got.ends == exp.ends
-    assert got.end_order == exp.end_order
+    bench.check_common(got, exp)
     assert got.verdicts == exp.verdicts
-    assert got.counters == exp.counters
-    assert (got.own_tc, got.timeout) == (exp.own_tc, exp.timeout)
     return exp, got
 
 
@@ -283,11 +243,6 @@ def one_op(world=3, rank=0, op_len=192, p=P):
     g = {(s, i): f for s in range(world) if s != rank
          for i, f in gather_to(sc, s, 0, op_len).items()}  # fmt: skip
     return sc, g
-
-
-def deliver(sc, frames, keys, t0, dt=1):
-    for k, key in enumerate(keys):
-        sc.actions.append((t0 + k * dt, "frame", frames[key]))
 
 
 def sc_complete() -> Scenario:
@@ -468,25 +423,8 @@ def random_scenario(seed: int, p: NicParams = P) -> Scenario:
                     pool.append((op, f))
                 if rng.random() < dup:
                     (pool if rng.random() < 0.5 else later).append((op, f))
-    model = NicModel(p, rank, world)
-    t, started, released = 0, 0, 0
-    while pool or started < n_ops:
-        t += int(rng.choice([0, 1, 1, 2, 5, 30, 0, 1, 120]))
-        model.advance(t)
-        model.poll_results()
-        if started < n_ops and started < model.base + p.ops_in_flight and rng.random() < 0.3:
-            sc.actions.append((t, "start", started, lens[started]))
-            model.start_op(t, started, np.zeros(lens[started], np.float32), EXP)
-            started += 1
-            continue
-        released = max(released, min(n_ops, started + p.ops_in_flight))
-        ready = [k for k, (op, _) in enumerate(pool) if op < released]
-        if not ready:
-            continue
-        k = ready[int(rng.integers(min(len(ready), 4)))]  # mild reordering
-        _, f = pool.pop(k)
-        sc.actions.append((t, "frame", f))
-        model.receive(t, f)
+    # peers run ahead up to K ops; start ours as the model's window allows
+    t = bench.play(sc, pool, lens, rng, [0, 1, 1, 2, 5, 30, 0, 1, 120], EXP)
     sc.t_end = t + 3 * p.t_b_us + 10
     return sc
 
