@@ -196,7 +196,8 @@ class SoftwareNic(HostNic):
         self.nic.exclude(self.now_us(), rank)
 
     def counters(self) -> dict[str, int]:
-        return dict(self.nic.counters)
+        """The model's counters, then the transport's (datagrams, admission drops)."""
+        return {**self.nic.counters, **self.transport.counters()}
 
     def set_t_b(self, t_b_us: int) -> None:
         """A calibrated hard bound for every later phase."""

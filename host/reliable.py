@@ -134,6 +134,22 @@ class _Done:
             self.low += 1
 
 
+def _admit_reliable(transport: UdpTransport) -> None:
+    """Teach the transport's admission where our header names the sender (UBT frames on
+    the same socket keep theirs)."""
+    other = transport.sender_of
+    if getattr(other, "reliable", False):
+        return
+
+    def sender_of(d: bytes) -> int | None:
+        if d[:2] == MAGIC and len(d) >= HEADER.size:
+            return HEADER.unpack_from(d)[3]
+        return other(d)
+
+    sender_of.reliable = True  # type: ignore[attr-defined]
+    transport.sender_of = sender_of
+
+
 class ReliableEndpoint:
     """Reliable, ordered-per-(src, tag) messages between the ranks of one transport."""
 
@@ -141,6 +157,7 @@ class ReliableEndpoint:
         self.t = transport
         self.rank = transport.rank
         self.cfg = cfg or ReliableConfig()
+        _admit_reliable(transport)
         self._payload = self.cfg.max_datagram - HEADER.size
         self._peers: dict[int, _Peer] = {}
         self._send_seq: dict[tuple[int, int], int] = {}  # (dst, tag) -> next seq

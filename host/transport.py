@@ -1,9 +1,15 @@
 """UBT datagrams between ranks over real UDP sockets, with the impairment layer.
 
-One socket per rank. Peers are found through torch.distributed's store
-(`addresses_from_store`) or a static table. Sends go out at once, or, with an
-impairment, from a timer thread at the drawn delay (real clock). Receives drain
-whatever is queued, up to a bounded wait.
+One socket per rank, bound to the address host/bind_address.py picks (the interface
+that reaches the rendezvous, or the one named; the configured port range). Peers are
+found through torch.distributed's store (`addresses_from_store`) or a static table.
+Sends go out at once, or, with an impairment, from a timer thread at the drawn delay
+(real clock). Receives drain whatever is queued, up to a bounded wait.
+
+Admission, as the native transport does it: a datagram whose source address is not in
+the peers table is dropped and counted (`not_member`); one from a member whose header
+names another sender is dropped and counted (`wrong_sender`). The job id is the
+protocol's check (the model counts `wrong_job`).
 """
 
 from __future__ import annotations
@@ -12,14 +18,29 @@ import contextlib
 import heapq
 import select
 import socket
+import struct
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
+from optireduce.host.bind_address import (
+    BindError,
+    bind_udp,
+    check_ipv4,
+    is_loopback,
+    local_ipv4,
+    port_range,
+)
 from optireduce.host.model.impairment import Impairment, ImpairmentSpec
 
 Address = tuple[str, int]
 STORE_PREFIX = "optireduce/udp/"
+UBT_SENDER = struct.Struct("!H")  # the UBT header's sender field, at byte 6
+
+
+def ubt_sender(datagram: bytes) -> int | None:
+    """The rank a UBT datagram says sent it (None: too short to say; the parser drops it)."""
+    return UBT_SENDER.unpack_from(datagram, 6)[0] if len(datagram) >= 8 else None
 
 
 class UdpTransport:
@@ -27,19 +48,33 @@ class UdpTransport:
         self,
         rank: int,
         *,
-        bind: Address = ("127.0.0.1", 0),
+        bind: Address | None = None,
         impairment: ImpairmentSpec | None = None,
         seed: int = 0,
         buffer_bytes: int = 32 << 20,
+        sender_of: Callable[[bytes], int | None] = ubt_sender,
     ) -> None:
+        """bind: (host, port) exactly; None: bind_address's choice (address and port range
+        from the environment). sender_of: the rank a datagram's header names (admission)."""
         self.rank = rank
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
-            self.sock.setsockopt(socket.SOL_SOCKET, opt, buffer_bytes)
-        self.sock.bind(bind)
+        try:
+            for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+                self.sock.setsockopt(socket.SOL_SOCKET, opt, buffer_bytes)
+            if bind is None:
+                bind_udp(self.sock, local_ipv4(), port_range())
+            else:
+                check_ipv4(bind[0])
+                self.sock.bind(bind)
+        except BaseException:
+            self.sock.close()
+            raise
         self.sock.setblocking(False)
         self.peers: list[Address] = []
+        self._members: dict[Address, int] = {}
+        self.sender_of = sender_of
         self.sent = self.received = 0
+        self.not_member = self.wrong_sender = 0
         self.impairment = Impairment(impairment, seed) if impairment else None
         self._queue: list[tuple[float, int, int, bytes]] = []  # (due, seq, dst, datagram)
         self._seq = 0
@@ -55,8 +90,18 @@ class UdpTransport:
         return self.sock.getsockname()
 
     def connect(self, peers: Sequence[Address]) -> None:
-        """Set every rank's address (index = rank)."""
-        self.peers = [(h, int(p)) for h, p in peers]
+        """Set every rank's address (index = rank); datagrams from any other address are
+        counted (not_member) and dropped."""
+        table = [(socket.gethostbyname(h), int(p)) for h, p in peers]
+        members = {a: r for r, a in enumerate(table)}
+        if len(members) != len(table):
+            raise ValueError(f"connect: two ranks have the same address: {table}")
+        self.peers, self._members = table, members
+
+    def counters(self) -> dict[str, int]:
+        """Datagrams sent and admitted, and the admission drops by reason."""
+        return {"tx_datagrams": self.sent, "rx_datagrams": self.received,
+                "not_member": self.not_member, "wrong_sender": self.wrong_sender}  # fmt: skip
 
     def send(self, dst: int, datagram: bytes) -> None:
         if self.impairment is None:
@@ -116,14 +161,25 @@ class UdpTransport:
             imp.spec = spec
 
     def recv(self, timeout_s: float) -> list[bytes]:
-        """Every datagram that arrives within timeout_s (at least those already queued)."""
+        """Every admitted datagram that arrives within timeout_s (at least those already
+        queued)."""
         out: list[bytes] = []
         ready, _, _ = select.select([self.sock], [], [], max(0.0, timeout_s))
         while ready:
             try:
-                out.append(self.sock.recv(65536))
+                d, src = self.sock.recvfrom(65536)
             except BlockingIOError:
                 break
+            except ConnectionRefusedError:  # an ICMP error of an earlier send: not data
+                continue
+            r = self._members.get(src[:2])
+            if r is None:
+                self.not_member += 1
+                continue
+            if self.sender_of(d) not in (r, None):
+                self.wrong_sender += 1
+                continue
+            out.append(d)
         self.received += len(out)
         return out
 
@@ -162,4 +218,11 @@ def addresses_from_store(store, rank: int, world: int, address: Address,
     for r in range(world):
         host, port = store.get(f"{prefix}{r}").decode().rsplit(":", 1)
         out.append((host, int(port)))
+    loop = [r for r, (h, _) in enumerate(out) if is_loopback(h)]
+    if loop and len(loop) < world:
+        raise BindError(
+            f"ranks {loop} publish loopback addresses and the others do not ({out}): the "
+            "rendezvous (MASTER_ADDR) is on loopback for some hosts; give every host the "
+            "rendezvous's routable address, or set OPTIREDUCE_IFNAME"
+        )
     return out
