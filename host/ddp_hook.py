@@ -156,6 +156,11 @@ class OptiReduceState:
         p = self.params.replace(t_b_us=WARMUP_T_B_US)
         self._nic = select_nic(p, rank, world, transport=transport, agree=agree)
         self._driver = _Driver()
+        # the line to read on a cluster: which NIC, which addresses (docs/cluster.md)
+        log.info("optireduce rank %d/%d: %s NIC, data %s, control %s; peers %s", rank, world,
+                 self._nic.backend, _addr(transport.address),
+                 _addr(self._control.transport.address),
+                 " ".join(_addr(a) for a in transport.peers))  # fmt: skip
 
     @property
     def nic(self) -> Nic:
@@ -228,6 +233,35 @@ class _Driver:
         self.thread.join(timeout=10)
 
 
+def _addr(a: tuple[str, int]) -> str:
+    return f"{a[0]}:{a[1]}"
+
+
+def _to_host(tensor: torch.Tensor) -> tuple[torch.Tensor, "torch.cuda.Event | None"]:
+    """The bucket on the host: a CUDA bucket is copied to pinned memory without stalling
+    the autograd thread; the driver thread waits for the returned event before reading."""
+    if tensor.device.type != "cuda":
+        return tensor.detach(), None
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host.copy_(tensor.detach(), non_blocking=True)
+    done = torch.cuda.Event()
+    done.record(torch.cuda.current_stream(tensor.device))
+    return host, done
+
+
+def _to_bucket(out, tensor: torch.Tensor) -> torch.Tensor:
+    """The result (numpy float32) as a tensor of the bucket's dtype, shape and device; a
+    CUDA bucket gets it through pinned memory (a synchronous copy: DDP reads the result
+    on its own stream as soon as the future completes)."""
+    res = torch.from_numpy(out).to(tensor.dtype).view_as(tensor)
+    if tensor.device.type == "cpu":
+        return res
+    pinned = torch.empty(res.shape, dtype=res.dtype, pin_memory=True)
+    pinned.copy_(res)
+    with torch.cuda.device(tensor.device):
+        return pinned.to(tensor.device)
+
+
 def _reliable_mean(tensor: torch.Tensor, group) -> torch.Tensor:
     dist.all_reduce(tensor, group=group)
     return tensor.div_(dist.get_world_size())
@@ -248,10 +282,13 @@ def optireduce_hook(
     checking = state.checksum_every and state.iteration % state.checksum_every == 0
     params = list(bucket.parameters()) if checking else []
     last = bucket.is_last()
+    host, copied = _to_host(tensor)
 
     def run() -> torch.Tensor:
         nic = state._nic
-        x = tensor.detach().cpu().numpy()
+        if copied is not None:
+            copied.synchronize()
+        x = host.numpy() if host.dtype == torch.float32 else host.float().numpy()
         if warm:
             with nic.transport.reliable():
                 out, stats = nic.allreduce(x)
@@ -261,7 +298,7 @@ def optireduce_hook(
             if last and state.iteration == state.warmup_iters - 1:
                 state._calibrate()
             _end_bucket(state, bucket)
-            return torch.from_numpy(out).to(tensor.dtype).view_as(tensor)
+            return _to_bucket(out, tensor)
         out, stats = nic.allreduce(x)
         expected = sum(s.p1_expected + s.p2_expected for s in stats)
         lost = sum(s.lost_phase1 + s.lost_phase2 for s in stats)
@@ -277,7 +314,7 @@ def optireduce_hook(
             sum((s.phase1_reason == "deadline") + (s.phase2_reason == "deadline") for s in stats),
             sum(s.saturations for s in stats),
         )  # fmt: skip
-        result = torch.from_numpy(out).to(tensor.dtype).view_as(tensor)
+        result = _to_bucket(out, tensor)
         if b.lost_fraction > state.loss_threshold:
             if state.policy == "skip":
                 result.zero_()

@@ -47,7 +47,8 @@ def test_lossy_training_resyncs_replicas_and_reports_loss(tmp_path):
 
 
 def test_torchrun_launches_the_hook(tmp_path):
-    """`torchrun --nproc_per_node 2` runs the example; replicas end identical."""
+    """`torchrun --nproc-per-node 2 -m optireduce.example --json` on loopback; replicas end
+    identical and rank 0's last line is the JSON summary."""
     import socket
     import subprocess
     import sys
@@ -57,16 +58,19 @@ def test_torchrun_launches_the_hook(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     torchrun = Path(sys.executable).parent / "torchrun"
-    cmd = [str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(port), "-m", "optireduce.experiments.ddp_example", "--iters", "30",
-           "--t-b-us", "3000000"]  # fmt: skip
+    cmd = [str(torchrun), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(port), "-m", "optireduce.example", "--steps", "30",
+           "--t-b-us", "3000000", "--json"]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, check=False,
                        cwd=tmp_path)  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(next(line for line in r.stdout.splitlines() if line.startswith("{")))
-    assert out["steps"] == 30 and out["max_lost"] == 0
-    assert out["checksums"][0] == out["checksums"][1]
-    assert out["accuracy"] > 0.5
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["world"] == 2 and out["peers"] == ["127.0.0.1", "127.0.0.1"]
+    assert out["steps"] == 30 and out["max_lost_fraction"] == 0 and out["faults"] == []
+    assert out["replica_checksums_equal"] and len(set(out["checksums"].values())) == 1
+    assert out["final_acc"] > 0.5
+    # the log line that names the backend and the addresses
+    assert f"optireduce rank 0/2: {out['backend']} NIC, data 127.0.0.1:" in r.stderr
 
 
 def test_a_dead_worker_is_excluded_within_the_bound(tmp_path):
