@@ -7,7 +7,8 @@ this host's loopback, so a multi-host job never publishes 127.0.0.1 to its peers
 
 The port: OPTIREDUCE_PORT_RANGE=lo-hi, or OPTIREDUCE_PORT=P (the range P to
 P + 2 x LOCAL_WORLD_SIZE - 1: every process opens two sockets, data and control); each
-socket takes the first free port of the range. Neither set: the kernel picks one.
+socket takes the first free port of the range from 2 x LOCAL_RANK on (so the local
+rank k's data socket gets lo + 2k when it is free). Neither set: the kernel picks one.
 
 IPv4 only: the native engine and the wire addressing are IPv4. An IPv6-only rendezvous or
 interface fails here with an error that says what to set.
@@ -21,7 +22,7 @@ import ipaddress
 import os
 import socket
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 SIOCGIFADDR = 0x8915  # <linux/sockios.h>: the interface's IPv4 address
 IFNAME_VARS = ("OPTIREDUCE_IFNAME", "GLOO_SOCKET_IFNAME")
@@ -89,10 +90,14 @@ def local_ipv4(env: Mapping[str, str] | None = None) -> str:
     return route_source(master)
 
 
-def port_range(env: Mapping[str, str] | None = None) -> range | None:
-    """The ports a socket may take, in order; None: any (the kernel picks)."""
+def port_range(env: Mapping[str, str] | None = None) -> list[int] | None:
+    """The ports a socket may take, in the order tried; None: any (the kernel picks).
+    The search starts at 2 x LOCAL_RANK into the range (wrapping), so that every process
+    of a host gets the same ports run after run when they are free."""
     env = os.environ if env is None else env
     spec = env.get("OPTIREDUCE_PORT_RANGE", "").strip()
+    port = env.get("OPTIREDUCE_PORT", "").strip()
+    per_host = int(env.get("LOCAL_WORLD_SIZE", "1") or 1)
     if spec:
         lo, sep, hi = spec.partition("-")
         try:
@@ -101,14 +106,14 @@ def port_range(env: Mapping[str, str] | None = None) -> range | None:
             r = None
         if r is None or not 1 <= r.start <= r.stop - 1 <= 65535:
             raise BindError(f"OPTIREDUCE_PORT_RANGE={spec!r}: want lo-hi, 1 <= lo <= hi <= 65535")
-        return r
-    port = env.get("OPTIREDUCE_PORT", "").strip()
-    if port:
-        per_host = int(env.get("LOCAL_WORLD_SIZE", "1") or 1)
+    elif port:
         if not port.isdigit() or not 1 <= int(port) <= 65535 - 2 * per_host + 1:
             raise BindError(f"OPTIREDUCE_PORT={port!r}: want a port number, 1..65535")
-        return range(int(port), int(port) + 2 * per_host)
-    return None
+        r = range(int(port), int(port) + 2 * per_host)
+    else:
+        return None
+    start = 2 * int(env.get("LOCAL_RANK", "0") or 0) % len(r)
+    return [*r[start:], *r[:start]]
 
 
 def check_ipv4(host: str) -> None:
@@ -117,7 +122,7 @@ def check_ipv4(host: str) -> None:
         raise BindError(f"cannot bind {host}: OptiReduce runs over IPv4 (IPv6 is not supported)")
 
 
-def bind_udp(sock: socket.socket, host: str, ports: range | None) -> None:
+def bind_udp(sock: socket.socket, host: str, ports: Sequence[int] | None) -> None:
     """Bind `sock` to host and the first free port of `ports` (None: any port)."""
     check_ipv4(host)
     if ports is None:
@@ -131,7 +136,7 @@ def bind_udp(sock: socket.socket, host: str, ports: range | None) -> None:
             if e.errno != errno.EADDRINUSE:
                 raise BindError(f"cannot bind {host}:{port}: {e}") from e
     raise BindError(
-        f"every port of {ports.start}-{ports.stop - 1} on {host} is taken; each process needs "
+        f"every port of {min(ports)}-{max(ports)} on {host} is taken; each process needs "
         "two (data and control): widen OPTIREDUCE_PORT_RANGE"
     )
 

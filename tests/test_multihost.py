@@ -96,11 +96,15 @@ class Cluster:
                    ).stdout.strip()  # fmt: skip
 
     def torchrun(self, i: int, nnodes: int, nproc: int, args: list[str],
-                 master_port: int = MASTER_PORT) -> subprocess.Popen:  # fmt: skip
+                 master_port: int = MASTER_PORT, backend: str | None = None,
+                 ) -> subprocess.Popen:  # fmt: skip
         """Host i's share of the job: the user's command, in its namespace."""
         env = {**os.environ, "OMP_NUM_THREADS": "1", "OPTIREDUCE_PORT_RANGE": DATA_PORTS}
         env.pop("GLOO_SOCKET_IFNAME", None)
         env.pop("OPTIREDUCE_IFNAME", None)
+        env.pop("OPTIREDUCE_NIC", None)
+        if backend is not None:
+            env["OPTIREDUCE_NIC"] = backend
         cmd = ["ip", "netns", "exec", self.ns[i], str(VENV_BIN / "torchrun"),
                f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", f"--node-rank={i}",
                f"--master-addr={self.ip(0)}", f"--master-port={master_port}",
@@ -175,23 +179,23 @@ def _summary(c: Cluster) -> dict:
     return json.loads(lines[-1])
 
 
-# The stranger's three kinds of datagram at rank 1's data port, for `seconds`:
-# from its own address (not a member), and from rank 2's address (spoofed, the bridge
-# does not check) with a wrong job id, and claiming to be rank 3.
+# The stranger's three kinds of datagram at a rank's data port, for `seconds`: from its
+# own address (not a member), and from rank 2's address and port (spoofed: the bridge does
+# not check) with a wrong job id, and claiming to be rank 3.
 INJECT = r"""
 import sys, time
 from scapy.all import Ether, IP, UDP, Raw, sendp, conf
 from optireduce import ubt
 conf.verb = 0
-stranger_ip, victim_ip, victim_mac, member_ip, port, world, seconds = sys.argv[1:8]
-port, world = int(port), int(world)
+stranger_ip, victim_ip, victim_mac, member_ip, member_port, port, world, seconds = sys.argv[1:9]
+member_port, port, world = int(member_port), int(port), int(world)
 def ubt_frame(job, sender):
     h = ubt.UbtHeader(1, ubt.MSG_SCATTER, 0, 0, job, sender, 0, 0, 256, 0, 1000, 256, world, 0)
     return h.pack() + bytes(4 * 256)
 frames = [
     IP(src=stranger_ip, dst=victim_ip) / UDP(sport=port, dport=port) / Raw(ubt_frame(1, 2)),
-    IP(src=member_ip, dst=victim_ip) / UDP(sport=port, dport=port) / Raw(ubt_frame(999, 2)),
-    IP(src=member_ip, dst=victim_ip) / UDP(sport=port, dport=port) / Raw(ubt_frame(1, 3)),
+    IP(src=member_ip, dst=victim_ip) / UDP(sport=member_port, dport=port) / Raw(ubt_frame(999, 2)),
+    IP(src=member_ip, dst=victim_ip) / UDP(sport=member_port, dport=port) / Raw(ubt_frame(1, 3)),
 ]
 frames = [Ether(dst=victim_mac) / f for f in frames] * 10  # one sendp call is slow
 print("ready", flush=True)
@@ -202,42 +206,61 @@ while time.monotonic() < end:
 """
 
 
+def _injected(c: Cluster, victim_host: int, victim_port: int, member: tuple[str, int]
+              ) -> subprocess.Popen:  # fmt: skip
+    """The stranger, injecting at (victim_host's address, victim_port) until killed."""
+    p = c.stranger_sends(INJECT, STRANGER, c.ip(victim_host), c.mac(victim_host), member[0],
+                         str(member[1]), str(victim_port), "4", "600")  # fmt: skip
+    assert p.stdout.readline().strip() == "ready", p.stderr.read()
+    return p
+
+
+def _check_admission(drops: dict, victim: int) -> None:
+    for r, d in drops.items():
+        kinds = (d["not_member"], d["wrong_sender"], d["wrong_job"])
+        if int(r) == victim:
+            assert min(kinds) > 0, drops  # each kind seen and dropped
+        else:
+            assert kinds == (0, 0, 0), drops
+
+
 def test_four_hosts_then_two_by_two_train_alike_and_strangers_are_dropped(cluster):
-    """4 hosts x 1 process while a stranger injects at rank 1, then 2 hosts x 2 processes:
-    every rank finishes, OptiReduce traffic uses the namespaces' addresses, the replicas
-    agree, and both layouts end with the same parameters bit for bit (lossless: the
-    injection changed nothing)."""
+    """4 hosts x 1 process (the Python model NIC), then 2 hosts x 2 processes (the native
+    engine), while a stranger injects at rank 1's data port: every rank finishes,
+    OptiReduce traffic uses the namespaces' addresses, the stranger's datagrams are
+    counted by reason at rank 1 and nowhere else, the replicas agree, and both runs end
+    with the same parameters bit for bit (lossless: the injection changed nothing)."""
     c = cluster
     steps = ["--steps", "8", "--t-b-us", str(T_B_US)]
-    data_port = DATA_PORTS.split("-")[0]  # each host's first socket: its data socket
-    inject = c.stranger_sends(INJECT, STRANGER, c.ip(1), c.mac(1), c.ip(2), data_port, "4", "600")
-    assert inject.stdout.readline().strip() == "ready", inject.stderr.read()
+    lo = int(DATA_PORTS.split("-")[0])  # local rank k's data socket: lo + 2k
+    inject = _injected(c, 1, lo, (c.ip(2), lo))
     t0 = time.monotonic()
-    procs = [c.torchrun(i, 4, 1, steps) for i in range(4)]
+    procs = [c.torchrun(i, 4, 1, steps, backend="software") for i in range(4)]
     _wait(c, procs, 150)
     inject.kill()
     t_four = time.monotonic() - t0
     four = _summary(c)
     assert four["world"] == 4 and four["steps"] == 8 and four["faults"] == []
+    assert four["backend"] == "software"
     assert four["peers"] == [c.ip(i) for i in range(4)]
     assert four["replica_checksums_equal"] and len(four["checksums"]) == 4
     assert four["max_lost_fraction"] == 0 and four["final_loss"] < 1.1  # chance: ln 3
-    drops = four["admission_drops"]
-    assert drops["1"]["not_member"] > 0 and drops["1"]["wrong_sender"] > 0
-    assert drops["1"]["wrong_job"] > 0
-    for r in ("0", "2", "3"):  # only rank 1 was a target
-        assert drops[r]["not_member"] == drops[r]["wrong_sender"] == drops[r]["wrong_job"] == 0
+    _check_admission(four["admission_drops"], 1)
     for i in range(4):  # the log line names the backend and this rank's address
-        assert f"{four['backend']} NIC, data {c.ip(i)}:{data_port}" in c.output(i)[1]
+        assert f"software NIC, data {c.ip(i)}:{lo}" in c.output(i)[1]
 
+    # torchrun numbers ranks host by host: ranks 0, 1 on host 0, ranks 2, 3 on host 1
+    inject = _injected(c, 0, lo + 2, (c.ip(1), lo))
     t0 = time.monotonic()
     procs = [c.torchrun(i, 2, 2, steps, master_port=MASTER_PORT + 1) for i in range(2)]
     _wait(c, procs, 150)
+    inject.kill()
     t_two = time.monotonic() - t0
     two = _summary(c)
     assert two["world"] == 4 and two["faults"] == [] and two["replica_checksums_equal"]
-    # torchrun numbers ranks host by host: ranks 0, 1 on host 0, ranks 2, 3 on host 1
+    assert two["backend"] == "native"  # the default where the engine is built
     assert two["peers"] == [c.ip(0), c.ip(0), c.ip(1), c.ip(1)]
+    _check_admission(two["admission_drops"], 1)
     assert two["checksums"] == four["checksums"]
     print(f"4 x 1: {t_four:.1f} s, 2 x 2: {t_two:.1f} s")
 

@@ -57,10 +57,14 @@ def test_bad_names_and_ipv6_fail_with_what_to_set():
 
 def test_port_range_from_the_environment():
     assert port_range({}) is None
-    assert port_range({"OPTIREDUCE_PORT_RANGE": "40000-40007"}) == range(40000, 40008)
+    assert port_range({"OPTIREDUCE_PORT_RANGE": "40000-40007"}) == list(range(40000, 40008))
     # one port given: two sockets (data, control) per process on this host
-    assert port_range({"OPTIREDUCE_PORT": "40000", "LOCAL_WORLD_SIZE": "2"}) == range(40000, 40004)
-    assert port_range({"OPTIREDUCE_PORT": "40000"}) == range(40000, 40002)
+    two = {"OPTIREDUCE_PORT": "40000", "LOCAL_WORLD_SIZE": "2"}
+    assert port_range(two) == [40000, 40001, 40002, 40003]
+    assert port_range({"OPTIREDUCE_PORT": "40000"}) == [40000, 40001]
+    # local rank k starts at 2k (wrapping): the same ports for it run after run
+    assert port_range({**two, "LOCAL_RANK": "1"}) == [40002, 40003, 40000, 40001]
+    assert port_range({"OPTIREDUCE_PORT_RANGE": "5-7", "LOCAL_RANK": "2"}) == [6, 7, 5]
     for bad in ("40000", "x-y", "5-4", "0-10", "1-70000"):
         with pytest.raises(BindError, match="OPTIREDUCE_PORT_RANGE"):
             port_range({"OPTIREDUCE_PORT_RANGE": bad})
