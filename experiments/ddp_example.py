@@ -65,6 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--t-b-us", type=int, default=None, help="fixed t_B (default: calibrate)")
     ap.add_argument("--warmup", type=int, default=3, help="warm-up steps (calibrate t_B)")
     ap.add_argument("--progress", action="store_true", help="one line per step on stderr")
+    ap.add_argument(
+        "--p",
+        type=int,
+        default=None,
+        help="elements per packet: 256 fits a 1500-byte MTU, 2048 a 9000-byte one",
+    )
+    ap.add_argument("--job-id", type=int, default=1, help="UBT job id (16 bits), one per job")
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
@@ -84,11 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     xs, ys = teacher_task()
     model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 3))
     ddp = DDP(model, bucket_cap_mb=0.01)
-    params = (
-        NicParams()
-        if args.t_b_us is None
-        else NicParams(t_b_us=args.t_b_us, t_c_min_us=args.t_b_us // 2)
-    )
+    params = NicParams(job_id=args.job_id)
+    if args.p is not None:
+        params = params.replace(p=args.p)
+    if args.t_b_us is not None:
+        params = params.replace(t_b_us=args.t_b_us, t_c_min_us=args.t_b_us // 2)
     state = OptiReduceState(
         params, warmup_iters=args.warmup, t_b_us=args.t_b_us,
         impairment=ImpairmentSpec(loss=args.loss) if args.loss else None, seed=rank,
