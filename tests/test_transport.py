@@ -172,3 +172,15 @@ def test_default_bind_uses_the_environment(monkeypatch):
         monkeypatch.setenv("OPTIREDUCE_PORT_RANGE", f"{p}-{p + 1}")
         with UdpTransport(0) as t:
             assert t.address == ("127.0.0.1", p + 1)
+
+
+def test_a_native_nic_without_a_transport_binds_the_same_way(monkeypatch):
+    from optireduce.host.native.nic import NativeNic
+    from optireduce.params import NicParams
+
+    held, p = _two_free_ports()
+    with held:
+        monkeypatch.setenv("OPTIREDUCE_IFNAME", "lo")
+        monkeypatch.setenv("OPTIREDUCE_PORT_RANGE", f"{p}-{p + 1}")
+        with NativeNic(NicParams(), 0, 2, agree=list) as nic:
+            assert nic.address == ("127.0.0.1", p + 1)

@@ -10,12 +10,14 @@ whatever the bucket size; the output is the caller's array when `out=` is given 
 itself: each op reads its chunk before its result is written).
 
 The socket is the driver's UdpTransport's own (a dup of it: the address the peers already
-know, its peers table, its impairment spec), or a fresh one bound to `bind`.
+know, its peers table, its impairment spec), or a fresh one bound to `bind`, or, without
+either, to the address and port host/bind_address.py picks (as the Python transport).
 """
 
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING, Union
 
 import numpy as np
 
+from optireduce.host.bind_address import bind_udp, local_ipv4, port_range
 from optireduce.host.model.deadline import calibrate_t_b, phase_times
 from optireduce.host.model.impairment import ImpairmentSpec
 from optireduce.host.native import _engine, why
@@ -90,7 +93,7 @@ class NativeNic:
         transport: UdpTransport | None = None,
         agree: ExponentAgreement | None = None,
         *,
-        bind: Address = ("127.0.0.1", 0),
+        bind: Address | None = None,
         impairment: ImpairmentSpec | None = None,
         seed: int | None = None,
         buffer_bytes: int = DEFAULT_BUFFER_BYTES,
@@ -115,11 +118,21 @@ class NativeNic:
                 if seed is None:  # one draw of the transport's own seeded stream
                     seed = int(transport.impairment.rng.integers(1 << 62))
         self.impairment = impairment
-        self._live = _engine.LiveNic(
-            self._params, rank, world, bind_ip=bind[0], port=bind[1], fd=fd,
-            buffer_bytes=buffer_bytes, impairment=impairment,
-            seed=rank if seed is None else seed,
-        )  # fmt: skip
+        own = None
+        if fd < 0 and bind is None:  # the address and ports the Python transport would take
+            own = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            bind_udp(own, local_ipv4(), port_range())
+            fd = own.fileno()
+        bind = bind or ("127.0.0.1", 0)
+        try:
+            self._live = _engine.LiveNic(
+                self._params, rank, world, bind_ip=bind[0], port=bind[1], fd=fd,
+                buffer_bytes=buffer_bytes, impairment=impairment,
+                seed=rank if seed is None else seed,
+            )  # fmt: skip
+        finally:
+            if own is not None:
+                own.close()  # the engine holds its own dup
         self.transport = NativeTransport(self, transport)
         self._lock = threading.Lock()  # one allreduce at a time: op ids are handed out in order
         # arrays the engine thread may still read or write, by op id
