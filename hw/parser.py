@@ -25,6 +25,8 @@ Run-time ports (sampled one cycle after a frame's last beat): `rank`, `world`,
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from amaranth import Cat, Const, Module, Mux, Signal, Value
 from amaranth.lib import data, wiring
 from amaranth.lib.memory import Memory
@@ -45,6 +47,7 @@ PARSER_REASONS: tuple[str, ...] = ubt.DROP_REASONS[: ubt.DROP_CODE["wrong_owner"
 # Verilog has wires named `port[j]`, which is what Amaranth emits for an array port.
 COUNTERS_LAYOUT = data.StructLayout({r: 32 for r in PARSER_REASONS})
 MOD_BITS_PER_STAGE = 1  # restoring-division bits of pkt_index mod world per pipeline stage
+LEN_BITS = 17  # a frame's byte count, saturating far above any IPv4 length
 
 
 def _word_geometry(nbytes: int) -> tuple[int, int]:
@@ -126,17 +129,25 @@ class Parser(wiring.Component):
 
     def elaborate(self, platform) -> Module:
         m = Module()
-        p = self.p
-        nb_w, n_words, half = self.nbytes, self.n_words, self.half
-        log2w = nb_w.bit_length() - 1
+        s = SimpleNamespace()
+        self._input(m, s)
+        self._header_compares(m, s)
+        self._header_checks(m, s)
+        self._first_fail_and_owner(m, s)
+        self._verdict(m, s)
+        self._reader(m, s)
+        return m
 
-        # ---- input: header bytes, frame length, payload realignment -------------------------
-        # Byte count at the start of the current beat, saturating far above any IPv4 length.
-        len_bits = 17
+    def _input(self, m: Module, s: SimpleNamespace) -> None:
+        """Input: header bytes, frame length, and the payload realigned into words,
+        written into one of two banks a frame."""
+        nb_w, n_words, half, len_bits = self.nbytes, self.n_words, self.half, LEN_BITS
+        log2w = nb_w.bit_length() - 1
+        # Byte count at the start of the current beat (LEN_BITS wide).
         len_sat = (1 << len_bits) - nb_w
         nb = Signal(len_bits)
         k = nb[log2w:]  # beat index inside the frame
-        hb = [Signal(8, name=f"hb{j}") for j in range(PAYLOAD_OFF)]  # header bytes
+        s.hb = [Signal(8, name=f"hb{j}") for j in range(PAYLOAD_OFF)]  # header bytes
         prev = Signal(8 * nb_w)
         cur = Signal(8 * nb_w)
         m.d.comb += cur.eq(Value.cast(self.i.payload.data))
@@ -179,38 +190,38 @@ class Parser(wiring.Component):
             hs.eq(self.i.valid & self.i.ready),
         ]
         set_busy = Signal(2)
-        clr_busy = Signal(2)
-        m.d.sync += busy.eq((busy & ~clr_busy) | set_busy)
+        s.clr_busy = Signal(2)
+        m.d.sync += busy.eq((busy & ~s.clr_busy) | set_busy)
 
-        mems = []
+        s.mems = []
         for j in range(2):
             mem = Memory(shape=32 * self.lanes, depth=2 * half, init=[])
             m.submodules[f"mem{j}"] = mem
-            mems.append((mem.write_port(), mem.read_port()))
+            s.mems.append((mem.write_port(), mem.read_port()))
         # word A's parity is c0's at every beat: A always goes to one memory, B to the other
-        for word, valid, off, (wp, _) in (
-            (wa, va, self.off_a, mems[self.c0 & 1]),
-            (wb, vb, self.off_a + nb_w // 2, mems[(self.c0 + 1) & 1]),
+        for word, w_valid, off, (wp, _) in (
+            (wa, va, self.off_a, s.mems[self.c0 & 1]),
+            (wb, vb, self.off_a + nb_w // 2, s.mems[(self.c0 + 1) & 1]),
         ):
             m.d.comb += [
                 wp.addr.eq(bank_now * half + word[1:]),
                 wp.data.eq(word_at(off)),
-                wp.en.eq(hs & valid),
+                wp.en.eq(hs & w_valid),
             ]
 
         # a frame's end hands it to the verdict pipeline
-        done = Signal()
-        done_len = Signal(len_bits + 1)
-        done_has_bank = Signal()
-        done_bank = Signal()
-        m.d.sync += done.eq(hs & self.i.payload.last)
+        s.done = Signal()
+        s.done_len = Signal(len_bits + 1)
+        s.done_has_bank = Signal()
+        s.done_bank = Signal()
+        m.d.sync += s.done.eq(hs & self.i.payload.last)
         with m.If(hs):
             m.d.sync += prev.eq(cur)
             for kb in range(-(-PAYLOAD_OFF // nb_w)):
                 with m.If(k == kb):
                     for lane in range(nb_w):
                         if kb * nb_w + lane < PAYLOAD_OFF:
-                            m.d.sync += hb[kb * nb_w + lane].eq(self.i.payload.data[lane])
+                            m.d.sync += s.hb[kb * nb_w + lane].eq(self.i.payload.data[lane])
             with m.If(writes & ~alloc):
                 m.d.sync += [alloc.eq(1), cur_bank.eq(free_bank)]
                 m.d.comb += set_busy.eq(Mux(free_bank, 0b10, 0b01))
@@ -223,76 +234,81 @@ class Parser(wiring.Component):
                 keep = self.i.payload.keep
                 m.d.sync += [
                     alloc.eq(0),
-                    done_len.eq(nb + sum(keep[j] for j in range(nb_w))),
-                    done_has_bank.eq(alloc | writes),
-                    done_bank.eq(bank_now),
+                    s.done_len.eq(nb + sum(keep[j] for j in range(nb_w))),
+                    s.done_has_bank.eq(alloc | writes),
+                    s.done_bank.eq(bank_now),
                 ]
 
-        # ---- V0: byte compares on the captured header (the next frame may overwrite hb
-        # at the end of this cycle, so everything needed later is registered here) ---------
-        def be(off: int, size: int):
-            return Cat(*(hb[off + size - 1 - j] for j in range(size)))
+    def _header_compares(self, m: Module, s: SimpleNamespace) -> None:
+        """V0: byte compares on the captured header (the next frame may overwrite hb at
+        the end of this cycle, so everything needed later is registered here)."""
+        p, len_bits = self.p, LEN_BITS
 
-        v0 = Signal()
-        v0_len = Signal(len_bits + 1)
-        v0_bank = Signal()
-        v0_has_bank = Signal()
-        v0_cs = [Signal(19, name=f"v0_cs{j}") for j in range(2)]
-        v0_ip_len = Signal(16)
-        v0_udp_len = Signal(16)
-        v0_l2 = Signal(7)  # trunc1, not_ipv4, bad_ip_header, ip_fragment, not_udp, addr, port
-        v0_hdr = Signal(HEADER_LAYOUT)
-        v0_rank = Signal(16)
-        v0_world = Signal(16)
-        v0_base = Signal(32)
+        def be(off: int, size: int):
+            return Cat(*(s.hb[off + size - 1 - j] for j in range(size)))
+
+        s.v0 = Signal()
+        s.v0_len = Signal(len_bits + 1)
+        s.v0_bank = Signal()
+        s.v0_has_bank = Signal()
+        s.v0_cs = [Signal(19, name=f"v0_cs{j}") for j in range(2)]
+        s.v0_ip_len = Signal(16)
+        s.v0_udp_len = Signal(16)
+        s.v0_l2 = Signal(7)  # trunc1, not_ipv4, bad_ip_header, ip_fragment, not_udp, addr, port
+        s.v0_hdr = Signal(HEADER_LAYOUT)
+        s.v0_rank = Signal(16)
+        s.v0_world = Signal(16)
+        s.v0_base = Signal(32)
         ip0 = ubt.ETH_LEN
         m.d.sync += [
-            v0.eq(done),
-            v0_len.eq(done_len),
-            v0_bank.eq(done_bank),
-            v0_has_bank.eq(done_has_bank),
-            v0_cs[0].eq(sum(be(ip0 + 2 * j, 2) for j in range(5))),
-            v0_cs[1].eq(sum(be(ip0 + 10 + 2 * j, 2) for j in range(5))),
-            v0_ip_len.eq(be(ip0 + 2, 2)),
-            v0_udp_len.eq(be(ip0 + ubt.IP_LEN + 4, 2)),
-            v0_l2.eq(
+            s.v0.eq(s.done),
+            s.v0_len.eq(s.done_len),
+            s.v0_bank.eq(s.done_bank),
+            s.v0_has_bank.eq(s.done_has_bank),
+            s.v0_cs[0].eq(sum(be(ip0 + 2 * j, 2) for j in range(5))),
+            s.v0_cs[1].eq(sum(be(ip0 + 10 + 2 * j, 2) for j in range(5))),
+            s.v0_ip_len.eq(be(ip0 + 2, 2)),
+            s.v0_udp_len.eq(be(ip0 + ubt.IP_LEN + 4, 2)),
+            s.v0_l2.eq(
                 Cat(
-                    done_len < ubt.L2_L4_LEN,
+                    s.done_len < ubt.L2_L4_LEN,
                     be(12, 2) != ubt.ETHERTYPE_IPV4,
-                    hb[ip0] != 0x45,
+                    s.hb[ip0] != 0x45,
                     be(ip0 + 6, 2)[:14] != 0,
-                    hb[ip0 + 9] != ubt.IPPROTO_UDP,
+                    s.hb[ip0 + 9] != ubt.IPPROTO_UDP,
                     (be(0, 6) != self.mac) | (be(ip0 + 16, 4) != self.ip),
                     be(ip0 + ubt.IP_LEN + 2, 2) != p.udp_port,
                 )
             ),
-            v0_hdr.eq(wire_to_header(hb[ubt.L2_L4_LEN : PAYLOAD_OFF])),
-            v0_rank.eq(self.rank),
-            v0_world.eq(self.world),
-            v0_base.eq(self.base),
+            s.v0_hdr.eq(wire_to_header(s.hb[ubt.L2_L4_LEN : PAYLOAD_OFF])),
+            s.v0_rank.eq(self.rank),
+            s.v0_world.eq(self.world),
+            s.v0_base.eq(self.base),
         ]
 
-        # ---- V1: arithmetic checks; the frame's flags in the model's order ----------------
-        hdr_store = [Signal(HEADER_LAYOUT, name=f"hdr_store{j}") for j in range(2)]
-        with m.If(v0 & v0_has_bank):
-            with m.If(v0_bank):
-                m.d.sync += hdr_store[1].eq(v0_hdr)
+    def _header_checks(self, m: Module, s: SimpleNamespace) -> None:
+        """V1: arithmetic checks; the frame's flags in the model's order."""
+        p = self.p
+        s.hdr_store = [Signal(HEADER_LAYOUT, name=f"hdr_store{j}") for j in range(2)]
+        with m.If(s.v0 & s.v0_has_bank):
+            with m.If(s.v0_bank):
+                m.d.sync += s.hdr_store[1].eq(s.v0_hdr)
             with m.Else():
-                m.d.sync += hdr_store[0].eq(v0_hdr)
+                m.d.sync += s.hdr_store[0].eq(s.v0_hdr)
 
-        h = v0_hdr
+        h = s.v0_hdr
         (trunc1, not_ipv4, bad_ip_hdr, ip_frag, not_udp, wrong_addr, wrong_port) = (
-            v0_l2[j] for j in range(7)
+            s.v0_l2[j] for j in range(7)
         )
         # RFC 1071: the folded sum of the ten words is 0xFFFF. The sum S < 10 * 2^16, and
         # folding keeps S mod 0xFFFF, so that is lo + hi = 0xFFFF, i.e. lo = 0xFFFF ^ hi.
-        s = Signal(20)
-        m.d.comb += s.eq(v0_cs[0] + v0_cs[1])
-        csum_ok = s[:16] == (0xFFFF ^ s[16:])
-        ip_len, n = v0_ip_len, v0_len
+        total = Signal(20)
+        m.d.comb += total.eq(s.v0_cs[0] + s.v0_cs[1])
+        csum_ok = total[:16] == (0xFFFF ^ total[16:])
+        ip_len, n = s.v0_ip_len, s.v0_len
         log2ppb = p.packets_per_block.bit_length() - 1
         # compares of two signals as `<` (a carry chain; yosys adds an equality tree to `>`)
-        checks = [  # (fails, reason): docs/protocol.md checks 1-25, in order
+        s.checks = [  # (fails, reason): docs/protocol.md checks 1-25, in order
             (trunc1, "truncated"),
             (not_ipv4, "not_ipv4"),
             (bad_ip_hdr, "bad_ip_header"),
@@ -302,7 +318,7 @@ class Parser(wiring.Component):
             (not_udp, "not_udp"),
             (wrong_addr, "wrong_address"),
             (wrong_port, "wrong_port"),
-            (v0_udp_len + ubt.IP_LEN != ip_len, "bad_udp_length"),
+            (s.v0_udp_len + ubt.IP_LEN != ip_len, "bad_udp_length"),
             (ip_len < ubt.IP_LEN + ubt.UDP_LEN + ubt.HEADER_LEN, "truncated"),
             (h.version != ubt.VERSION, "bad_version"),
             ((h.msg_type != ubt.MSG_SCATTER) & (h.msg_type != ubt.MSG_GATHER), "bad_type"),
@@ -314,45 +330,47 @@ class Parser(wiring.Component):
                 "bad_length",
             ),
             (h.job_id != p.job_id, "wrong_job"),
-            (h.sender >= v0_world, "unknown_rank"),
-            (h.sender == v0_rank, "own_rank"),
-            (h.world != v0_world, "malformed_header"),
+            (h.sender >= s.v0_world, "unknown_rank"),
+            (h.sender == s.v0_rank, "own_rank"),
+            (h.world != s.v0_world, "malformed_header"),
             ((h.count != p.p) | (h.op_len == 0) | (h.op_len > p.c), "bad_length"),
-            (h.op_id < v0_base, "stale_op"),
-            (h.op_id >= v0_base + p.rx_window, "future_op"),
+            (h.op_id < s.v0_base, "stale_op"),
+            (h.op_id >= s.v0_base + p.rx_window, "future_op"),
             # pkt_index < packets_for(op_len)  <=>  block(pkt_index) * b < op_len (op_len >= 1)
             ((h.pkt_index >> log2ppb) << p.log2_b >= h.op_len, "index_out_of_range"),
         ]
-        v1 = Signal()
-        v1_flags = Signal(len(checks))
-        v1_bank = Signal()
-        v1_has_bank = Signal()
-        v1_div = Signal(self.index_bits)
-        v1_target = Signal(16)
-        v1_world = Signal(16)
+        s.v1 = Signal()
+        s.v1_flags = Signal(len(s.checks))
+        s.v1_bank = Signal()
+        s.v1_has_bank = Signal()
+        s.v1_div = Signal(self.index_bits)
+        s.v1_target = Signal(16)
+        s.v1_world = Signal(16)
         m.d.sync += [
-            v1.eq(v0),
-            v1_flags.eq(Cat(*(c for c, _ in checks))),
-            v1_bank.eq(v0_bank),
-            v1_has_bank.eq(v0_has_bank),
-            v1_div.eq(h.pkt_index[: self.index_bits]),
+            s.v1.eq(s.v0),
+            s.v1_flags.eq(Cat(*(c for c, _ in s.checks))),
+            s.v1_bank.eq(s.v0_bank),
+            s.v1_has_bank.eq(s.v0_has_bank),
+            s.v1_div.eq(h.pkt_index[: self.index_bits]),
             # the owner of a scatter packet is the receiver, of a gather packet its sender
-            v1_target.eq(Mux(h.msg_type == ubt.MSG_SCATTER, v0_rank, h.sender)),
-            v1_world.eq(v0_world),
+            s.v1_target.eq(Mux(h.msg_type == ubt.MSG_SCATTER, s.v0_rank, h.sender)),
+            s.v1_world.eq(s.v0_world),
         ]
 
-        # ---- M: priority-encode checks 1-25, and pkt_index mod world by restoring division,
-        # MOD_BITS_PER_STAGE bits a stage (pkt_index < c/p once check 25 has passed) -------
+    def _first_fail_and_owner(self, m: Module, s: SimpleNamespace) -> None:
+        """M: priority-encode checks 1-25, and pkt_index mod world by restoring
+        division, MOD_BITS_PER_STAGE bits a stage (pkt_index < c/p once check 25 has
+        passed)."""
         code_w = range(len(PARSER_REASONS))
         first_fail = Signal(code_w)
-        for j in reversed(range(len(checks))):
-            with m.If(v1_flags[j]):
-                m.d.comb += first_fail.eq(ubt.DROP_CODE[checks[j][1]])
-        valid, any_fail, code = v1, v1_flags.any(), first_fail
-        bank, has_bank, target, world = v1_bank, v1_has_bank, v1_target, v1_world
+        for j in reversed(range(len(s.checks))):
+            with m.If(s.v1_flags[j]):
+                m.d.comb += first_fail.eq(ubt.DROP_CODE[s.checks[j][1]])
+        valid, any_fail, code = s.v1, s.v1_flags.any(), first_fail
+        bank, has_bank, target, world = s.v1_bank, s.v1_has_bank, s.v1_target, s.v1_world
         # rem < min(world, 2^index_bits): narrow compares when the op has few packets
         rem_w = min(16, self.index_bits)
-        rem, div = Const(0, rem_w), v1_div
+        rem, div = Const(0, rem_w), s.v1_div
         bit = self.index_bits
         for st in range(self.mod_stages):
             for _ in range(MOD_BITS_PER_STAGE):
@@ -391,14 +409,24 @@ class Parser(wiring.Component):
                 regs["world"],
             )
             div, rem = regs["div"], regs["rem"]
+        s.valid, s.any_fail, s.code, s.bank, s.has_bank, s.target, s.rem = (
+            valid,
+            any_fail,
+            code,
+            bank,
+            has_bank,
+            target,
+            rem,
+        )
 
-        # ---- F: the verdict --------------------------------------------------------------
-        wrong_owner = rem != target
-        f_drop = valid & (any_fail | wrong_owner | ~has_bank)
-        f_reason = Mux(any_fail, code, ubt.DROP_CODE["wrong_owner"])
-        f_accept = valid & ~f_drop
+    def _verdict(self, m: Module, s: SimpleNamespace) -> None:
+        """F: the verdict, the drop counters, the bank of a dropped frame freed."""
+        wrong_owner = s.rem != s.target
+        f_drop = s.valid & (s.any_fail | wrong_owner | ~s.has_bank)
+        f_reason = Mux(s.any_fail, s.code, ubt.DROP_CODE["wrong_owner"])
+        s.f_accept = s.valid & ~f_drop
         m.d.sync += [
-            self.accept.eq(f_accept),
+            self.accept.eq(s.f_accept),
             self.drop.eq(f_drop),
             self.reason.eq(f_reason),
         ]
@@ -406,11 +434,13 @@ class Parser(wiring.Component):
             cnt = getattr(self.drop_count, name)
             with m.If(f_drop & (f_reason == j)):
                 m.d.sync += cnt.eq(cnt + 1)
-        drop_clr = Signal(2)
-        with m.If(f_drop & has_bank):
-            m.d.comb += drop_clr.eq(Mux(bank, 0b10, 0b01))
+        s.drop_clr = Signal(2)
+        with m.If(f_drop & s.has_bank):
+            m.d.comb += s.drop_clr.eq(Mux(s.bank, 0b10, 0b01))
 
-        # ---- reader: accepted banks in verdict order, one word a cycle -------------------
+    def _reader(self, m: Module, s: SimpleNamespace) -> None:
+        """Reader: accepted banks in verdict order, one word a cycle."""
+        n_words, half = self.n_words, self.half
         nxt_valid = Signal()  # one queued bank is enough: the other is the one being read
         nxt_bank = Signal()
         rd_active = Signal()
@@ -422,7 +452,7 @@ class Parser(wiring.Component):
         issue = rd_active & advance
         read_clr = Signal(2)
         pop = Signal()
-        for _, rp in mems:
+        for _, rp in s.mems:
             m.d.comb += [rp.addr.eq(rd_bank * half + rw[1:]), rp.en.eq(advance)]
         with m.If(advance):
             m.d.sync += [
@@ -432,7 +462,7 @@ class Parser(wiring.Component):
                 self.o.payload.last.eq(rw == n_words - 1),
             ]
             with m.If(issue & (rw == 0)):
-                m.d.sync += self.header.eq(Mux(rd_bank, hdr_store[1], hdr_store[0]))
+                m.d.sync += self.header.eq(Mux(rd_bank, s.hdr_store[1], s.hdr_store[0]))
         with m.If(issue):
             m.d.sync += rw.eq(rw + 1)
             with m.If(rw == n_words - 1):
@@ -446,14 +476,13 @@ class Parser(wiring.Component):
         with m.Elif(~rd_active & nxt_valid):
             m.d.sync += [rd_active.eq(1), rd_bank.eq(nxt_bank), rw.eq(0)]
             m.d.comb += pop.eq(1)
-        with m.If(f_accept):
-            m.d.sync += [nxt_valid.eq(1), nxt_bank.eq(bank)]
+        with m.If(s.f_accept):
+            m.d.sync += [nxt_valid.eq(1), nxt_bank.eq(s.bank)]
         with m.Elif(pop):
             m.d.sync += nxt_valid.eq(0)
-        m.d.comb += clr_busy.eq(drop_clr | read_clr)
+        m.d.comb += s.clr_busy.eq(s.drop_clr | read_clr)
 
         m.d.comb += [
             self.o.valid.eq(o_valid),
-            Value.cast(self.o.payload.data).eq(Mux(o_sel, mems[1][1].data, mems[0][1].data)),
+            Value.cast(self.o.payload.data).eq(Mux(o_sel, s.mems[1][1].data, s.mems[0][1].data)),
         ]
-        return m
