@@ -241,7 +241,7 @@ def _to_host(tensor: torch.Tensor) -> tuple[torch.Tensor, "torch.cuda.Event | No
     """The bucket on the host: a CUDA bucket is copied to pinned memory without stalling
     the autograd thread; the driver thread waits for the returned event before reading."""
     if tensor.device.type != "cuda":
-        return tensor.detach(), None
+        return tensor.detach().cpu(), None  # a CPU bucket: itself, no copy
     host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
     host.copy_(tensor.detach(), non_blocking=True)
     done = torch.cuda.Event()
@@ -254,8 +254,8 @@ def _to_bucket(out, tensor: torch.Tensor) -> torch.Tensor:
     CUDA bucket gets it through pinned memory (a synchronous copy: DDP reads the result
     on its own stream as soon as the future completes)."""
     res = torch.from_numpy(out).to(tensor.dtype).view_as(tensor)
-    if tensor.device.type == "cpu":
-        return res
+    if tensor.device.type != "cuda":
+        return res.to(tensor.device)  # a CPU bucket: no copy
     pinned = torch.empty(res.shape, dtype=res.dtype, pin_memory=True)
     pinned.copy_(res)
     with torch.cuda.device(tensor.device):
