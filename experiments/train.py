@@ -270,7 +270,8 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
         res["rx_gather"] = np.array(counters["rx_gather"] - rx_verify)
         res["verify"] = verify
         res["backend"] = np.array(nic.backend)
-        res["t_b_us"] = np.array(state.t_b_us)
+        # -1: not calibrated (a run shorter than the warm-up)
+        res["t_b_us"] = np.array(-1 if state.t_b_us is None else state.t_b_us)
         res["step_lost"] = np.array([s.lost_fraction for s in state.history])
         res["resyncs"] = np.array(sum(s.resynced for s in state.history))
         res["faults"] = np.array(state.faults, dtype=np.int64)  # ranks this one excluded
@@ -343,7 +344,7 @@ def run_method(
             int((r["p1_expected"] - r["p1_received"]).sum()) for r in ranks
         ) / max(1, sum(int(r["p1_expected"].sum()) for r in ranks))
         summary["deadline_phases"] = int(sum(r["deadline_phases"].sum() for r in ranks))
-        summary["t_b_us"] = int(r0["t_b_us"])
+        summary["t_b_us"] = int(r0["t_b_us"]) if r0["t_b_us"] >= 0 else None
         summary["resyncs"] = int(r0["resyncs"])
         # (rank, excluded rank): a rank that missed a bounded control exchange
         summary["exclusions"] = [[i, int(g)] for i, r in enumerate(ranks) for g in r["faults"]]

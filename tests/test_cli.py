@@ -1,5 +1,6 @@
 """The `optireduce` command line: every subcommand's help, its outputs, its errors."""
 
+import argparse
 import json
 import subprocess
 import sys
@@ -267,3 +268,37 @@ def test_bad_nic_params_exit_2_with_the_field_named(capsys):
     assert "NicParams.b=100: transform block must be a power of two" in capsys.readouterr().err
     r = run("simulate", "--p", "x")
     assert r.returncode == 2 and "invalid int value: 'x'" in r.stderr
+
+
+def test_quick_from_the_environment_shrinks_every_sized_command(monkeypatch):
+    """OPTIREDUCE_QUICK=1 is --quick everywhere, and it wins over the size flags given."""
+    from optireduce import cli
+
+    monkeypatch.setenv("OPTIREDUCE_QUICK", "1")
+
+    def parsed(*argv: str) -> argparse.Namespace:
+        args = cli.build_parser().parse_args(argv)
+        cli.shrink(args)
+        return args
+
+    a = parsed("train", "--seeds", "0,1,2,3,4", "--steps", "150")
+    assert (a.world, a.steps, a.seeds) == (2, 4, [0])
+    a = parsed("cluster", "--ops", "100", "--sweep-workers", "16,8,32")
+    assert (a.ops, a.warmup, a.bucket_kib, a.sweep_workers) == (5, 2, 64, [8])
+    a = parsed("loss-tolerance")
+    assert (a.workers, a.steps, a.seeds, a.losses) == (4, 4, [0], (0.0, 0.01))
+    a = parsed("demo", "--steps", "150")
+    assert (a.steps, a.no_cosim) == (4, True)
+    assert parsed("simulate", "--elements", "100000").elements == 16_384
+    assert parsed("bench", "model").quick
+    sized = {n for n, sp in _subparsers(cli.build_parser()).items()
+             if any("--quick" in a.option_strings for a in sp._actions)}  # fmt: skip
+    assert sized == set(cli.QUICK)
+    monkeypatch.setenv("OPTIREDUCE_QUICK", "0")
+    a = parsed("train", "--steps", "150")
+    assert (a.world, a.steps, a.quick) == (4, 150, False)
+
+
+def _subparsers(ap: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    sub = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
