@@ -11,7 +11,6 @@ import pytest
 from optireduce import NicParams, simulate_allreduce
 from tests.live_workers import allreduce_worker, live_inputs, spawn_world
 
-
 BACKENDS = pytest.mark.parametrize("backend", ["native", "software"])
 
 
@@ -43,6 +42,28 @@ def test_lossless_live_equals_the_virtual_cluster_bit_for_bit(tmp_path, backend)
         np.testing.assert_allclose(t.ravel(), ref, rtol=1e-5, atol=1e-6)
 
 
+def loss_error(xs: list[np.ndarray], stats: list[dict]) -> list[float]:
+    """Each rank's expected relative L2 error, from the losses the ranks report.
+
+    With random signs, every transformed coefficient carries about the same share of a
+    block's energy. A reduced packet lost at a rank (a fraction g of all slots) is a hole
+    the unbiased decode fills by scaling the rest by 1/(1 - g): error^2 = g / (1 - g) of
+    the mean's energy (docs/numerics.md, sections 6 and 9). A contribution from rank j
+    lost at an owner (a fraction s of the contributions) makes that slot the mean of
+    n - 1: off by (m - x_j) / (n - 1), for every rank; bounded with the worst j. Measured
+    against the virtual cluster at 0.5-5 % loss (54 rank-runs): 0.66-1.09 of this."""
+    n = len(xs)
+    m = np.mean([x.astype(np.float64) for x in xs], axis=0)
+    spread = max(np.sum((x - m) ** 2) for x in xs) / np.sum(m**2)
+    slots = sum(op["p1_expected"] for st in stats for op in st["ops"]) / (n - 1)
+    s = sum(op["lost_phase1"] for st in stats for op in st["ops"]) / slots
+    out = []
+    for st in stats:
+        g = sum(op["lost_phase2"] for op in st["ops"]) / slots
+        out.append(float(np.sqrt(g / (1 - g) + s * spread / (n - 1) ** 2)))
+    return out
+
+
 @BACKENDS
 def test_impaired_live_ops_end_within_their_bound(tmp_path, backend):
     world, n, seed = 3, 50_000, 6
@@ -62,8 +83,11 @@ def test_impaired_live_ops_end_within_their_bound(tmp_path, backend):
     lost = sum(op["lost_phase1"] + op["lost_phase2"] for s in stats for op in s["ops"])
     injected = sum(s["lost"] for s in stats)
     assert injected > 0 and lost >= 1
-    for o in outs:
-        assert np.linalg.norm(o - ref) / np.linalg.norm(ref) < 0.5
+    # the error is what the reported losses explain: a loss the counters miss, or a
+    # hole decoded wrongly, moves it out of [0.4, 1.5] x the expected (+ lossless floor)
+    for o, want in zip(outs, loss_error(live_inputs(world, n, seed), stats), strict=True):
+        err = np.linalg.norm(o - ref) / np.linalg.norm(ref)
+        assert 0.4 * want <= err <= 1.5 * want + 1e-4, (err, want)
 
 
 @BACKENDS
