@@ -53,7 +53,9 @@ struct Engine::Op {
     int exponent = 0;
     uint16_t proposal_word = 0;  // the reserved field of its frames (exp_inband)
     bool started = false, done = false;
-    // aggregator: slot row k is packet rank + k N
+    float* out = nullptr;  // the caller's result buffer, if start_op was given one
+    // aggregator: slot row k is packet rank + k N; a row's acc is written by its first
+    // contribution (count 0) and added to by the others, so it is never zeroed in full
     std::vector<int64_t> acc, count;
     std::vector<uint8_t> bitmap;  // n_slots x world
     // gather buffer: every packet of the op
@@ -69,28 +71,32 @@ struct Engine::Op {
         uint8_t& seen = bitmap[row * world + sender];
         if (seen) return false;
         seen = 1;
-        count[row] += 1;
         int64_t* a = acc.data() + row * p;
-        for (int j = 0; j < p; ++j) a[j] += payload_value(payload, j);
+        if (count[row]++ == 0)
+            for (int j = 0; j < p; ++j) a[j] = payload_value(payload, j);
+        else
+            for (int j = 0; j < p; ++j) a[j] += payload_value(payload, j);
         return true;
     }
     void add_own(int64_t pkt_index, int sender, int world, int p, const int32_t* v) {
         const int64_t row = pkt_index / world;
         bitmap[row * world + sender] = 1;
-        count[row] += 1;
         int64_t* a = acc.data() + row * p;
-        for (int j = 0; j < p; ++j) a[j] += v[j];
+        if (count[row]++ == 0)
+            for (int j = 0; j < p; ++j) a[j] = v[j];
+        else
+            for (int j = 0; j < p; ++j) a[j] += v[j];
     }
     // Aggregator.clear: forget every contribution; how many there were.
     int64_t clear() {
         int64_t k = 0;
         for (int64_t c : count) k += c;
-        std::fill(acc.begin(), acc.end(), 0);
-        std::fill(count.begin(), count.end(), 0);
+        std::fill(count.begin(), count.end(), 0);  // acc: rewritten by each row's next add
         std::fill(bitmap.begin(), bitmap.end(), 0);
         return k;
     }
-    // GatherBuffer.place from wire bytes: false (nothing changed) if already here.
+    // GatherBuffer.place from wire bytes: false (nothing changed) if already here. z is not
+    // zeroed per op: the packets that never arrived are zeroed before the decode.
     bool place(int64_t pkt_index, int p, const uint8_t* payload, int64_t contrib) {
         if (have[pkt_index]) return false;
         int32_t* d = z.data() + pkt_index * p;
@@ -124,7 +130,7 @@ Engine::~Engine() = default;
 // ---- host port -------------------------------------------------------------------------
 
 void Engine::start_op(int64_t now, int64_t op_id, const float* data, size_t n,
-                      std::optional<int> given, std::optional<int> next_proposal) {
+                      std::optional<int> given, std::optional<int> next_proposal, float* out) {
     const int64_t k = p_.ops_in_flight;
     if (n < 1 || static_cast<int64_t>(n) > p_.c)
         throw std::invalid_argument("start_op: " + std::to_string(n) +
@@ -190,6 +196,7 @@ void Engine::start_op(int64_t now, int64_t op_id, const float* data, size_t n,
     last_started_ = op_id;
     counters_[OPS_STARTED] += 1;
     op->started = true;
+    op->out = out;
     OpStats& st = *op->stats;
     st.start_us = now;
     if (inband_.on) {
@@ -225,6 +232,10 @@ void Engine::start_op(int64_t now, int64_t op_id, const float* data, size_t n,
     }
     op->p1.begin(now);
     progress(*op, now);
+}
+
+void Engine::detach_outputs() {
+    for (auto& op : ops_) op->out = nullptr;
 }
 
 std::vector<OpResult> Engine::poll_results() {
@@ -374,10 +385,12 @@ std::unique_ptr<Engine::Op> Engine::make_op(int64_t op_id, int64_t n, int expone
     op->n_packets = static_cast<int64_t>(p_.packets_for(static_cast<size_t>(n)));
     op->n_slots = owned(op->n_packets, rank_, world_);
     op->started = op->done = false;
-    op->acc.assign(op->n_slots * P, 0);
+    op->out = nullptr;
+    // acc and z: no zeroing (see add and place); a pooled op keeps its pages
+    if (op->acc.size() < static_cast<size_t>(op->n_slots * P)) op->acc.resize(op->n_slots * P);
     op->count.assign(op->n_slots, 0);
     op->bitmap.assign(op->n_slots * world_, 0);
-    op->z.assign(op->n_packets * P, 0);
+    if (op->z.size() < static_cast<size_t>(op->n_packets * P)) op->z.resize(op->n_packets * P);
     op->have.assign(op->n_packets, 0);
     op->contributors.assign(op->n_packets, 0);
     op->p1.reset(world_, p_.alpha_q8);
@@ -539,10 +552,12 @@ void Engine::end_phase1(Op& op, int64_t t, Reason reason) {
     const int P = p_.p;
     means_.resize(op.n_slots * P);
     for (int64_t row = 0; row < op.n_slots; ++row) {
-        const int64_t d = std::max<int64_t>(op.count[row], 1);
         const int64_t* a = op.acc.data() + row * P;
         int32_t* m = means_.data() + row * P;
-        for (int j = 0; j < P; ++j) m[j] = static_cast<int32_t>(div_round(a[j], d));
+        if (op.count[row] == 0)
+            std::fill(m, m + P, 0);  // nothing arrived (its acc was never written)
+        else
+            div_round_n(a, static_cast<size_t>(P), op.count[row], m);
         const int64_t i = rank_ + row * world_;
         if (!op.have[i]) {  // the owner's own reduced packets
             std::copy(m, m + P, op.z.data() + i * P);
@@ -581,9 +596,17 @@ void Engine::end_phase2(Op& op, int64_t t, Reason reason) {
             st.contributor_hist.resize(c + 1, 0);
         st.contributor_hist[c] += 1;
     }
-    OpResult res{op.op_id, std::vector<float>(op.n), stats};
+    const int P = p_.p;
+    for (int64_t k = 0; k < op.n_packets; ++k)  // decode reads missing packets as zeros
+        if (!op.have[k]) std::fill(op.z.data() + k * P, op.z.data() + (k + 1) * P, 0);
+    OpResult res{op.op_id, {}, stats};
+    float* out = op.out;
+    if (out == nullptr) {
+        res.data.resize(op.n);
+        out = res.data.data();
+    }
     const DecodeCounts dc = decode(op.z.data(), op.have.data(), op.n, op.exponent,
-                                   static_cast<uint32_t>(op.op_id), p_, res.data.data());
+                                   static_cast<uint32_t>(op.op_id), p_, out);
     st.sat_output = dc.sat_output;
     st.empty_blocks = dc.empty_blocks;
     st.t_c_us[0] = tc_[0].tc;

@@ -83,7 +83,7 @@ struct Tx {
 
 struct OpResult {
     int64_t op_id;
-    std::vector<float> data;  // the estimated mean
+    std::vector<float> data;  // the estimated mean (empty if start_op was given out)
     std::shared_ptr<OpStats> stats;  // still counts late frames until the op leaves the window
 };
 
@@ -98,12 +98,18 @@ public:
     // ---- host port
     // Throws std::invalid_argument as NicModel.start_op raises ValueError. No exponent:
     // the in-band one (inband_exponent, or that of peers ahead); next_proposal: this rank's
-    // proposal for op_id + lead, none for "no proposal".
+    // proposal for op_id + lead, none for "no proposal". out (n floats, or null): where the
+    // result is decoded, so it is not copied out of OpResult.data (left empty then); it must
+    // stay valid until the op's result is polled.
     void start_op(int64_t now, int64_t op_id, const float* data, size_t n,
-                  std::optional<int> exponent, std::optional<int> next_proposal);
-    void start_op(int64_t now, int64_t op_id, const float* data, size_t n, int exponent) {
-        start_op(now, op_id, data, n, std::optional<int>(exponent), std::nullopt);
+                  std::optional<int> exponent, std::optional<int> next_proposal,
+                  float* out = nullptr);
+    void start_op(int64_t now, int64_t op_id, const float* data, size_t n, int exponent,
+                  float* out = nullptr) {
+        start_op(now, op_id, data, n, std::optional<int>(exponent), std::nullopt, out);
     }
+    // Forget every out pointer start_op was given: those ops' results go to OpResult.data.
+    void detach_outputs();
     InbandExponent inband_exponent(int64_t op_id) const;
     void put_proposal(int64_t op_id, int rank, std::optional<int> proposal);
     std::vector<OpResult> poll_results();

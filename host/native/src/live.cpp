@@ -159,6 +159,7 @@ int64_t LiveNic::cancel(int64_t timeout_us) {
     call([this, next] {
         pending_.clear();
         started_.clear();  // their results, when they come, are dropped
+        engine_->detach_outputs();  // and decoded into the engine's own vectors
         {
             std::lock_guard<std::mutex> lk(mu_);
             done_.clear();
@@ -305,7 +306,7 @@ void LiveNic::start_ready(int64_t now) {
            pending_.front().op_id < engine_->base() + cfg_.p.ops_in_flight) {
         const Submit s = pending_.front();
         pending_.pop_front();
-        engine_->start_op(now, s.op_id, s.in, s.n, s.exponent);
+        engine_->start_op(now, s.op_id, s.in, s.n, s.exponent, s.out);  // decoded in place
         started_.push_back(s);
     }
 }
@@ -352,7 +353,6 @@ void LiveNic::collect() {
         auto it = std::find_if(started_.begin(), started_.end(),
                                [&](const Submit& s) { return s.op_id == r.op_id; });
         if (it == started_.end()) continue;  // cancelled
-        std::memcpy(it->out, r.data.data(), it->n * sizeof(float));
         started_.erase(it);
         ready.push_back(LiveDone{r.op_id, *r.stats});
     }
