@@ -41,6 +41,8 @@ an op whose n is not a whole number of blocks.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from amaranth import Array, Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
@@ -121,7 +123,26 @@ class NicCore(wiring.Component):
         )
 
     def elaborate(self, platform):
-        p, m = self.p, Module()
+        m = Module()
+        s = self._blocks(m)
+        self._contexts(m, s)
+        self._aggregator_events(m, s)
+        self._host_side(m, s)
+        self._host_fsm(m, s)
+        self._aggregator_input(m, s)
+        self._network_side(m, s)
+        self._tracker_events(m, s)
+        self._phase2_ends(m, s)
+        self._means(m, s)
+        self._net_tx(m, s)
+        self._drain(m, s)
+        self._counters(m, s)
+        self._idle(m, s)
+        return m
+
+    def _blocks(self, m: Module) -> SimpleNamespace:
+        """The blocks and their configuration from the register bank."""
+        p = self.p
         n_ctx, cb, K = self.n_ctx, _bits(self.n_ctx), p.ops_in_flight
         npk_max = p.c // p.p
         log2_ppb = p.packets_per_block.bit_length() - 1
@@ -169,23 +190,50 @@ class NicCore(wiring.Component):
             agg.tick.eq(self.tick),
             self.now.eq(agg.now),
         ]
+        s = SimpleNamespace(
+            p=p,
+            n_ctx=n_ctx,
+            cb=cb,
+            K=K,
+            npk_max=npk_max,
+            slot_of=slot_of,
+            n_packets=n_packets,
+            csr=csr,
+            parser=parser,
+            agg=agg,
+            trk=trk,
+            enc=enc,
+            pks=pks,
+            pkg=pkg,
+            dec=dec,
+            rank=rank,
+            world=world,
+        )
+        return s
+
+    def _contexts(self, m: Module, s: SimpleNamespace) -> None:
+        """Op contexts (registers, op j in context j mod n_ctx), their STATS words, the
+        receive window and the one maker of contexts."""
+        p, n_ctx, cb, slot_of, parser, agg = self.p, self.n_ctx, s.cb, s.slot_of, s.parser, s.agg
+        trk, enc = s.trk, s.enc
 
         # ---- op contexts (registers, op j in context j mod n_ctx) ---------------------------
         def regs(name, shape, init=0):
             return Array(Signal(shape, name=f"{name}{k}", init=init) for k in range(n_ctx))
 
-        c_valid, c_op = regs("ctx_valid", 1), regs("ctx_op", 32)
+        c_valid, s.c_op = regs("ctx_valid", 1), regs("ctx_op", 32)
 
         def holds(op_id):
             """Op `op_id`'s context slot holds it."""
-            s = slot_of(op_id)
-            return c_valid[s] & (c_op[s] == op_id)
+            k = slot_of(op_id)
+            return c_valid[k] & (s.c_op[k] == op_id)
 
-        c_n, c_exp = regs("ctx_n", range(p.c + 1)), regs("ctx_exp", signed(8))
-        c_done, c_draining = regs("ctx_done", 1), regs("ctx_draining", 1)
-        c_start = regs("ctx_start", TICK_BITS)
-        c_gtc, c_gtc_ok = regs("ctx_gtc", TC_BITS), regs("ctx_gtc_ok", 1)
-        c_means = regs("ctx_means", 1)  # the op's own means are in the gather buffer
+        s.holds = holds
+        s.c_n, s.c_exp = regs("ctx_n", range(p.c + 1)), regs("ctx_exp", signed(8))
+        s.c_done, s.c_draining = regs("ctx_done", 1), regs("ctx_draining", 1)
+        s.c_start = regs("ctx_start", TICK_BITS)
+        s.c_gtc, s.c_gtc_ok = regs("ctx_gtc", TC_BITS), regs("ctx_gtc_ok", 1)
+        s.c_means = regs("ctx_means", 1)  # the op's own means are in the gather buffer
 
         # STATS words kept per op until its record is out, by the moment they are written
         def ended(blk, n: int, tick_name: str) -> dict:
@@ -193,183 +241,199 @@ class NicCore(wiring.Component):
                     f"phase{n}_timeout_us": blk.end_timeout, f"p{n}_expected": blk.end_expected,
                     f"p{n}_received": blk.end_received}  # fmt: skip
 
-        rec_words = {
+        s.rec_words = {
             "encode": {"sat_quantize": enc.sat_quantize, "sat_transform": enc.sat_transform,
                        "nonfinite": enc.nonfinite},
             "phase1": ended(agg, 1, "phase1_end_us"),
             "phase2": ended(trk, 2, "end_us"),
         }  # fmt: skip
-        rec = OpRecords(m, n_ctx, {
-            **{g: {name: len(v) for name, v in ws.items()} for g, ws in rec_words.items()},
+        s.rec = OpRecords(m, n_ctx, {
+            **{g: {name: len(v) for name, v in ws.items()} for g, ws in s.rec_words.items()},
             "tc": {"t_c_phase1_us": TC_BITS, "t_c_phase2_us": TC_BITS},
         })  # fmt: skip
 
-        base = Signal(32)  # oldest op not complete: the window is [base, base + 2K)
-        next_op = Signal(32)  # the op the host starts next
-        m.d.comb += parser.base.eq(base)
-        bs = slot_of(base)
-        with m.If(holds(base) & c_done[bs]):
-            m.d.sync += base.eq(base + 1)
+        s.base = Signal(32)  # oldest op not complete: the window is [base, base + 2K)
+        s.next_op = Signal(32)  # the op the host starts next
+        m.d.comb += parser.base.eq(s.base)
+        bs = slot_of(s.base)
+        with m.If(s.holds(s.base) & s.c_done[bs]):
+            m.d.sync += s.base.eq(s.base + 1)
 
         # a context is made by its op's first accepted frame or START (one maker at a time)
-        mk_go, mk_slot = Signal(), Signal(cb)
-        mk_op, mk_n, mk_exp = Signal(32), Signal(range(p.c + 1)), Signal(signed(8))
-        clr_req, clr_slot = Signal(), Signal(cb)  # the gather-buffer slot to clear first
-        with m.If(mk_go):
+        s.mk_go, s.mk_slot = Signal(), Signal(cb)
+        s.mk_op, s.mk_n, s.mk_exp = Signal(32), Signal(range(p.c + 1)), Signal(signed(8))
+        s.clr_req, s.clr_slot = Signal(), Signal(cb)  # the gather-buffer slot to clear first
+        with m.If(s.mk_go):
             m.d.sync += [
-                c_valid[mk_slot].eq(1),
-                c_op[mk_slot].eq(mk_op),
-                c_n[mk_slot].eq(mk_n),
-                c_exp[mk_slot].eq(mk_exp),
-                c_done[mk_slot].eq(0),
-                c_gtc_ok[mk_slot].eq(0),
-                c_means[mk_slot].eq(0),
-                c_start[mk_slot].eq(0),
-                clr_req.eq(1),
-                clr_slot.eq(mk_slot),
+                c_valid[s.mk_slot].eq(1),
+                s.c_op[s.mk_slot].eq(s.mk_op),
+                s.c_n[s.mk_slot].eq(s.mk_n),
+                s.c_exp[s.mk_slot].eq(s.mk_exp),
+                s.c_done[s.mk_slot].eq(0),
+                s.c_gtc_ok[s.mk_slot].eq(0),
+                s.c_means[s.mk_slot].eq(0),
+                s.c_start[s.mk_slot].eq(0),
+                s.clr_req.eq(1),
+                s.clr_slot.eq(s.mk_slot),
             ]
-            rec.clear(m, mk_slot)
+            s.rec.clear(m, s.mk_slot)
 
         # ---- counters: strobes merged per counter into the CSR bank ----------------------
-        incs: dict[str, list] = {name: [] for name in COUNTERS}
+        s.incs = {name: [] for name in COUNTERS}
 
-        # ---- the aggregator's event port: host side (OWN, START) or network side --------
-        ev_h, ev_r = Signal(agg.ev.payload.shape()), Signal(agg.ev.payload.shape())
-        ev_h_valid, ev_r_valid = Signal(), Signal()
+    def _aggregator_events(self, m: Module, s: SimpleNamespace) -> None:
+        """The aggregator's event port: host side (OWN, START) or network side."""
+        p, n_ctx, agg = self.p, self.n_ctx, s.agg
+        s.ev_h, s.ev_r = Signal(agg.ev.payload.shape()), Signal(agg.ev.payload.shape())
+        s.ev_h_valid, s.ev_r_valid = Signal(), Signal()
         # the aggregator's end strobe, delayed until own_tc holds this end's sample
-        end_dl = Signal(TcEstimator.OWN_LATENCY)
-        end_d, end_busy = end_dl[-1], end_dl.any()
-        fifo = SyncFIFO(
+        s.end_dl = Signal(TcEstimator.OWN_LATENCY)
+        s.end_d, s.end_busy = s.end_dl[-1], s.end_dl.any()
+        s.fifo = SyncFIFO(
             width=len(Cat(Const(0, gt.event_layout(p).size), Const(0, TC_BITS))),
             depth=TRACKER_FIFO_DEPTH,
         )
-        m.submodules.tracker_fifo = fifo
-        room = fifo.level <= TRACKER_FIFO_DEPTH - n_ctx - 2  # ends an event may cause
-        ev_sel_host = Signal()
+        m.submodules.tracker_fifo = s.fifo
+        room = s.fifo.level <= TRACKER_FIFO_DEPTH - n_ctx - 2  # ends an event may cause
+        s.ev_sel_host = Signal()
         m.d.comb += [
-            agg.ev.payload.eq(Mux(ev_sel_host, ev_h, ev_r)),
+            agg.ev.payload.eq(Mux(s.ev_sel_host, s.ev_h, s.ev_r)),
             agg.ev.valid.eq(
-                Mux(ev_sel_host, ev_h_valid, ev_r_valid) & ~agg.end_valid & ~end_busy & room
+                Mux(s.ev_sel_host, s.ev_h_valid, s.ev_r_valid) & ~agg.end_valid & ~s.end_busy & room
             ),
         ]
-        ev_taken = agg.ev.valid & agg.ev.ready
+        s.ev_taken = agg.ev.valid & agg.ev.ready
 
-        # ---- host side: START -> encoder -> scatter packetizer ---------------------------
-        rx_idle = Signal()
-        h_op, h_n, h_exp = Signal(32), Signal(range(p.c + 1)), Signal(signed(8))
-        h_tc = Signal(TC_BITS)
-        hs = slot_of(h_op)
-        cmd = self.host_cmd.payload
-        c_slot = slot_of(cmd.op_id)
+    def _host_side(self, m: Module, s: SimpleNamespace) -> None:
+        """Host side: a START's checks, then encoder -> scatter packetizer."""
+        p, K, npk_max, slot_of, n_packets = self.p, s.K, s.npk_max, s.slot_of, s.n_packets
+        csr, enc, pks, world = s.csr, s.enc, s.pks, s.world
+        s.rx_idle = Signal()
+        s.h_op, s.h_n, s.h_exp = Signal(32), Signal(range(p.c + 1)), Signal(signed(8))
+        s.h_tc = Signal(TC_BITS)
+        s.hs = slot_of(s.h_op)
+        s.cmd = self.host_cmd.payload
+        c_slot = slot_of(s.cmd.op_id)
         # the model starts an op after the input before it has had all its effects: the
         # START waits until no event is in flight anywhere (and so its t_C is settled)
-        quiet = Signal()
+        s.quiet = Signal()
         # the command's own checks are registered (125 MHz): they hold for a payload offered
         # in the cycle before too (a stream's payload stays until taken); base only grows,
         # so a one-cycle-old window check errs late, never early
-        cmd_seen, cmd_ok = Signal(), Signal()
+        s.cmd_seen, cmd_ok = Signal(), Signal()
         m.d.sync += [
-            cmd_seen.eq(self.host_cmd.valid & ~self.host_cmd.ready),
+            s.cmd_seen.eq(self.host_cmd.valid & ~self.host_cmd.ready),
             cmd_ok.eq(
-                (cmd.op_id == next_op) & (cmd.op_id < base + K) & (cmd.n >= 1) & (cmd.n <= p.c)
+                (s.cmd.op_id == s.next_op)
+                & (s.cmd.op_id < s.base + K)
+                & (s.cmd.n >= 1)
+                & (s.cmd.n <= p.c)
             ),
         ]
-        can_start = quiet & cmd_seen & cmd_ok & ~c_draining[c_slot]
-        host_busy = Signal()
-        m.d.comb += self.host_cmd.ready.eq(~host_busy & can_start)
-        h_accept = self.host_cmd.valid & self.host_cmd.ready
-        incs["ops_started"].append(h_accept)
+        can_start = s.quiet & s.cmd_seen & cmd_ok & ~s.c_draining[c_slot]
+        s.host_busy = Signal()
+        m.d.comb += self.host_cmd.ready.eq(~s.host_busy & can_start)
+        s.h_accept = self.host_cmd.valid & self.host_cmd.ready
+        s.incs["ops_started"].append(s.h_accept)
 
         # encoder -> scatter packetizer, counting the op's padded elements into it
         m.d.comb += [
-            enc.exponent.eq(h_exp),
-            enc.op_id.eq(h_op),
+            enc.exponent.eq(s.h_exp),
+            enc.op_id.eq(s.h_op),
             enc.seed.eq(csr.seed),
-            enc.clear.eq(h_accept),
+            enc.clear.eq(s.h_accept),
             pks.msg_type.eq(ubt.MSG_SCATTER),
-            pks.op_id.eq(h_op),
-            pks.exponent.eq(h_exp),
-            pks.op_len.eq(h_n),
-            pks.t_c_us.eq(h_tc),
+            pks.op_id.eq(s.h_op),
+            pks.exponent.eq(s.h_exp),
+            pks.op_len.eq(s.h_n),
+            pks.t_c_us.eq(s.h_tc),
             pks.contributors.eq(0),
         ]
         wiring.connect(m, enc.o, pks.i)
-        enc_in_en = Signal()
+        s.enc_in_en = Signal()
         m.d.comb += [
             enc.i.payload.eq(self.host_i.payload),
-            enc.i.valid.eq(self.host_i.valid & enc_in_en),
-            self.host_i.ready.eq(enc.i.ready & enc_in_en),
+            enc.i.valid.eq(self.host_i.valid & s.enc_in_en),
+            self.host_i.ready.eq(enc.i.ready & s.enc_in_en),
         ]
-        pk_beats = Signal(range(p.c + 1))  # elements into the scatter packetizer
-        pk_beat = Signal(range(p.p))
-        pk_dst = Signal(range(p.n_max))
-        tx_add = Signal(range(p.n_max + 1))  # frames the packetizers will send, added now
-        tx_pending = Signal(range(npk_max * p.n_max + 1))
-        pks_take = pks.i.valid & pks.i.ready
-        with m.If(pks_take):
-            m.d.sync += [pk_beats.eq(pk_beats + 1), pk_beat.eq(pk_beat + 1)]
-            with m.If(pk_beat == p.p - 1):
+        s.pk_beats = Signal(range(p.c + 1))  # elements into the scatter packetizer
+        s.pk_beat = Signal(range(p.p))
+        s.pk_dst = Signal(range(p.n_max))
+        s.tx_add = Signal(range(p.n_max + 1))  # frames the packetizers will send, added now
+        s.tx_pending = Signal(range(npk_max * p.n_max + 1))
+        s.pks_take = pks.i.valid & pks.i.ready
+        with m.If(s.pks_take):
+            m.d.sync += [s.pk_beats.eq(s.pk_beats + 1), s.pk_beat.eq(s.pk_beat + 1)]
+            with m.If(s.pk_beat == p.p - 1):
                 m.d.sync += [
-                    pk_beat.eq(0),
-                    pk_dst.eq(Mux(pk_dst + 1 == world, 0, pk_dst + 1)),
+                    s.pk_beat.eq(0),
+                    s.pk_dst.eq(Mux(s.pk_dst + 1 == world, 0, s.pk_dst + 1)),
                 ]
-        enc_done = Signal()
-        m.d.sync += enc_done.eq(pk_beats == n_packets(h_n) * p.p)
+        s.enc_done = Signal()
+        m.d.sync += s.enc_done.eq(s.pk_beats == n_packets(s.h_n) * p.p)
 
+    def _host_fsm(self, m: Module, s: SimpleNamespace) -> None:
+        """The host command's steps: its context, the encoding, the own packets, the
+        START."""
+        agg, pks = s.agg, s.pks
         # own packets -> aggregator OWN events (+ payload)
-        own_lock = Signal()
-        h_start_ev = Signal()
+        s.own_lock = Signal()
+        s.h_start_ev = Signal()
 
         with m.FSM(name="host"):
-            with m.State("IDLE"), m.If(h_accept):
+            with m.State("IDLE"), m.If(s.h_accept):
                 m.d.sync += [
-                    h_op.eq(cmd.op_id),
-                    h_n.eq(cmd.n),
-                    h_exp.eq(cmd.exponent),
-                    h_tc.eq(agg.own_tc),
-                    next_op.eq(next_op + 1),
-                    pk_beats.eq(0),
-                    pk_beat.eq(0),
-                    pk_dst.eq(0),
+                    s.h_op.eq(s.cmd.op_id),
+                    s.h_n.eq(s.cmd.n),
+                    s.h_exp.eq(s.cmd.exponent),
+                    s.h_tc.eq(agg.own_tc),
+                    s.next_op.eq(s.next_op + 1),
+                    s.pk_beats.eq(0),
+                    s.pk_beat.eq(0),
+                    s.pk_dst.eq(0),
                 ]
                 m.next = "CTX"
             with m.State("CTX"):
-                m.d.comb += host_busy.eq(1)
-                with m.If(~clr_req):
-                    with m.If(~holds(h_op)):
+                m.d.comb += s.host_busy.eq(1)
+                with m.If(~s.clr_req):
+                    with m.If(~s.holds(s.h_op)):
                         m.d.comb += [
-                            mk_go.eq(1), mk_slot.eq(hs), mk_op.eq(h_op), mk_n.eq(h_n),
-                            mk_exp.eq(h_exp),
+                            s.mk_go.eq(1), s.mk_slot.eq(s.hs), s.mk_op.eq(s.h_op), s.mk_n.eq(s.h_n),
+                            s.mk_exp.eq(s.h_exp),
                         ]  # fmt: skip
                     m.next = "CLEAR"
             with m.State("CLEAR"):
-                m.d.comb += host_busy.eq(1)
-                with m.If(~clr_req):
+                m.d.comb += s.host_busy.eq(1)
+                with m.If(~s.clr_req):
                     m.next = "ENCODE"
             with m.State("ENCODE"):
-                m.d.comb += [host_busy.eq(1), enc_in_en.eq(1), ev_sel_host.eq(1)]
-                with m.If(enc_done & ~pks.own.valid & ~own_lock):
-                    rec.write(m, "encode", hs, rec_words["encode"])
+                m.d.comb += [s.host_busy.eq(1), s.enc_in_en.eq(1), s.ev_sel_host.eq(1)]
+                with m.If(s.enc_done & ~pks.own.valid & ~s.own_lock):
+                    s.rec.write(m, "encode", s.hs, s.rec_words["encode"])
                     m.next = "START"
             with m.State("START"):
-                m.d.comb += [host_busy.eq(1), ev_sel_host.eq(1), h_start_ev.eq(1)]
-                with m.If(ev_taken):
-                    m.d.sync += c_start[hs].eq(agg.now)
+                m.d.comb += [s.host_busy.eq(1), s.ev_sel_host.eq(1), s.h_start_ev.eq(1)]
+                with m.If(s.ev_taken):
+                    m.d.sync += s.c_start[s.hs].eq(agg.now)
                     m.next = "IDLE"
 
+    def _aggregator_input(self, m: Module, s: SimpleNamespace) -> None:
+        """The aggregator's payload: own packets (host side) or the parser's (network
+        side)."""
+        parser, agg, pks = s.parser, s.agg, s.pks
         # aggregator input payload: own packets (host side) or the parser's (network side)
-        rx_to_agg = Signal()
+        s.rx_to_agg = Signal()
         own = pks.own
         m.d.comb += [
-            ev_h.kind.eq(Mux(h_start_ev, AggKind.START, AggKind.OWN)),
-            ev_h.op_id.eq(h_op),
-            ev_h.op_len.eq(h_n),
-            ev_h.pkt_index.eq(pks.own_index),
-            ev_h_valid.eq(h_start_ev | (own.valid & own.payload.first & ~own_lock)),
+            s.ev_h.kind.eq(Mux(s.h_start_ev, AggKind.START, AggKind.OWN)),
+            s.ev_h.op_id.eq(s.h_op),
+            s.ev_h.op_len.eq(s.h_n),
+            s.ev_h.pkt_index.eq(pks.own_index),
+            s.ev_h_valid.eq(s.h_start_ev | (own.valid & own.payload.first & ~s.own_lock)),
         ]
-        with m.If(ev_sel_host & ev_taken & ~h_start_ev):
-            m.d.sync += own_lock.eq(1)
-        with m.If(own_lock):
+        with m.If(s.ev_sel_host & s.ev_taken & ~s.h_start_ev):
+            m.d.sync += s.own_lock.eq(1)
+        with m.If(s.own_lock):
             m.d.comb += [
                 agg.i.payload.data[0].eq(own.payload.data[0]),
                 agg.i.payload.first.eq(own.payload.first),
@@ -378,50 +442,52 @@ class NicCore(wiring.Component):
                 own.ready.eq(agg.i.ready),
             ]
             with m.If(own.valid & agg.i.ready & own.payload.last):
-                m.d.sync += own_lock.eq(0)
-        with m.Elif(rx_to_agg):
+                m.d.sync += s.own_lock.eq(0)
+        with m.Elif(s.rx_to_agg):
             wiring.connect(m, parser.o, agg.i)
 
-        # ---- network side: net_rx -> parser -> checks 27/28 -> aggregator / tracker -------
+    def _network_side(self, m: Module, s: SimpleNamespace) -> None:
+        """Network side: net_rx -> parser -> checks 27/28 -> aggregator / tracker."""
+        slot_of, parser, trk = s.slot_of, s.parser, s.trk
         wiring.connect(m, wiring.flipped(self.net_rx), parser.i)
-        frames_in = Signal(16)  # frames into the parser not yet judged
+        s.frames_in = Signal(16)  # frames into the parser not yet judged
         rx_last = self.net_rx.valid & self.net_rx.ready & self.net_rx.payload.last
         judged = parser.accept | parser.drop
-        m.d.sync += frames_in.eq(frames_in + rx_last - judged)
+        m.d.sync += s.frames_in.eq(s.frames_in + rx_last - judged)
         for name in PARSER_REASONS:
-            incs[name].append(parser.drop & (parser.reason == ubt.DROP_CODE[name]))
+            s.incs[name].append(parser.drop & (parser.reason == ubt.DROP_CODE[name]))
 
-        hd = Signal(parser.header.shape())  # the header of the frame being handled
-        rs = slot_of(hd.op_id)
-        is_gather = hd.msg_type == ubt.MSG_GATHER
+        s.hd = Signal(parser.header.shape())  # the header of the frame being handled
+        s.rs = slot_of(s.hd.op_id)
+        is_gather = s.hd.msg_type == ubt.MSG_GATHER
         m.d.comb += [
-            ev_r.kind.eq(Mux(is_gather, AggKind.GATHER, AggKind.SCATTER)),
-            ev_r.op_id.eq(hd.op_id),
-            ev_r.op_len.eq(hd.op_len),
-            ev_r.sender.eq(hd.sender),
-            ev_r.pkt_index.eq(hd.pkt_index),
-            ev_r.last.eq((hd.flags & ubt.FLAG_LAST) != 0),
-            ev_r.t_c.eq(hd.t_c_us),
+            s.ev_r.kind.eq(Mux(is_gather, AggKind.GATHER, AggKind.SCATTER)),
+            s.ev_r.op_id.eq(s.hd.op_id),
+            s.ev_r.op_len.eq(s.hd.op_len),
+            s.ev_r.sender.eq(s.hd.sender),
+            s.ev_r.pkt_index.eq(s.hd.pkt_index),
+            s.ev_r.last.eq((s.hd.flags & ubt.FLAG_LAST) != 0),
+            s.ev_r.t_c.eq(s.hd.t_c_us),
         ]
         inc_exp_mismatch, inc_bad_length = Signal(), Signal()
-        incs["exponent_mismatch"].append(inc_exp_mismatch)
-        incs["bad_length"].append(inc_bad_length)
-        gb_rx_req, gb_rx_grant = Signal(), Signal()
+        s.incs["exponent_mismatch"].append(inc_exp_mismatch)
+        s.incs["bad_length"].append(inc_bad_length)
+        s.gb_rx_req, s.gb_rx_grant = Signal(), Signal()
         rx_discard = Signal()
         ctx_hit, exp_bad, len_bad = Signal(), Signal(), Signal()
         with m.FSM(name="rx"):
             with m.State("IDLE"):
-                m.d.comb += rx_idle.eq(1)
-                with m.If(parser.o.valid & ~host_busy & ~h_accept):
+                m.d.comb += s.rx_idle.eq(1)
+                with m.If(parser.o.valid & ~s.host_busy & ~s.h_accept):
                     # the op's context against the header, registered with it (125 MHz;
                     # no maker writes now or before CHECK: the host is idle, rx is busy)
                     ph = parser.header
                     ps = slot_of(ph.op_id)
                     m.d.sync += [
-                        hd.eq(ph),
-                        ctx_hit.eq(holds(ph.op_id)),
-                        exp_bad.eq(c_exp[ps] != ph.exponent.as_signed()),
-                        len_bad.eq(c_n[ps] != ph.op_len),
+                        s.hd.eq(ph),
+                        ctx_hit.eq(s.holds(ph.op_id)),
+                        exp_bad.eq(s.c_exp[ps] != ph.exponent.as_signed()),
+                        len_bad.eq(s.c_n[ps] != ph.op_len),
                     ]
                     m.next = "CHECK"
             with m.State("CHECK"):  # checks 27 and 28 against the op's context
@@ -434,23 +500,25 @@ class NicCore(wiring.Component):
                         m.next = "DISCARD"
                     with m.Else():
                         m.next = "EVENT"
-                with m.Elif(~c_draining[rs] & ~clr_req):  # a peer is ahead: keep what it sends
+                with m.Elif(
+                    ~s.c_draining[s.rs] & ~s.clr_req
+                ):  # a peer is ahead: keep what it sends
                     m.d.comb += [
-                        mk_go.eq(1), mk_slot.eq(rs), mk_op.eq(hd.op_id), mk_n.eq(hd.op_len),
-                        mk_exp.eq(hd.exponent.as_signed()),
+                        s.mk_go.eq(1), s.mk_slot.eq(s.rs), s.mk_op.eq(s.hd.op_id),
+                        s.mk_n.eq(s.hd.op_len), s.mk_exp.eq(s.hd.exponent.as_signed()),
                     ]  # fmt: skip
                     m.next = "CLEAR"
-            with m.State("CLEAR"), m.If(~clr_req):
+            with m.State("CLEAR"), m.If(~s.clr_req):
                 m.next = "EVENT"
             with m.State("EVENT"):
-                m.d.comb += ev_r_valid.eq(1)
-                with m.If(ev_taken):
+                m.d.comb += s.ev_r_valid.eq(1)
+                with m.If(s.ev_taken):
                     with m.If(is_gather):
                         m.next = "VERDICT"
                     with m.Else():
                         m.next = "SCATTER"
             with m.State("SCATTER"):
-                m.d.comb += rx_to_agg.eq(1)
+                m.d.comb += s.rx_to_agg.eq(1)
                 with m.If(parser.o.valid & parser.o.ready & parser.o.payload.last):
                     m.next = "IDLE"
             with m.State("VERDICT"), m.If(trk.verdict_valid):
@@ -459,7 +527,7 @@ class NicCore(wiring.Component):
                 with m.Else():
                     m.next = "DISCARD"
             with m.State("GATHER"):
-                m.d.comb += gb_rx_req.eq(1)
+                m.d.comb += s.gb_rx_req.eq(1)
                 with m.If(parser.o.valid & parser.o.ready & parser.o.payload.last):
                     m.next = "IDLE"
             with m.State("DISCARD"):
@@ -467,14 +535,17 @@ class NicCore(wiring.Component):
                 with m.If(parser.o.valid & parser.o.payload.last):
                     m.next = "IDLE"
 
-        # ---- the tracker's event FIFO: events the aggregator takes, then its phase-1 ends --
+    def _tracker_events(self, m: Module, s: SimpleNamespace) -> None:
+        """The tracker's event FIFO: events the aggregator takes, then its phase-1 ends."""
+        p, slot_of, n_packets, agg, trk = self.p, s.slot_of, s.n_packets, s.agg, s.trk
+        rank = s.rank
         fw = Signal(gt.event_layout(p))
         fw_tc1 = Signal(TC_BITS)
         fw_en = Signal()
-        m.d.comb += [fifo.w_data.eq(Cat(fw.as_value(), fw_tc1)), fifo.w_en.eq(fw_en)]
+        m.d.comb += [s.fifo.w_data.eq(Cat(fw.as_value(), fw_tc1)), s.fifo.w_en.eq(fw_en)]
         e_op, e_tick = Signal(32), Signal(TICK_BITS)
         e_timeout = Signal(32)
-        m.d.sync += end_dl.eq(Cat(agg.end_valid, end_dl[:-1]))
+        m.d.sync += s.end_dl.eq(Cat(agg.end_valid, s.end_dl[:-1]))
         with m.If(agg.end_valid):
             es = slot_of(agg.end_op)
             m.d.sync += [
@@ -482,21 +553,21 @@ class NicCore(wiring.Component):
                 e_tick.eq(agg.end_tick),
                 e_timeout.eq(agg.end_timeout),
                 # an op with no slot of ours has no means to place
-                c_means[es].eq(n_packets(c_n[es]) <= rank),
+                s.c_means[es].eq(n_packets(s.c_n[es]) <= rank),
             ]
-            rec.write(m, "phase1", es, rec_words["phase1"])
-        with m.If(end_d):
+            s.rec.write(m, "phase1", es, s.rec_words["phase1"])
+        with m.If(s.end_d):
             m.d.comb += [
                 fw_en.eq(1),
                 fw.kind.eq(gt.Kind.PHASE1_END),
                 fw.op_id.eq(e_op),
-                fw.op_len.eq(c_n[slot_of(e_op)]),
+                fw.op_len.eq(s.c_n[slot_of(e_op)]),
                 fw.at.eq(e_tick),
-                fw.p1_start.eq(c_start[slot_of(e_op)]),
+                fw.p1_start.eq(s.c_start[slot_of(e_op)]),
                 fw.t1.eq(e_timeout),
                 fw_tc1.eq(agg.own_tc),  # the phase-1 t_C after this end's sample
             ]
-        with m.Elif(ev_taken & (agg.ev.payload.kind != AggKind.OWN)):
+        with m.Elif(s.ev_taken & (agg.ev.payload.kind != AggKind.OWN)):
             ap = agg.ev.payload
             m.d.comb += [
                 fw_en.eq(1),
@@ -516,111 +587,118 @@ class NicCore(wiring.Component):
                 fw.at.eq(agg.now),
             ]
 
-        fr = data.View(gt.event_layout(p), fifo.r_data[: gt.event_layout(p).size])
-        fr_tc1 = fifo.r_data[gt.event_layout(p).size :]
+        fr = data.View(gt.event_layout(p), s.fifo.r_data[: gt.event_layout(p).size])
+        fr_tc1 = s.fifo.r_data[gt.event_layout(p).size :]
         m.d.comb += [
-            trk.ev.payload.eq(Mux(fifo.r_rdy, fr.as_value(), 0)),
-            trk.ev.valid.eq(fifo.r_rdy),
-            fifo.r_en.eq(trk.ev.ready),
+            trk.ev.payload.eq(Mux(s.fifo.r_rdy, fr.as_value(), 0)),
+            trk.ev.valid.eq(s.fifo.r_rdy),
+            s.fifo.r_en.eq(trk.ev.ready),
         ]
         # time: the aggregator's now when it last could take an event, a few cycles late
         t_ready = Signal(TIME_DELAY)
         t_now = [Signal(TICK_BITS, name=f"t_now{k}") for k in range(TIME_DELAY)]
         m.d.sync += [t_ready.eq(Cat(agg.ev.ready, t_ready[:-1])), t_now[0].eq(agg.now)]
         m.d.sync += [t_now[k].eq(t_now[k - 1]) for k in range(1, TIME_DELAY)]
-        time = Signal(TICK_BITS)
+        s.time = Signal(TICK_BITS)
         with m.If(t_ready[-1]):
-            m.d.sync += time.eq(t_now[-1])
-        m.d.comb += trk.time.eq(time)
+            m.d.sync += s.time.eq(t_now[-1])
+        m.d.comb += trk.time.eq(s.time)
 
-        tc1_seen = Signal(TC_BITS, init=p.t_c_init)  # phase-1 t_C as of the tracker's events
+        s.tc1_seen = Signal(TC_BITS, init=p.t_c_init)  # phase-1 t_C as of the tracker's events
         with m.If(trk.ev.valid & trk.ev.ready & (fr.kind == gt.Kind.PHASE1_END)):
             fs = slot_of(fr.op_id)
             m.d.sync += [
-                tc1_seen.eq(fr_tc1),
-                c_gtc[fs].eq(trk.own_tc),  # what this op's gather frames carry
-                c_gtc_ok[fs].eq(1),
+                s.tc1_seen.eq(fr_tc1),
+                s.c_gtc[fs].eq(trk.own_tc),  # what this op's gather frames carry
+                s.c_gtc_ok[fs].eq(1),
             ]
 
-        # ---- phase-2 ends: record, free the window, queue the drain ----------------------
-        drain_q = SyncFIFO(width=cb, depth=n_ctx)
-        m.submodules.drain_queue = drain_q
+    def _phase2_ends(self, m: Module, s: SimpleNamespace) -> None:
+        """Phase-2 ends: record, free the window, queue the drain."""
+        n_ctx, cb, slot_of, trk = self.n_ctx, s.cb, s.slot_of, s.trk
+        s.drain_q = SyncFIFO(width=cb, depth=n_ctx)
+        m.submodules.drain_queue = s.drain_q
         t_end_dl, t_end_slot = Signal(TcEstimator.OWN_LATENCY), Signal(cb)
-        t_end_d, t_end_busy = t_end_dl[-1], t_end_dl.any()
+        t_end_d, s.t_end_busy = t_end_dl[-1], t_end_dl.any()
         m.d.sync += t_end_dl.eq(Cat(trk.end_valid, t_end_dl[:-1]))
-        incs["ops_completed"].append(trk.end_valid)
+        s.incs["ops_completed"].append(trk.end_valid)
         with m.If(trk.end_valid):
             ts = slot_of(trk.end_op)
             m.d.sync += [
                 t_end_slot.eq(ts),
-                c_done[ts].eq(1),
-                c_draining[ts].eq(1),
+                s.c_done[ts].eq(1),
+                s.c_draining[ts].eq(1),
             ]
-            rec.write(m, "phase2", ts, rec_words["phase2"])
-            m.d.comb += [drain_q.w_en.eq(1), drain_q.w_data.eq(ts)]
+            s.rec.write(m, "phase2", ts, s.rec_words["phase2"])
+            m.d.comb += [s.drain_q.w_en.eq(1), s.drain_q.w_data.eq(ts)]
         with m.If(t_end_d):  # t_C of both phases as the model records them at the end
-            rec.write(m, "tc", t_end_slot,
-                      {"t_c_phase1_us": tc1_seen, "t_c_phase2_us": trk.own_tc})  # fmt: skip
+            s.rec.write(m, "tc", t_end_slot,
+                      {"t_c_phase1_us": s.tc1_seen, "t_c_phase2_us": trk.own_tc})  # fmt: skip
 
-        # ---- means: aggregator -> gather packetizer and the local gather buffer -----------
-        ao = agg.o
+    def _means(self, m: Module, s: SimpleNamespace) -> None:
+        """Means: aggregator -> gather packetizer and the local gather buffer."""
+        p, slot_of, n_packets, parser, agg = self.p, s.slot_of, s.n_packets, s.parser, s.agg
+        pkg, dec, rank, world = s.pkg, s.dec, s.rank, s.world
+        s.ao = agg.o
         a_slot = slot_of(agg.o_op)
         m.d.comb += [
             pkg.msg_type.eq(ubt.MSG_GATHER),
             pkg.op_id.eq(agg.o_op),
-            pkg.exponent.eq(c_exp[a_slot]),
-            pkg.op_len.eq(c_n[a_slot]),
-            pkg.t_c_us.eq(c_gtc[a_slot]),
+            pkg.exponent.eq(s.c_exp[a_slot]),
+            pkg.op_len.eq(s.c_n[a_slot]),
+            pkg.t_c_us.eq(s.c_gtc[a_slot]),
             pkg.contributors.eq(agg.o_count),
-            pkg.i.payload.data[0].eq(ao.payload.data[0]),
-            pkg.i.payload.first.eq(ao.payload.first),
-            pkg.i.payload.last.eq(ao.payload.last),
+            pkg.i.payload.data[0].eq(s.ao.payload.data[0]),
+            pkg.i.payload.first.eq(s.ao.payload.first),
+            pkg.i.payload.last.eq(s.ao.payload.last),
         ]
-        gb_state = Signal(range(3))  # 0 free, 1 network packet, 2 an own mean
-        GB_FREE, GB_RX, GB_OWN = 0, 1, 2
-        with m.Switch(gb_state):
-            with m.Case(GB_FREE):
-                with m.If(gb_rx_req):
-                    m.d.sync += gb_state.eq(GB_RX)
-                with m.Elif(ao.valid & c_gtc_ok[a_slot]):
-                    m.d.sync += gb_state.eq(GB_OWN)
+        s.gb_state = Signal(range(3))  # 0 free, 1 network packet, 2 an own mean
+        s.GB_FREE, GB_RX, GB_OWN = 0, 1, 2
+        with m.Switch(s.gb_state):
+            with m.Case(s.GB_FREE):
+                with m.If(s.gb_rx_req):
+                    m.d.sync += s.gb_state.eq(GB_RX)
+                with m.Elif(s.ao.valid & s.c_gtc_ok[a_slot]):
+                    m.d.sync += s.gb_state.eq(GB_OWN)
             with m.Case(GB_RX):
                 m.d.comb += [
-                    gb_rx_grant.eq(1),
+                    s.gb_rx_grant.eq(1),
                     dec.i.payload.data[0].eq(parser.o.payload.data[0]),
                     dec.i.payload.first.eq(parser.o.payload.first),
                     dec.i.payload.last.eq(parser.o.payload.last),
                     dec.i.valid.eq(parser.o.valid),
                     parser.o.ready.eq(dec.i.ready),
-                    dec.slot.eq(rs),
-                    dec.pkt_index.eq(hd.pkt_index),
-                    dec.contributors.eq(hd.contributors),
+                    dec.slot.eq(s.rs),
+                    dec.pkt_index.eq(s.hd.pkt_index),
+                    dec.contributors.eq(s.hd.contributors),
                 ]
                 with m.If(parser.o.valid & dec.i.ready & parser.o.payload.last):
-                    m.d.sync += gb_state.eq(GB_FREE)
+                    m.d.sync += s.gb_state.eq(s.GB_FREE)
             with m.Case(GB_OWN):
                 # both take the beat together; neither valid waits on its own ready
                 m.d.comb += [
-                    dec.i.payload.data[0].eq(ao.payload.data[0]),
-                    dec.i.payload.first.eq(ao.payload.first),
-                    dec.i.payload.last.eq(ao.payload.last),
-                    dec.i.valid.eq(ao.valid & pkg.i.ready),
-                    pkg.i.valid.eq(ao.valid & dec.i.ready),
-                    ao.ready.eq(pkg.i.ready & dec.i.ready),
+                    dec.i.payload.data[0].eq(s.ao.payload.data[0]),
+                    dec.i.payload.first.eq(s.ao.payload.first),
+                    dec.i.payload.last.eq(s.ao.payload.last),
+                    dec.i.valid.eq(s.ao.valid & pkg.i.ready),
+                    pkg.i.valid.eq(s.ao.valid & dec.i.ready),
+                    s.ao.ready.eq(pkg.i.ready & dec.i.ready),
                     dec.slot.eq(a_slot),
                     dec.pkt_index.eq(agg.o_index),
                     dec.contributors.eq(agg.o_count),
                 ]
-                with m.If(ao.valid & ao.ready & ao.payload.last):
-                    m.d.sync += gb_state.eq(GB_FREE)
+                with m.If(s.ao.valid & s.ao.ready & s.ao.payload.last):
+                    m.d.sync += s.gb_state.eq(s.GB_FREE)
                     # the last slot of the op: the model places them all before phase 2
-                    with m.If(agg.o_index + world >= n_packets(c_n[a_slot])):
-                        m.d.sync += c_means[a_slot].eq(1)
+                    with m.If(agg.o_index + world >= n_packets(s.c_n[a_slot])):
+                        m.d.sync += s.c_means[a_slot].eq(1)
         pkg_slot_end = pkg.i.valid & pkg.i.ready & pkg.i.payload.last
-        pks_frame = pks_take & (pk_beat == p.p - 1) & (pk_dst != rank)
-        m.d.comb += tx_add.eq(Mux(pks_frame, 1, 0) + Mux(pkg_slot_end, world - 1, 0))
+        pks_frame = s.pks_take & (s.pk_beat == p.p - 1) & (s.pk_dst != rank)
+        m.d.comb += s.tx_add.eq(Mux(pks_frame, 1, 0) + Mux(pkg_slot_end, world - 1, 0))
 
-        # ---- net_tx: the two packetizers, a frame at a time --------------------------------
+    def _net_tx(self, m: Module, s: SimpleNamespace) -> None:
+        """net_tx: the two packetizers, a frame at a time."""
+        pks, pkg = s.pks, s.pkg
         tx_src = Signal(range(3))  # 0 none, 1 scatter, 2 gather
         tx_sc = (tx_src == 1) | ((tx_src == 0) & pks.o.valid)
         tx_ga = (tx_src == 2) | ((tx_src == 0) & ~pks.o.valid & pkg.o.valid)
@@ -634,11 +712,14 @@ class NicCore(wiring.Component):
             m.d.sync += tx_src.eq(Mux(tx_sc, 1, 2))
         with m.If(tx_end):
             m.d.sync += tx_src.eq(0)
-        incs["tx_scatter"].append(tx_end & tx_sc)
-        incs["tx_gather"].append(tx_end & tx_ga)
-        m.d.sync += tx_pending.eq(tx_pending + tx_add - tx_end)
+        s.incs["tx_scatter"].append(tx_end & tx_sc)
+        s.incs["tx_gather"].append(tx_end & tx_ga)
+        m.d.sync += s.tx_pending.eq(s.tx_pending + s.tx_add - tx_end)
 
-        # ---- drain: decoder -> host_o results, then the STATS record ----------------------
+    def _drain(self, m: Module, s: SimpleNamespace) -> None:
+        """Drain: decoder -> host_o results, then the STATS record."""
+        p, cb, npk_max, n_packets, csr, dec = self.p, s.cb, s.npk_max, s.n_packets, s.csr, s.dec
+        world = s.world
         d_slot = Signal(cb)
         hist = Array(Signal(range(npk_max + 1), name=f"hist{k}") for k in range(p.n_max + 1))
         h_addr = Signal(range(p.n_max + 2))
@@ -654,12 +735,12 @@ class NicCore(wiring.Component):
             m.d.sync += [hist[h_addr_d].eq(dec.hist_data), h_sum.eq(h_sum + dec.hist_data)]
 
         # the record's words in host_port.STATS_FIELDS order (the one definition)
-        fields = rec.read(m, d_slot)
+        fields = s.rec.read(m, d_slot)
         fields.update(
-            op_id=c_op[d_slot],
-            n=c_n[d_slot],
-            exponent=c_exp[d_slot],  # signed: sign-extended to 32 bits
-            start_us=c_start[d_slot][:32],
+            op_id=s.c_op[d_slot],
+            n=s.c_n[d_slot],
+            exponent=s.c_exp[d_slot],  # signed: sign-extended to 32 bits
+            start_us=s.c_start[d_slot][:32],
             sat_output=dec.sat_output,
             world=world,
         )
@@ -668,7 +749,7 @@ class NicCore(wiring.Component):
         for k, v in enumerate(fixed):
             m.d.comb += words[k].eq(v)
         stats_word = Signal(32)
-        missing = n_packets(c_n[d_slot]) - h_sum
+        missing = n_packets(s.c_n[d_slot]) - h_sum
         with m.If(word < STATS_FIXED):
             m.d.comb += stats_word.eq(words[word])
         with m.Elif(word == STATS_FIXED):
@@ -678,24 +759,24 @@ class NicCore(wiring.Component):
 
         gcmd = dec.cmd.payload
         m.d.comb += [
-            gcmd.gather.op.eq(Mux(clr_req, GatherOp.CLEAR, GatherOp.DRAIN)),
-            gcmd.gather.slot.eq(Mux(clr_req, clr_slot, d_slot)),
-            gcmd.gather.n.eq(c_n[d_slot]),
+            gcmd.gather.op.eq(Mux(s.clr_req, GatherOp.CLEAR, GatherOp.DRAIN)),
+            gcmd.gather.slot.eq(Mux(s.clr_req, s.clr_slot, d_slot)),
+            gcmd.gather.n.eq(s.c_n[d_slot]),
             gcmd.seed.eq(csr.seed),
-            gcmd.op_id.eq(c_op[d_slot]),
-            gcmd.exponent.eq(c_exp[d_slot]),
-            dec.cmd.valid.eq(clr_req | drain_cmd),
+            gcmd.op_id.eq(s.c_op[d_slot]),
+            gcmd.exponent.eq(s.c_exp[d_slot]),
+            dec.cmd.valid.eq(s.clr_req | drain_cmd),
         ]
         cmd_taken = dec.cmd.valid & dec.cmd.ready
-        with m.If(cmd_taken & clr_req):
-            m.d.sync += clr_req.eq(0)
-        with m.FSM(name="drain") as drain_fsm:
-            with m.State("IDLE"), m.If(drain_q.r_rdy):
-                m.d.comb += drain_q.r_en.eq(1)
-                m.d.sync += [d_slot.eq(drain_q.r_data), h_addr.eq(1), h_sum.eq(0)]
+        with m.If(cmd_taken & s.clr_req):
+            m.d.sync += s.clr_req.eq(0)
+        with m.FSM(name="drain") as s.drain_fsm:
+            with m.State("IDLE"), m.If(s.drain_q.r_rdy):
+                m.d.comb += s.drain_q.r_en.eq(1)
+                m.d.sync += [d_slot.eq(s.drain_q.r_data), h_addr.eq(1), h_sum.eq(0)]
                 m.next = "MEANS"
             # phase 2 may end before the own means are placed
-            with m.State("MEANS"), m.If(c_means[d_slot]):
+            with m.State("MEANS"), m.If(s.c_means[d_slot]):
                 m.next = "HIST"
             with m.State("HIST"):  # contributor histogram [1..world] of the slot
                 m.d.sync += [h_valid_d.eq(1), h_addr.eq(h_addr + 1)]
@@ -704,8 +785,8 @@ class NicCore(wiring.Component):
             with m.State("HIST_LAST"):
                 m.next = "DRAIN"
             with m.State("DRAIN"):
-                m.d.comb += drain_cmd.eq(~clr_req)
-                with m.If(cmd_taken & ~clr_req):
+                m.d.comb += drain_cmd.eq(~s.clr_req)
+                with m.If(cmd_taken & ~s.clr_req):
                     m.d.comb += dec.clear.eq(1)
                     m.next = "RESULTS"
             with m.State("RESULTS"):
@@ -726,14 +807,16 @@ class NicCore(wiring.Component):
                 with m.If(self.host_o.ready):
                     m.d.sync += word.eq(word + 1)
                     with m.If(word == n_words - 1):
-                        m.d.sync += c_draining[d_slot].eq(0)
+                        m.d.sync += s.c_draining[d_slot].eq(0)
                         m.next = "IDLE"
 
-        # ---- counters into the CSR bank: several strobes in one cycle are all kept --------
-        incs["rx_scatter"].append(_delta(m, agg.cnt_rx, "rx_scatter_a"))
-        incs["rx_gather"].append(_delta(m, trk.cnt_rx, "rx_gather_t"))
-        incs["late"] += [_delta(m, agg.cnt_late, "late_a"), _delta(m, trk.cnt_late, "late_t")]
-        incs["duplicate"] += [
+    def _counters(self, m: Module, s: SimpleNamespace) -> None:
+        """Counters into the CSR bank: several strobes in one cycle are all kept."""
+        csr, agg, trk = s.csr, s.agg, s.trk
+        s.incs["rx_scatter"].append(_delta(m, agg.cnt_rx, "rx_scatter_a"))
+        s.incs["rx_gather"].append(_delta(m, trk.cnt_rx, "rx_gather_t"))
+        s.incs["late"] += [_delta(m, agg.cnt_late, "late_a"), _delta(m, trk.cnt_late, "late_t")]
+        s.incs["duplicate"] += [
             _delta(m, agg.cnt_duplicate, "dup_a"),
             _delta(m, trk.cnt_duplicate, "dup_t"),
         ]
@@ -741,9 +824,9 @@ class NicCore(wiring.Component):
         # counters sit in one bank (125 MHz); a count lands one cycle later
         for name in COUNTERS:
             src = []
-            for k, s in enumerate(incs[name]):
+            for k, strobe in enumerate(s.incs[name]):
                 r = Signal(name=f"ev_{name}{k}")
-                m.d.sync += r.eq(s)
+                m.d.sync += r.eq(strobe)
                 src.append(r)
             inc = getattr(csr, f"inc_{name}")
             if not src:
@@ -756,35 +839,37 @@ class NicCore(wiring.Component):
             m.d.comb += [total.eq(owed + sum(src)), inc.eq(total != 0)]
             m.d.sync += owed.eq(total - (total != 0))
 
-        # ---- idle: no work anywhere, held for IDLE_HOLD cycles ----------------------------
+    def _idle(self, m: Module, s: SimpleNamespace) -> None:
+        """Idle: no work anywhere, held for IDLE_HOLD cycles."""
+        parser, agg, trk = s.parser, s.agg, s.trk
         no_work = Signal()
-        m.d.comb += quiet.eq(
-            rx_idle
+        m.d.comb += s.quiet.eq(
+            s.rx_idle
             & ~parser.o.valid
-            & (frames_in == 0)
+            & (s.frames_in == 0)
             & agg.ev.ready
             & ~agg.end_valid
-            & ~end_busy
-            & ~fifo.r_rdy
+            & ~s.end_busy
+            & ~s.fifo.r_rdy
             & trk.ev.ready
             & (trk.now == agg.now)
-            & (time == agg.now)
+            & (s.time == agg.now)
             & ~trk.end_valid
-            & ~t_end_busy
+            & ~s.t_end_busy
         )
         m.d.comb += no_work.eq(
             ~self.tick
-            & ~host_busy
-            & ~h_accept
-            & ~(self.host_cmd.valid & ~cmd_seen)  # a START offered now is taken next cycle
-            & quiet
-            & ~ao.valid
-            & (gb_state == GB_FREE)
-            & (tx_pending == 0)
+            & ~s.host_busy
+            & ~s.h_accept
+            & ~(self.host_cmd.valid & ~s.cmd_seen)  # a START offered now is taken next cycle
+            & s.quiet
+            & ~s.ao.valid
+            & (s.gb_state == s.GB_FREE)
+            & (s.tx_pending == 0)
             & ~self.net_tx.valid
-            & drain_fsm.ongoing("IDLE")
-            & ~drain_q.r_rdy
-            & ~clr_req
+            & s.drain_fsm.ongoing("IDLE")
+            & ~s.drain_q.r_rdy
+            & ~s.clr_req
         )
         hold = Signal(range(IDLE_HOLD + 1))
         with m.If(~no_work):
@@ -792,7 +877,6 @@ class NicCore(wiring.Component):
         with m.Elif(hold != IDLE_HOLD):
             m.d.sync += hold.eq(hold + 1)
         m.d.comb += self.idle.eq(no_work & (hold == IDLE_HOLD))
-        return m
 
 
 def _delta(m: Module, counter, name: str) -> Signal:
