@@ -26,6 +26,8 @@ rank < world, 1 <= op_len <= C.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, wiring
 from amaranth.lib.memory import Memory
@@ -180,35 +182,41 @@ class Packetizer(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        p, L = self.p, self.lanes
-        beats, nbytes = self.beats, self.nbytes
-        w_idx, w_rank = self.w_idx, self.w_rank
-        desc_layout = self._desc_layout()
+        s = SimpleNamespace()
+        self._op_context(m, s)
+        self._setup(m, s)
+        self._input_side(m, s)
+        self._output_side(m, s)
+        return m
 
-        # ---- op context, latched when an op's first beat is offered -------------------
-        active = Signal()  # inside an op
-        ctx = Signal(desc_layout)  # op fields of the current op (index/dst/last unused)
-        gather = ctx.gather
-        start = ~active & self.i.valid
-        with m.If(start):
+    def _op_context(self, m: Module, s: SimpleNamespace) -> None:
+        """Op context, latched when an op's first beat is offered."""
+        p, w_idx, desc_layout = self.p, self.w_idx, self._desc_layout()
+        s.active = Signal()  # inside an op
+        s.ctx = Signal(desc_layout)  # op fields of the current op (index/dst/last unused)
+        s.gather = s.ctx.gather
+        s.start = ~s.active & self.i.valid
+        with m.If(s.start):
             m.d.sync += [
-                active.eq(1),
-                ctx.gather.eq(self.msg_type == ubt.MSG_GATHER),
-                ctx.rank.eq(self.rank),
-                ctx.world.eq(self.world),
-                ctx.job_id.eq(self.job_id),
-                ctx.op_id.eq(self.op_id),
-                ctx.exponent.eq(self.exponent),
-                ctx.op_len.eq(self.op_len),
-                ctx.t_c_us.eq(self.t_c_us),
+                s.active.eq(1),
+                s.ctx.gather.eq(self.msg_type == ubt.MSG_GATHER),
+                s.ctx.rank.eq(self.rank),
+                s.ctx.world.eq(self.world),
+                s.ctx.job_id.eq(self.job_id),
+                s.ctx.op_id.eq(self.op_id),
+                s.ctx.exponent.eq(self.exponent),
+                s.ctx.op_len.eq(self.op_len),
+                s.ctx.t_c_us.eq(self.t_c_us),
             ]
 
         # packets of the op: packets_for(op_len) = max(1, ceil(op_len / B)) * B / P
-        blocks = Mux(ctx.op_len == 0, 1, (ctx.op_len + p.b - 1) >> p.log2_b)
-        n_pk = Signal(w_idx + 1)
-        m.d.comb += n_pk.eq(blocks << (p.log2_b - (p.p.bit_length() - 1)))
+        blocks = Mux(s.ctx.op_len == 0, 1, (s.ctx.op_len + p.b - 1) >> p.log2_b)
+        s.n_pk = Signal(w_idx + 1)
+        m.d.comb += s.n_pk.eq(blocks << (p.log2_b - (p.p.bit_length() - 1)))
 
-        # ---- per-op set-up: q, r = divmod(n, N) and the LAST counts ------------------
+    def _setup(self, m: Module, s: SimpleNamespace) -> None:
+        """Per-op set-up: q, r = divmod(n, N) and the LAST counts."""
+        p, w_idx = self.p, self.w_idx
         # flagged_count(x) = max(1, ceil(x * last_percent / 100)) for the two per-owner
         # packet counts q and q + 1; a restoring divider (one bit per cycle) does all three
         # divisions, once per op, while the first packet fills the buffer.
@@ -231,53 +239,56 @@ class Packetizer(wiring.Component):
         def divide(num, den) -> list:
             return [dv_num.eq(num), dv_den.eq(den), dv_rem.eq(0), dv_cnt.eq(w_num)]
 
-        q = Signal(w_idx + 1)
-        r = Signal(self.w_world)
-        nf_lo = Signal(w_num)  # flagged_count(q)
-        nf_hi = Signal(w_num)  # flagged_count(q + 1)
-        n_slots = Signal(w_idx + 1)  # gather: packets this rank owns
-        nf_g = Signal(w_num)  # gather: LAST iff row + this >= n_slots
-        setup_done = Signal()
+        s.q = Signal(w_idx + 1)
+        s.r = Signal(self.w_world)
+        s.nf_lo = Signal(w_num)  # flagged_count(q)
+        s.nf_hi = Signal(w_num)  # flagged_count(q + 1)
+        s.n_slots = Signal(w_idx + 1)  # gather: packets this rank owns
+        s.nf_g = Signal(w_num)  # gather: LAST iff row + this >= n_slots
+        s.setup_done = Signal()
         with m.FSM(name="setup"):
-            with m.State("IDLE"), m.If(start):
-                m.d.sync += setup_done.eq(0)
+            with m.State("IDLE"), m.If(s.start):
+                m.d.sync += s.setup_done.eq(0)
                 m.next = "START"
             with m.State("START"):
-                m.d.sync += divide(n_pk, ctx.world)
+                m.d.sync += divide(s.n_pk, s.ctx.world)
                 m.next = "DIV_N"
             with m.State("DIV_N"), m.If(dv_cnt == 0):
-                m.d.sync += [q.eq(dv_num), r.eq(dv_rem)]
+                m.d.sync += [s.q.eq(dv_num), s.r.eq(dv_rem)]
                 m.d.sync += divide(dv_num * lp + 99, 100)
                 m.next = "DIV_LO"
             with m.State("DIV_LO"), m.If(dv_cnt == 0):
-                m.d.sync += nf_lo.eq(Mux(dv_num == 0, 1, dv_num))
-                m.d.sync += divide((q + 1) * lp + 99, 100)
+                m.d.sync += s.nf_lo.eq(Mux(dv_num == 0, 1, dv_num))
+                m.d.sync += divide((s.q + 1) * lp + 99, 100)
                 m.next = "DIV_HI"
             with m.State("DIV_HI"), m.If(dv_cnt == 0):
-                m.d.sync += nf_hi.eq(Mux(dv_num == 0, 1, dv_num))
+                m.d.sync += s.nf_hi.eq(Mux(dv_num == 0, 1, dv_num))
                 m.next = "FINISH"
             with m.State("FINISH"):
-                below = ctx.rank < r  # this rank owns q + 1 packets
+                below = s.ctx.rank < s.r  # this rank owns q + 1 packets
                 m.d.sync += [
-                    n_slots.eq(q + below),
-                    nf_g.eq(Mux(below, nf_hi, nf_lo)),
-                    setup_done.eq(1),
+                    s.n_slots.eq(s.q + below),
+                    s.nf_g.eq(Mux(below, s.nf_hi, s.nf_lo)),
+                    s.setup_done.eq(1),
                 ]
                 m.next = "IDLE"
 
-        # ---- input side: own packets pass, the others fill the ping-pong buffer -------
+    def _input_side(self, m: Module, s: SimpleNamespace) -> None:
+        """Input side: own packets pass, the others fill the ping-pong buffer."""
+        p, L, beats, w_idx, w_rank = self.p, self.lanes, self.beats, self.w_idx, self.w_rank
+        desc_layout = self._desc_layout()
         words = max(1, beats // 2)  # buffer words (2 * lanes elements) per packet
-        w_word = (words - 1).bit_length()
+        s.w_word = (words - 1).bit_length()
         mem = Memory(shape=unsigned(2 * L * p.w_wire), depth=2 * words, init=[])
         m.submodules.mem = mem
         wp = mem.write_port(granularity=L * p.w_wire)
-        rp = mem.read_port(transparent_for=())
+        s.rp = mem.read_port(transparent_for=())
 
-        full = Signal(2)  # buffer halves holding a packet not yet sent
+        s.full = Signal(2)  # buffer halves holding a packet not yet sent
         set_full = Signal(2)
-        clr_full = Signal(2)
-        m.d.sync += full.eq((full | set_full) & ~clr_full)
-        desc = [Signal(desc_layout, name=f"desc{h}") for h in range(2)]
+        s.clr_full = Signal(2)
+        m.d.sync += s.full.eq((s.full | set_full) & ~s.clr_full)
+        s.desc = [Signal(desc_layout, name=f"desc{h}") for h in range(2)]
 
         beat = Signal(range(beats))  # beat inside the packet
         pk = Signal(w_idx + 1)  # scatter: packet index; gather: slot row
@@ -287,12 +298,12 @@ class Packetizer(wiring.Component):
         contrib = Signal(16)
         wr_half = Signal()
         pk_last_beat = beat == beats - 1
-        is_own = ~gather & (dst == ctx.rank)
+        is_own = ~s.gather & (dst == s.ctx.rank)
         own_free = ~self.own.valid | self.own.ready
-        buf_free = ~Mux(wr_half, full[1], full[0])
+        buf_free = ~Mux(wr_half, s.full[1], s.full[0])
         # a packet's last beat commits its descriptor, which needs the set-up
         m.d.comb += self.i.ready.eq(
-            active & (~pk_last_beat | setup_done) & Mux(is_own, own_free, buf_free)
+            s.active & (~pk_last_beat | s.setup_done) & Mux(is_own, own_free, buf_free)
         )
         take = self.i.valid & self.i.ready
         take_own = take & is_own
@@ -312,7 +323,7 @@ class Packetizer(wiring.Component):
 
         data_in = self.i.payload.data.as_value()
         m.d.comb += [
-            wp.addr.eq(Cat((beat >> 1)[:w_word], wr_half)),
+            wp.addr.eq(Cat((beat >> 1)[: s.w_word], wr_half)),
             wp.data.eq(Cat(data_in, data_in)),
             wp.en.eq(Mux(take_buf, Mux(beat[0] if beats > 1 else 0, 0b10, 0b01), 0)),
         ]
@@ -321,38 +332,41 @@ class Packetizer(wiring.Component):
 
         new = Signal(desc_layout)
         # scatter: dst gets q + (dst < r) packets, the last flagged_count of them flagged
-        more = dst < r
-        last_sc = row + Mux(more, nf_hi, nf_lo) >= q + more
-        first_dst = Mux(ctx.rank == 0, 1, 0)
+        more = dst < s.r
+        last_sc = row + Mux(more, s.nf_hi, s.nf_lo) >= s.q + more
+        first_dst = Mux(s.ctx.rank == 0, 1, 0)
         m.d.comb += [
-            new.eq(ctx),
-            new.index.eq(Mux(gather, gidx, pk)),
-            new.dst.eq(Mux(gather, first_dst, dst)),
-            new.last.eq(Mux(gather, pk + nf_g >= n_slots, last_sc)),
+            new.eq(s.ctx),
+            new.index.eq(Mux(s.gather, gidx, pk)),
+            new.dst.eq(Mux(s.gather, first_dst, dst)),
+            new.last.eq(Mux(s.gather, pk + s.nf_g >= s.n_slots, last_sc)),
             new.contrib.eq(Mux(beat == 0, self.contributors, contrib)),
         ]
-        op_end = Mux(gather, pk + 1 == n_slots, pk + 1 == n_pk)
+        op_end = Mux(s.gather, pk + 1 == s.n_slots, pk + 1 == s.n_pk)
         with m.If(take):
             m.d.sync += beat.eq(Mux(pk_last_beat, 0, beat + 1))
         with m.If(take & pk_last_beat):
             m.d.sync += [
                 pk.eq(pk + 1),
-                dst.eq(Mux(dst + 1 == ctx.world, 0, dst + 1)),
-                row.eq(row + (dst + 1 == ctx.world)),
-                gidx.eq(gidx + ctx.world),
+                dst.eq(Mux(dst + 1 == s.ctx.world, 0, dst + 1)),
+                row.eq(row + (dst + 1 == s.ctx.world)),
+                gidx.eq(gidx + s.ctx.world),
             ]
             with m.If(~is_own):
                 m.d.sync += wr_half.eq(~wr_half)
                 m.d.comb += set_full.eq(Mux(wr_half, 0b10, 0b01))
                 for h in range(2):
                     with m.If(wr_half == h):
-                        m.d.sync += desc[h].eq(new)
+                        m.d.sync += s.desc[h].eq(new)
             with m.If(op_end):
-                m.d.sync += [active.eq(0), pk.eq(0), dst.eq(0), row.eq(0)]
-        with m.If(start):
+                m.d.sync += [s.active.eq(0), pk.eq(0), dst.eq(0), row.eq(0)]
+        with m.If(s.start):
             m.d.sync += gidx.eq(self.rank)
 
-        # ---- output side: header beats, then the payload realigned to the beat --------
+    def _output_side(self, m: Module, s: SimpleNamespace) -> None:
+        """Output side: header beats, then the payload realigned to the beat."""
+        p, L, nbytes, w_rank = self.p, self.lanes, self.nbytes, self.w_rank
+        desc_layout = self._desc_layout()
         # Beat k0 holds the last `a` header bytes, then payload; each later beat holds the
         # last `a` bytes of buffer word m - 1 and the first nbytes - a of word m.
         k0, a = divmod(FRAME_HEADER_BYTES, nbytes)
@@ -366,7 +380,7 @@ class Packetizer(wiring.Component):
         k = Signal(range(nb))
         prev = Signal(2 * L * p.w_wire)
         sel = Signal(desc_layout)
-        m.d.comb += sel.eq(Mux(rd_half, desc[1].as_value(), desc[0].as_value()))
+        m.d.comb += sel.eq(Mux(rd_half, s.desc[1].as_value(), s.desc[0].as_value()))
 
         def word_byte(word, x: int):
             """Byte x of a buffer word in frame order: elements big-endian."""
@@ -382,16 +396,16 @@ class Packetizer(wiring.Component):
         # cover the first two reads. With a single header beat (16 lanes) it is read one
         # beat ahead and used as the BRAM gives it.
         ahead = 2 if k0 >= 2 else 1
-        word = Signal(len(rp.data))
+        word = Signal(len(s.rp.data))
         m_next = Signal(signed(_bits(nb) + 3))
         m.d.comb += m_next.eq(k + (ahead - k0))
-        m.d.comb += rp.addr.eq(Cat(Mux(m_next < 0, 0, m_next)[:w_word], rd_half))
+        m.d.comb += s.rp.addr.eq(Cat(Mux(m_next < 0, 0, m_next)[: s.w_word], rd_half))
         emit_adv = Signal()  # an EMIT beat goes out: the read pipeline moves
         if ahead == 2:
             with m.If(emit_adv):
-                m.d.sync += word.eq(rp.data)
+                m.d.sync += word.eq(s.rp.data)
         else:
-            m.d.comb += word.eq(rp.data)
+            m.d.comb += word.eq(s.rp.data)
 
         # registered a cycle ahead of their use (125 MHz): the IP checksum of the frame to
         # rdst (PREP0 waits for it), and the next gather destination (rdst holds for the
@@ -408,7 +422,7 @@ class Packetizer(wiring.Component):
         with m.If(self.o.ready):
             m.d.sync += self.o.valid.eq(0)
         with m.FSM(name="tx"):
-            with m.State("IDLE"), m.If(Mux(rd_half, full[1], full[0])):
+            with m.State("IDLE"), m.If(Mux(rd_half, s.full[1], s.full[0])):
                 m.d.sync += rdst.eq(sel.dst)
                 m.next = "PREP0"
             with m.State("PREP0"):
@@ -416,10 +430,10 @@ class Packetizer(wiring.Component):
             with m.State("PREP"):
                 # header of the next frame, and the first buffer word read ahead
                 m.d.sync += hdr.eq(Cat(*self._header_bytes(sel, rdst, ck)))
-                m.d.comb += [rp.addr.eq(Cat(Const(0, w_word), rd_half)), rp.en.eq(1)]
+                m.d.comb += [s.rp.addr.eq(Cat(Const(0, s.w_word), rd_half)), s.rp.en.eq(1)]
                 m.next = "EMIT"
             with m.State("EMIT"):
-                m.d.comb += [rp.en.eq(adv), emit_adv.eq(adv)]
+                m.d.comb += [s.rp.en.eq(adv), emit_adv.eq(adv)]
                 with m.If(adv):
                     lanes_out = []
                     for j in range(nbytes):
@@ -458,7 +472,6 @@ class Packetizer(wiring.Component):
                             m.d.sync += rdst.eq(nd_r)
                             m.next = "PREP0"
                         with m.Else():
-                            m.d.comb += clr_full.eq(Mux(rd_half, 0b10, 0b01))
+                            m.d.comb += s.clr_full.eq(Mux(rd_half, 0b10, 0b01))
                             m.d.sync += rd_half.eq(~rd_half)
                             m.next = "IDLE"
-        return m
