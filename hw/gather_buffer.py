@@ -37,6 +37,8 @@ packets of the slot's last drain (`GatherBuffer.histogram(n_max)`).
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from amaranth import Array, Cat, Module, Mux, Signal, signed
 from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.memory import Memory
@@ -91,76 +93,86 @@ class GatherBuffer(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        p = self.p
-        lanes, n_slots, n_pkts = p.lanes, self.n_slots, self.n_pkts
-        ppb = p.packets_per_block
-        bpp = p.p // lanes  # beats per packet
-        beats_per_slot = p.c // lanes
-        n_blocks = p.c // p.b
-        hw = (n_pkts).bit_length()  # histogram counts go up to n_pkts
-        hn = p.n_max + 1  # histogram entries per slot
+        s = SimpleNamespace()
+        self._memories(m, s)
+        self._control(m, s)
+        self._input(m, s)
+        self._drain(m, s)
+        return m
 
+    def _memories(self, m: Module, s: SimpleNamespace) -> None:
+        """The slots' memory, the contributor histograms and the have bits."""
+        p, n_slots, n_pkts, hw = self.p, self.n_slots, self.n_pkts, self.n_pkts.bit_length()
+        lanes, beats_per_slot, hn = p.lanes, p.c // p.lanes, p.n_max + 1
         m.submodules.mem = mem = Memory(
             shape=data.ArrayLayout(signed(p.w_wire), lanes), depth=n_slots * beats_per_slot, init=[]
         )
-        wr = mem.write_port()
-        rd = mem.read_port()
+        s.wr = mem.write_port()
+        s.rd = mem.read_port()
         m.submodules.hist = hist = Memory(shape=hw, depth=n_slots * hn, init=[])
-        h_wr = hist.write_port()
-        h_rmw = hist.read_port(transparent_for=(h_wr,))  # back-to-back increments see each other
-        h_host = hist.read_port()
+        s.h_wr = hist.write_port()
+        s.h_rmw = hist.read_port(
+            transparent_for=(s.h_wr,)
+        )  # back-to-back increments see each other
+        s.h_host = hist.read_port()
 
-        have = Signal(n_slots * n_pkts)
-        missing = Array(Signal(hw, name=f"missing_{s}") for s in range(n_slots))
+        s.have = Signal(n_slots * n_pkts)
+        s.missing = Array(Signal(hw, name=f"missing_{k}") for k in range(n_slots))
 
-        # ---- control: reset-time clear of every slot, CLEAR, DRAIN ----------------------
-        clr_addr = Signal(range(n_slots * hn + 1))
+    def _control(self, m: Module, s: SimpleNamespace) -> None:
+        """Control: reset-time clear of every slot, CLEAR, DRAIN."""
+        p, n_slots, n_pkts = self.p, self.n_slots, self.n_pkts
+        ppb, n_blocks, hn = p.packets_per_block, p.c // p.b, p.n_max + 1
+        s.clr_addr = Signal(range(n_slots * hn + 1))
         clr_end = Signal(range(n_slots * hn + 1))
-        inc_pending = Signal()
-        d_slot = Signal(range(n_slots))
-        d_last_pkt = Signal(range(n_pkts))
-        clearing = Signal()
-        draining = Signal()
-        d_done = Signal()  # the drain's last beat is issued
+        s.inc_pending = Signal()
+        s.d_slot = Signal(range(n_slots))
+        s.d_last_pkt = Signal(range(n_pkts))
+        s.clearing = Signal()
+        s.draining = Signal()
+        s.d_done = Signal()  # the drain's last beat is issued
         with m.FSM(init="INIT"):
             with m.State("INIT"):
-                m.d.comb += clearing.eq(1)
+                m.d.comb += s.clearing.eq(1)
                 m.d.sync += clr_end.eq(n_slots * hn)
-                with m.If(clr_addr == n_slots * hn - 1):
+                with m.If(s.clr_addr == n_slots * hn - 1):
                     m.next = "IDLE"
             with m.State("IDLE"):
                 m.d.comb += self.cmd.ready.eq(1)
                 cmd = self.cmd.payload
                 with m.If(self.cmd.valid):
                     with m.If(cmd.op == GatherOp.CLEAR):
-                        m.d.sync += [clr_addr.eq(cmd.slot * hn), clr_end.eq(cmd.slot * hn + hn)]
-                        for s in range(n_slots):
-                            with m.If(cmd.slot == s):
-                                m.d.sync += [have[s * n_pkts : (s + 1) * n_pkts].eq(0)]
-                        m.d.sync += missing[cmd.slot].eq(0)
+                        m.d.sync += [s.clr_addr.eq(cmd.slot * hn), clr_end.eq(cmd.slot * hn + hn)]
+                        for sl in range(n_slots):
+                            with m.If(cmd.slot == sl):
+                                m.d.sync += [s.have[sl * n_pkts : (sl + 1) * n_pkts].eq(0)]
+                        m.d.sync += s.missing[cmd.slot].eq(0)
                         m.next = "CLEAR"
                     with m.Else():
                         blocks = Signal(33)
                         m.d.comb += blocks.eq((cmd.n + p.b - 1) >> p.log2_b)
                         nb = Mux(blocks == 0, 1, Mux(blocks > n_blocks, n_blocks, blocks))
-                        m.d.sync += [d_slot.eq(cmd.slot), d_last_pkt.eq(nb * ppb - 1)]
-                        m.d.sync += missing[cmd.slot].eq(0)  # counted afresh by each drain
+                        m.d.sync += [s.d_slot.eq(cmd.slot), s.d_last_pkt.eq(nb * ppb - 1)]
+                        m.d.sync += s.missing[cmd.slot].eq(0)  # counted afresh by each drain
                         m.next = "DRAIN"
             with m.State("CLEAR"):
-                m.d.comb += clearing.eq(1)
-                with m.If(~inc_pending & (clr_addr == clr_end - 1)):
+                m.d.comb += s.clearing.eq(1)
+                with m.If(~s.inc_pending & (s.clr_addr == clr_end - 1)):
                     m.next = "IDLE"
             with m.State("DRAIN"):
-                m.d.comb += draining.eq(1)
-                with m.If(d_done):
+                m.d.comb += s.draining.eq(1)
+                with m.If(s.d_done):
                     m.next = "IDLE"
 
         # Histogram clear: one entry per cycle, yielding to an increment in flight.
-        with m.If(clearing & ~inc_pending):
-            m.d.sync += clr_addr.eq(clr_addr + 1)
+        with m.If(s.clearing & ~s.inc_pending):
+            m.d.sync += s.clr_addr.eq(s.clr_addr + 1)
 
-        # ---- input: place packets by index --------------------------------------------------
-        m.d.comb += self.i.ready.eq(~clearing)
+    def _input(self, m: Module, s: SimpleNamespace) -> None:
+        """Input: place packets by index."""
+        p, n_slots, n_pkts, hw = self.p, self.n_slots, self.n_pkts, self.n_pkts.bit_length()
+        lanes, bpp, beats_per_slot, hn = p.lanes, p.p // p.lanes, p.c // p.lanes, p.n_max + 1
+        m.d.comb += self.i.ready.eq(~s.clearing)
         take = Signal()
         m.d.comb += take.eq(self.i.valid & self.i.ready)
         first = self.i.payload.first
@@ -170,7 +182,7 @@ class GatherBuffer(wiring.Component):
         have_idx = Signal(range(n_slots * n_pkts))
         m.d.comb += have_idx.eq(self.slot * n_pkts + pkt)
         is_dup = Signal()
-        m.d.comb += is_dup.eq(in_range & have.bit_select(have_idx, 1))
+        m.d.comb += is_dup.eq(in_range & s.have.bit_select(have_idx, 1))
         place = Signal()
         m.d.comb += place.eq(take & first & in_range & ~is_dup)
 
@@ -192,29 +204,37 @@ class GatherBuffer(wiring.Component):
                 m.d.sync += [drop.eq(~place), beat.eq(1), base.eq(first_addr)]
                 m.d.sync += [wr_en.eq(place), wr_addr.eq(first_addr)]
                 with m.If(place):
-                    m.d.sync += have.bit_select(have_idx, 1).eq(1)
+                    m.d.sync += s.have.bit_select(have_idx, 1).eq(1)
             with m.Elif(~drop & (beat < bpp)):
                 m.d.sync += [wr_en.eq(1), wr_addr.eq(base + beat), beat.eq(beat + 1)]
-        m.d.comb += [wr.en.eq(wr_en), wr.addr.eq(wr_addr), wr.data.eq(wr_data)]
+        m.d.comb += [s.wr.en.eq(wr_en), s.wr.addr.eq(wr_addr), s.wr.data.eq(wr_data)]
 
         # Histogram increment: read at the first beat, write back +1 the next cycle.
         counted = Signal()
         m.d.comb += counted.eq(place & (self.contributors >= 1) & (self.contributors <= p.n_max))
-        inc_addr = Signal.like(h_wr.addr)
-        m.d.comb += h_rmw.addr.eq(self.slot * hn + self.contributors)
-        m.d.sync += [inc_pending.eq(counted), inc_addr.eq(h_rmw.addr)]
-        with m.If(inc_pending):
-            m.d.comb += [h_wr.en.eq(1), h_wr.addr.eq(inc_addr), h_wr.data.eq(h_rmw.data + 1)]
-        with m.Elif(clearing):
-            m.d.comb += [h_wr.en.eq(1), h_wr.addr.eq(clr_addr), h_wr.data.eq(0)]
+        inc_addr = Signal.like(s.h_wr.addr)
+        m.d.comb += s.h_rmw.addr.eq(self.slot * hn + self.contributors)
+        m.d.sync += [s.inc_pending.eq(counted), inc_addr.eq(s.h_rmw.addr)]
+        with m.If(s.inc_pending):
+            m.d.comb += [
+                s.h_wr.en.eq(1),
+                s.h_wr.addr.eq(inc_addr),
+                s.h_wr.data.eq(s.h_rmw.data + 1),
+            ]
+        with m.Elif(s.clearing):
+            m.d.comb += [s.h_wr.en.eq(1), s.h_wr.addr.eq(s.clr_addr), s.h_wr.data.eq(0)]
 
         # Host read of the histogram (entry 0: missing packets of the last drain).
-        m.d.comb += h_host.addr.eq(self.hist_slot * hn + self.hist_addr)
+        m.d.comb += s.h_host.addr.eq(self.hist_slot * hn + self.hist_addr)
         zero_r, miss_r = Signal(), Signal(hw)
-        m.d.sync += [zero_r.eq(self.hist_addr == 0), miss_r.eq(missing[self.hist_slot])]
-        m.d.comb += self.hist_data.eq(Mux(zero_r, miss_r, h_host.data))
+        m.d.sync += [zero_r.eq(self.hist_addr == 0), miss_r.eq(s.missing[self.hist_slot])]
+        m.d.comb += self.hist_data.eq(Mux(zero_r, miss_r, s.h_host.data))
 
-        # ---- drain: issue addresses (stage A), memory output is stage B = o -------------
+    def _drain(self, m: Module, s: SimpleNamespace) -> None:
+        """Drain: issue addresses (stage A), the memory output is stage B = o."""
+        p, n_slots, n_pkts = self.p, self.n_slots, self.n_pkts
+        lanes, ppb, bpp = p.lanes, p.packets_per_block, p.p // p.lanes
+        beats_per_slot = p.c // p.lanes
         d_pkt = Signal(range(n_pkts))
         d_bip = Signal(range(bpp))  # beat in packet
         d_addr = Signal(range(n_slots * beats_per_slot))
@@ -242,26 +262,26 @@ class GatherBuffer(wiring.Component):
         kcount = Signal(range(ppb + 1))
         moved = Signal(self.K_STEPS, init=(1 << self.K_STEPS) - 1)  # position moved, per step
         m.d.sync += [
-            win.eq(have.bit_select(d_slot * n_pkts + k_pkt, ppb)),
+            win.eq(s.have.bit_select(s.d_slot * n_pkts + k_pkt, ppb)),
             kcount.eq(sum(win[j] for j in range(ppb))),
         ]
         go = Signal()
         m.d.comb += go.eq(
-            draining & adv & (~blk_start | (~moved.any() & (~self.k.valid | self.k.ready)))
+            s.draining & adv & (~blk_start | (~moved.any() & (~self.k.valid | self.k.ready)))
         )
         moves = (self.cmd.valid & self.cmd.ready) | (go & blk_start)
         m.d.sync += moved.eq(Cat(moves, moved[:-1]))
-        m.d.comb += [rd.addr.eq(d_addr), rd.en.eq(adv)]
+        m.d.comb += [s.rd.addr.eq(d_addr), s.rd.en.eq(adv)]
         b_have = Signal()
         with m.If(adv):
             m.d.sync += [
                 self.o.valid.eq(go),
-                b_have.eq(have.bit_select(d_slot * n_pkts + d_pkt, 1)),
+                b_have.eq(s.have.bit_select(s.d_slot * n_pkts + d_pkt, 1)),
                 self.o.payload.first.eq(blk_start),
                 self.o.payload.last.eq(blk_end),
             ]
         for j in range(lanes):
-            m.d.comb += self.o.payload.data[j].eq(Mux(b_have, rd.data[j], 0))
+            m.d.comb += self.o.payload.data[j].eq(Mux(b_have, s.rd.data[j], 0))
 
         with m.If(self.k.ready):
             m.d.sync += self.k.valid.eq(0)
@@ -269,12 +289,11 @@ class GatherBuffer(wiring.Component):
             m.d.sync += [d_addr.eq(d_addr + 1), d_bip.eq(d_bip + 1)]
             with m.If(d_bip == bpp - 1):
                 m.d.sync += [d_bip.eq(0), d_pkt.eq(d_pkt + 1)]
-                m.d.comb += d_done.eq(d_pkt == d_last_pkt)
+                m.d.comb += s.d_done.eq(d_pkt == s.d_last_pkt)
             with m.If(blk_start):
                 m.d.sync += [
                     k_pkt.eq(k_pkt + ppb),
                     self.k.valid.eq(1),
                     self.k.payload.eq(kcount),
-                    missing[d_slot].eq(missing[d_slot] + ppb - kcount),
+                    s.missing[s.d_slot].eq(s.missing[s.d_slot] + ppb - kcount),
                 ]
-        return m
