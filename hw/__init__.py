@@ -1,1 +1,1 @@
-"""Gateware of the OptiReduce NIC (Amaranth); blocks arrive with the gateware issue."""
+"""Gateware of the OptiReduce NIC (Amaranth): one block per file, each with its model and tests."""
