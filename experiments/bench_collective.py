@@ -4,9 +4,17 @@ All figures come from one run of `world` worker processes (torch.multiprocessing
 spawn; a FileStore in a temporary directory; gloo on `lo`; one thread each):
 
 - **lossless**: throughput on a 16 MiB bucket (4 Mi float32) of the OptiReduce software
-  path (`SoftwareNic`, loopback-sized packets `LOOPBACK_PARAMS`, no impairment, a t_B
+  path (the driver's first software backend: `native` when the extension is built, else
+  `software`; loopback-sized packets `LOOPBACK_PARAMS`, no impairment, a t_B
   so large that no phase can time out) and of torch's gloo allreduce. Bus-bandwidth
   convention: bucket bytes / op seconds, in GB/s (1e9 bytes/s), from the median op.
+- **sizes**: the same lossless comparison at 1, 16 and 64 MiB (16 MiB is the run above), with
+  the CPU seconds per GB of each method: ru_utime + ru_stime of each worker over its timed ops
+  (engine threads included), summed over the ranks, per GB of bucket reduced.
+- **rss_256mib**: peak resident set per rank while it reduces a 256 MiB bucket, for each method
+  (VmHWM of /proc/self/status, reset through /proc/self/clear_refs before each method; the
+  process's ru_maxrss when that file cannot be reset), beside the rank's RSS before the
+  bucket was allocated.
 - **tail_R** for R = P99/P50 of the injected delay (1.5 and 3): per-op latency of
   OptiReduce, the reliable ring and reliable TAR under
   `ImpairmentSpec(median_us=TAIL_MEDIAN_US, p99_ratio=R, loss=0)` on a smaller bucket,
@@ -22,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import tempfile
 import time
 from collections.abc import Callable
@@ -38,10 +47,17 @@ TAIL_RATIOS = (1.5, 3.0)
 ALGOS = ("optireduce", "reliable_ring", "reliable_tar")
 
 
+SIZES_MIB = (1, 16, 64)
+RSS_ELEMENTS = 64 << 20  # 256 MiB of float32
+
+
 def _config(quick: bool) -> dict:
     return {
         "lossless_elements": (1 << 20) if quick else LOSSLESS_ELEMENTS,
         "lossless_reps": 2 if quick else 5,
+        "sizes_elements": [1 << 16, 1 << 18] if quick else [m << 18 for m in SIZES_MIB],
+        "sizes_reps": 2 if quick else 3,
+        "rss_elements": (1 << 20) if quick else RSS_ELEMENTS,
         "tail_elements": (1 << 16) if quick else TAIL_ELEMENTS,
         "tail_ops": 5 if quick else 100,
         "tail_median_us": TAIL_MEDIAN_US,
@@ -56,6 +72,37 @@ def _pct(v: list[float], q: float) -> float:
 
 def _optireduce_op(nic, x: np.ndarray) -> list:
     return nic.allreduce(x)[1]
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process so far (every thread: the engine's too)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _reset_peak_rss() -> bool:
+    """Restart VmHWM from the current RSS (Linux >= 4.0); False if it cannot be."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_rss_mib(resettable: bool) -> float:
+    """Peak RSS since the last reset (VmHWM), or the process's ru_maxrss, in MiB."""
+    if resettable:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def _worker(rank: int, world: int, tmp: str, cfg: dict, q) -> None:
@@ -92,6 +139,11 @@ def _worker(rank: int, world: int, tmp: str, cfg: dict, q) -> None:
         prefixed = dist.PrefixStore(f"bench/{name}/", store)  # fresh keys per transport
         return transport_from_store(prefixed, rank, world, impairment=spec, seed=seed)
 
+    def summed(v: float) -> float:
+        t = torch.tensor([v], dtype=torch.float64)
+        dist.all_reduce(t)
+        return float(t.item())
+
     def timed(fn: Callable[[], object]) -> tuple[float, object]:
         dist.barrier()
         t0 = time.perf_counter()
@@ -107,26 +159,31 @@ def _worker(rank: int, world: int, tmp: str, cfg: dict, q) -> None:
     x = rng.standard_normal(n).astype(np.float32)
     xt = torch.from_numpy(x)
     say(f"lossless: gloo allreduce of {4 * n >> 20} MiB")
-    gloo_t, ref = [], None
+    gloo_t, ref, gloo_cpu = [], None, 0.0
     for k in range(reps + 1):
+        c0 = _cpu_s()
         dt, ref = timed(lambda: gloo_allreduce_mean(xt))
         if k:  # the first op pays for set-up
             gloo_t.append(dt)
+            gloo_cpu += _cpu_s() - c0
     tr = transport("lossless", None, rank)
     # Lossless: a phase ends only when complete (t_C floored at t_B = 5 s), so a rank that
     # the shared cores deschedule for a while costs time, not data.
     p = NicParams(**cfg["params"], t_b_us=5_000_000, t_c_min_us=5_000_000)
     nic = select_nic(p, rank, world, transport=tr, agree=agree)
-    or_t, lost, out = [], 0, None
+    or_t, lost, out, or_cpu = [], 0, None, 0.0
     for k in range(reps + 1):
         say(f"lossless: OptiReduce allreduce of {4 * n >> 20} MiB, op {k}/{reps}")
+        c0 = _cpu_s()
         dt, (out, st) = timed(lambda: nic.allreduce(x))
         lost += sum(s.lost_phase1 + s.lost_phase2 for s in st)
         if k:
             or_t.append(dt)
-    nic.close()
+            or_cpu += _cpu_s() - c0
     gloo_t, or_t = slowest(gloo_t), slowest(or_t)
+    gloo_cpu, or_cpu = summed(gloo_cpu), summed(or_cpu)
     r = ref.numpy()
+    res["backend"] = nic.backend
     res["lossless"] = {
         "optireduce_gbps": 4 * n / float(np.median(or_t)) / 1e9,
         "gloo_gbps": 4 * n / float(np.median(gloo_t)) / 1e9,
@@ -141,6 +198,74 @@ def _worker(rank: int, world: int, tmp: str, cfg: dict, q) -> None:
     res["lossless"]["gloo_over_optireduce"] = (
         res["lossless"]["gloo_gbps"] / res["lossless"]["optireduce_gbps"]
     )
+    gb = 4 * n * reps / 1e9
+    res["lossless"]["optireduce_cpu_s_per_gb"] = or_cpu / gb
+    res["lossless"]["gloo_cpu_s_per_gb"] = gloo_cpu / gb
+
+    # ---- sizes: throughput and CPU per GB at each bucket size --------------------------------
+    def compare(m: int, reps: int) -> dict:
+        xm = rng.standard_normal(m).astype(np.float32)
+        xmt = torch.from_numpy(xm)
+        t = {"optireduce": [], "gloo": []}
+        cpu = dict.fromkeys(t, 0.0)
+        run = {"optireduce": lambda: nic.allreduce(xm), "gloo": lambda: gloo_allreduce_mean(xmt)}
+        for algo in t:
+            for k in range(reps + 1):
+                c0 = _cpu_s()
+                dt, _ = timed(run[algo])
+                if k:
+                    t[algo].append(dt)
+                    cpu[algo] += _cpu_s() - c0
+        part: dict = {"bucket_bytes": 4 * m, "ops": reps}
+        for algo in t:
+            part[f"{algo}_gbps"] = 4 * m / float(np.median(slowest(t[algo]))) / 1e9
+            part[f"{algo}_cpu_s_per_gb"] = summed(cpu[algo]) / (4 * m * reps / 1e9)
+        return part
+
+    sizes = {}
+    for m in cfg["sizes_elements"]:
+        say(f"sizes: {4 * m >> 20} MiB, OptiReduce and gloo")
+        if m == n:  # the lossless run above
+            sizes[f"{4 * m / 2**20:g}MiB"] = {
+                "bucket_bytes": 4 * m, "ops": reps,
+                **{k: res["lossless"][k] for k in ("optireduce_gbps", "gloo_gbps",
+                                                    "optireduce_cpu_s_per_gb",
+                                                    "gloo_cpu_s_per_gb")},
+            }  # fmt: skip
+        else:
+            sizes[f"{4 * m / 2**20:g}MiB"] = compare(m, cfg["sizes_reps"])
+    res["sizes"] = sizes
+
+    # ---- peak RSS per rank on a big bucket (ops of C elements, K in flight, any size) -------
+    m = cfg["rss_elements"]
+    say(f"rss: {4 * m >> 20} MiB bucket, OptiReduce then gloo")
+    before = _rss_mib()
+    xm = rng.standard_normal(m).astype(np.float32)
+    peaks = {}
+    resettable = _reset_peak_rss()
+    dist.barrier()
+    nic.allreduce(xm)
+    peaks["optireduce"] = _peak_rss_mib(resettable)
+    xmt = torch.from_numpy(xm)
+    resettable = resettable and _reset_peak_rss()
+    dist.barrier()
+    gloo_allreduce_mean(xmt)
+    peaks["gloo"] = _peak_rss_mib(resettable)
+    nic.close()
+
+    def per_rank(v: float) -> list[float]:
+        got = [None] * world
+        dist.all_gather_object(got, v)
+        return got
+
+    res["rss_256mib"] = {
+        "bucket_bytes": 4 * m,
+        "rss_before_bucket_mib": per_rank(before),
+        "optireduce_peak_rss_mib": per_rank(peaks["optireduce"]),
+        "gloo_peak_rss_mib": per_rank(peaks["gloo"]),
+        "peak_is_since_reset": resettable,
+        "c_x_k_bytes": 4 * p.c * p.ops_in_flight,  # one window of K ops of C float32
+    }
 
     # ---- tail latency under injected delay ---------------------------------------------------
     n, ops = cfg["tail_elements"], cfg["tail_ops"]
@@ -231,7 +356,10 @@ def bench_collective(
     t3 = res["tail_3"]
     out = {
         "world": world,
+        "backend": res["backend"],
         "lossless": res["lossless"],
+        "sizes": res["sizes"],
+        "rss_256mib": res["rss_256mib"],
         "tail_bucket_bytes": 4 * cfg["tail_elements"],
         "tail_median_us": cfg["tail_median_us"],
         "tail_ops_per_algorithm": cfg["tail_ops"],
