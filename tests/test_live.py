@@ -25,10 +25,12 @@ def run_world(tmp_path, world: int, n: int, seed: int, cfg: dict, timeout_s: flo
 @BACKENDS
 def test_lossless_live_equals_the_virtual_cluster_bit_for_bit(tmp_path, backend):
     world, n, seed = 3, 40_000, 5
-    # no phase may time out on a loaded machine
-    cfg = {"params": {"t_b_us": 5_000_000}, "prefer": [backend]}
+    # no phase may time out on a loaded machine: t_C floored at t_B, so T = t_B = 5 s
+    bounds = {"t_b_us": 5_000_000, "t_c_min_us": 5_000_000}
+    cfg = {"params": bounds, "prefer": [backend]}
     outs, stats = run_world(tmp_path, world, n, seed, cfg)
-    want, _ = simulate_allreduce(live_inputs(world, n, seed), params=NicParams(t_b_us=5_000_000))
+    inputs = live_inputs(world, n, seed)
+    want, _ = simulate_allreduce(inputs, params=NicParams(**bounds), calibrate=False)
     for o, w in zip(outs, want, strict=True):
         np.testing.assert_array_equal(o, w)
     for s in stats:
