@@ -113,6 +113,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from optireduce.experiments.train import plot as plot_train
 
     cfg = demo_config(steps=args.steps, seed=args.seed)
+    if args.quick:
+        cfg = dataclasses.replace(cfg, world=2)
     console = Console(width=max(Console().width, 110))
     with console.status("co-simulated NIC: checking (a first run builds it: minutes)"):
         usable, why = (False, "--no-cosim") if args.no_cosim else cosim_status(rtl_config(cfg))
@@ -227,12 +229,12 @@ BENCH_GROUPS: dict[str, tuple[str, str]] = {
 # flags say, so that each documented command line runs as written in seconds (the test of the
 # documented commands does this). What it shrinks, per command:
 QUICK = {
-    "demo": "4 steps, no co-simulated run; --numerics: 4 workers",
+    "demo": "2 processes, 4 steps, no co-simulated run; --numerics: 4 workers",
     "train": "2 processes, 4 steps, the first seed of --seeds",
     "simulate": "at most 16384 elements",
     "cluster": "5 ops after 2 warm-up ops, 64 KiB buckets, the smallest world of --sweep-workers",
     "loss-tolerance": "4 workers, 4 steps, the first seed, the first two loss rates",
-    "bench": "smaller sizes; rtl without synthesis (--no-area); all without fpga (bitstreams)",
+    "bench": "smaller sizes; rtl: three blocks, no synthesis; all: no fpga (bitstreams)",
 }
 QUICK_ENV = "OPTIREDUCE_QUICK"
 
