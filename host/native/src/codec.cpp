@@ -4,6 +4,7 @@
 // through the FPU where that is provably exact (the integer loops of the model remain for the
 // cases where it is not: flush-to-zero modes, exponents beyond +-512).
 #include "codec.hpp"
+#include "clones.hpp"
 
 #include <algorithm>
 #include <cfenv>
@@ -17,19 +18,6 @@
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
-#endif
-
-// The wheel is built for x86-64-v2 (SSE4.2: every x86 CI machine of this project's kind and
-// much older ones). The hot loops are also compiled for x86-64-v3 (AVX2) and v4 (AVX-512) and
-// chosen at load time by the CPU's features (GCC function multiversioning), so one build runs
-// everywhere and still uses the wide vectors where they exist; -march=native would not run on
-// an older machine. The machines here report AVX-512 (/proc/cpuinfo), so the v4 version runs.
-// Sanitizer builds keep one version (simpler stacks).
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && __GNUC__ >= 12 && \
-    !defined(OPTIREDUCE_NO_CLONES)
-#define OR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define OR_CLONES
 #endif
 
 #define OR_INLINE inline __attribute__((always_inline))

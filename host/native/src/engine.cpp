@@ -73,9 +73,9 @@ struct Engine::Op {
         seen = 1;
         int64_t* a = acc.data() + row * p;
         if (count[row]++ == 0)
-            for (int j = 0; j < p; ++j) a[j] = payload_value(payload, j);
+            payload_to_i64(payload, static_cast<size_t>(p), a);
         else
-            for (int j = 0; j < p; ++j) a[j] += payload_value(payload, j);
+            payload_add_i64(payload, static_cast<size_t>(p), a);
         return true;
     }
     void add_own(int64_t pkt_index, int sender, int world, int p, const int32_t* v) {
@@ -99,8 +99,7 @@ struct Engine::Op {
     // zeroed per op: the packets that never arrived are zeroed before the decode.
     bool place(int64_t pkt_index, int p, const uint8_t* payload, int64_t contrib) {
         if (have[pkt_index]) return false;
-        int32_t* d = z.data() + pkt_index * p;
-        for (int j = 0; j < p; ++j) d[j] = payload_value(payload, j);
+        payload_to_i32(payload, static_cast<size_t>(p), z.data() + pkt_index * p);
         have[pkt_index] = 1;
         contributors[pkt_index] = contrib;
         return true;

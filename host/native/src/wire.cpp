@@ -2,6 +2,8 @@
 // optireduce/ubt.py and optireduce/frame_checks.py, check for check in the same order.
 #include "wire.hpp"
 
+#include "clones.hpp"
+
 #include <cstring>
 
 namespace optireduce {
@@ -108,8 +110,38 @@ void build_frame(const Header& h, const int32_t* values, int src, int dst, uint1
     put16(udp + 4, static_cast<uint16_t>(udp_len));
     put16(udp + 6, 0);
     pack_header(h, udp + UDP_LEN);
-    uint8_t* pl = udp + UDP_LEN + HEADER_LEN;
-    for (size_t i = 0; i < h.count; ++i) put32(pl + 4 * i, static_cast<uint32_t>(values[i]));
+    i32_to_payload(values, h.count, udp + UDP_LEN + HEADER_LEN);
+}
+
+namespace {
+uint32_t load_be(const uint8_t* p) {
+    uint32_t v;
+    std::memcpy(&v, p, 4);
+    return __builtin_bswap32(v);
+}
+}  // namespace
+
+OR_CLONES void payload_to_i32(const uint8_t* __restrict payload, size_t n,
+                              int32_t* __restrict out) {
+    for (size_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(load_be(payload + 4 * i));
+}
+
+OR_CLONES void payload_to_i64(const uint8_t* __restrict payload, size_t n,
+                              int64_t* __restrict out) {
+    for (size_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(load_be(payload + 4 * i));
+}
+
+OR_CLONES void payload_add_i64(const uint8_t* __restrict payload, size_t n,
+                               int64_t* __restrict acc) {
+    for (size_t i = 0; i < n; ++i) acc[i] += static_cast<int32_t>(load_be(payload + 4 * i));
+}
+
+OR_CLONES void i32_to_payload(const int32_t* __restrict v, size_t n,
+                              uint8_t* __restrict payload) {
+    for (size_t i = 0; i < n; ++i) {
+        const uint32_t be = __builtin_bswap32(static_cast<uint32_t>(v[i]));
+        std::memcpy(payload + 4 * i, &be, 4);
+    }
 }
 
 int parse_frame(const uint8_t* f, size_t n, uint16_t port, int rank, const Addressing& a,

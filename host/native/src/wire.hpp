@@ -114,6 +114,13 @@ inline int32_t payload_value(const uint8_t* payload, size_t i) {
                                 (uint32_t{b[2]} << 8) | uint32_t{b[3]});
 }
 
+// The payload's byte order in one pass each, vectorised (AVX-512/AVX2 where the CPU has them):
+// n big-endian int32 into out (i32, or widened to i64), added into acc, or written from v.
+void payload_to_i32(const uint8_t* payload, size_t n, int32_t* out);
+void payload_to_i64(const uint8_t* payload, size_t n, int64_t* out);
+void payload_add_i64(const uint8_t* payload, size_t n, int64_t* acc);
+void i32_to_payload(const int32_t* v, size_t n, uint8_t* payload);
+
 // frame_checks.check_peer: our job, a known peer, its world size. OK or a drop code.
 int check_peer(const Header& h, int job_id, int rank, int world);
 // frame_checks.check_op: payload count, op length, window [base, base + rx_window), index
