@@ -310,6 +310,13 @@ def elsewhere(tmp_path_factory) -> Path:
 # train, demo and torchrun; the co-simulated NIC in replay --backend rtl and bench cosim).
 @pytest.mark.parametrize(("where", "cmd"), [_param(w, c) for w, c in ROOT_RUNS])
 def test_documented_command_from_the_repository_root(root, where, cmd):
+    if cmd.startswith("make"):
+        # make's install prerequisite would pip-install into the shared venv, racing any
+        # other install (seen: two builds in one CMake tree); a test must not install
+        stale = subprocess.run(["make", "-q", "install"], cwd=root, capture_output=True)
+        assert stale.returncode == 0, (
+            "the venv is older than pyproject/native sources: make install"
+        )
     _inputs(cmd, root, _writers([c for _, c in ROOT_RUNS]))
     bad, secs = run(cmd, root)
     assert not bad, f"{where}: `{cmd}` ({secs:.0f} s, in {root}): " + "\n".join(bad)
