@@ -16,6 +16,7 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "bind_stats.hpp"
 #include "engine.hpp"
 #include "py_params.hpp"
 #include "wire.hpp"
@@ -82,35 +83,6 @@ nb::object parsed(int code, const optireduce::Parsed& r) {
                           nb::bytes(reinterpret_cast<const char*>(r.payload), 4 * size_t{r.h.count}));
 }
 
-nb::dict stats_dict(const optireduce::OpStats& s) {
-    nb::dict d;
-    d["op_id"] = s.op_id;
-    d["rank"] = s.rank;
-    d["world"] = s.world;
-    d["n"] = s.n;
-    d["exponent"] = s.exponent;
-    d["start_us"] = s.start_us;
-    d["end_us"] = s.end_us;
-    d["phase1_reason"] = optireduce::reason_name(s.phase1_reason);
-    d["phase2_reason"] = optireduce::reason_name(s.phase2_reason);
-    d["phase1_timeout_us"] = s.phase1_timeout_us;
-    d["phase2_timeout_us"] = s.phase2_timeout_us;
-    d["phase1_end_us"] = s.phase1_end_us;
-    d["p1_expected"] = s.p1_expected;
-    d["p1_received"] = s.p1_received;
-    d["p2_expected"] = s.p2_expected;
-    d["p2_received"] = s.p2_received;
-    d["contributor_hist"] = s.contributor_hist;
-    d["sat_quantize"] = s.sat_quantize;
-    d["sat_transform"] = s.sat_transform;
-    d["sat_output"] = s.sat_output;
-    d["nonfinite"] = s.nonfinite;
-    d["empty_blocks"] = s.empty_blocks;
-    d["late"] = s.late;
-    d["duplicate"] = s.duplicate;
-    d["t_c_us"] = nb::make_tuple(s.t_c_us[0], s.t_c_us[1]);
-    return d;
-}
 
 nb::ndarray<nb::numpy, float, nb::ndim<1>> float_array(std::vector<float>&& v) {
     auto* owned = new std::vector<float>(std::move(v));
@@ -144,6 +116,39 @@ void check_phase(int phase) {
 }
 
 }  // namespace
+
+namespace optireduce {
+nb::dict stats_dict(const OpStats& s) {
+    nb::dict d;
+    d["op_id"] = s.op_id;
+    d["rank"] = s.rank;
+    d["world"] = s.world;
+    d["n"] = s.n;
+    d["exponent"] = s.exponent;
+    d["start_us"] = s.start_us;
+    d["end_us"] = s.end_us;
+    d["phase1_reason"] = reason_name(s.phase1_reason);
+    d["phase2_reason"] = reason_name(s.phase2_reason);
+    d["phase1_timeout_us"] = s.phase1_timeout_us;
+    d["phase2_timeout_us"] = s.phase2_timeout_us;
+    d["phase1_end_us"] = s.phase1_end_us;
+    d["p1_expected"] = s.p1_expected;
+    d["p1_received"] = s.p1_received;
+    d["p2_expected"] = s.p2_expected;
+    d["p2_received"] = s.p2_received;
+    d["contributor_hist"] = s.contributor_hist;
+    d["sat_quantize"] = s.sat_quantize;
+    d["sat_transform"] = s.sat_transform;
+    d["sat_output"] = s.sat_output;
+    d["nonfinite"] = s.nonfinite;
+    d["empty_blocks"] = s.empty_blocks;
+    d["late"] = s.late;
+    d["duplicate"] = s.duplicate;
+    d["t_c_us"] = nb::make_tuple(s.t_c_us[0], s.t_c_us[1]);
+    return d;
+}
+
+}  // namespace optireduce
 
 void bind_engine(nb::module_& m) {
     nb::class_<PyEngine>(m, "Engine", "The native event engine of one NIC (NicModel's twin).")
@@ -258,7 +263,7 @@ void bind_engine(nb::module_& m) {
                 nb::list out;
                 for (optireduce::OpResult& r : s.e.poll_results())
                     out.append(nb::make_tuple(r.op_id, float_array(std::move(r.data)),
-                                              stats_dict(*r.stats)));
+                                              optireduce::stats_dict(*r.stats)));
                 return out;
             })
         .def("counters",

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "bind_stats.hpp"
 #include "engine.hpp"
 #include "impairment.hpp"
 #include "live.hpp"
@@ -52,36 +53,6 @@ ImpairmentSpec spec_from(nb::handle h) {
     return s;
 }
 
-// OpStats as a dict of optireduce.op_stats.OpStats' fields (OpStats(**d) rebuilds it).
-nb::dict stats_dict(const OpStats& s) {
-    nb::dict d;
-    d["op_id"] = s.op_id;
-    d["rank"] = s.rank;
-    d["world"] = s.world;
-    d["n"] = s.n;
-    d["exponent"] = s.exponent;
-    d["start_us"] = s.start_us;
-    d["end_us"] = s.end_us;
-    d["phase1_reason"] = reason_name(s.phase1_reason);
-    d["phase2_reason"] = reason_name(s.phase2_reason);
-    d["phase1_timeout_us"] = s.phase1_timeout_us;
-    d["phase2_timeout_us"] = s.phase2_timeout_us;
-    d["phase1_end_us"] = s.phase1_end_us;
-    d["p1_expected"] = s.p1_expected;
-    d["p1_received"] = s.p1_received;
-    d["p2_expected"] = s.p2_expected;
-    d["p2_received"] = s.p2_received;
-    d["contributor_hist"] = s.contributor_hist;
-    d["sat_quantize"] = s.sat_quantize;
-    d["sat_transform"] = s.sat_transform;
-    d["sat_output"] = s.sat_output;
-    d["nonfinite"] = s.nonfinite;
-    d["empty_blocks"] = s.empty_blocks;
-    d["late"] = s.late;
-    d["duplicate"] = s.duplicate;
-    d["t_c_us"] = nb::make_tuple(s.t_c_us[0], s.t_c_us[1]);
-    return d;
-}
 
 std::vector<std::string> live_counter_names() {
     std::vector<std::string> out;
