@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from optireduce import simulate_allreduce
 from optireduce.experiments.bench_cosim import LIVE_PARAMS, bench_cosim, inputs, run_cluster
 from optireduce.sim.cosim_build import harness_path
 
 
+# the harness's first Verilator build takes 1-6 min, more beside the rest of the suite
+@pytest.mark.timeout(1500)
 def test_mixed_cluster_is_bit_identical_to_all_software():
     harness_path(LIVE_PARAMS)  # build before the workers fork (cached under build/cosim/)
     world, n, seed = 3, 1500, 11  # 6 ops of at most c = 256, the last one partial

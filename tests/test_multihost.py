@@ -273,7 +273,10 @@ def test_a_host_that_dies_is_reported_and_the_others_finish(cluster):
     or one of 1.38 s when both fall in one step."""
     c = cluster
     t_b = 400_000
-    args = ["--steps", "20", "--t-b-us", str(t_b)]
+    # a step takes about 10 ms here: 300 steps leave seconds between host 3's "step 6" and
+    # the end, so the kill lands mid-training even when the loaded machine reads the output
+    # late (with 20 steps, rank 0 once finished before the kill: no fault)
+    args = ["--steps", "300", "--t-b-us", str(t_b)]
     procs = [c.torchrun(i, 4, 1, args) for i in range(4)]
     deadline = time.monotonic() + 150
     while "step 6 " not in c.output(3)[1]:
