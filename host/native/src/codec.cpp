@@ -117,6 +117,58 @@ OR_INLINE QuantizeCounts quantize_fpu(const float* __restrict x, size_t n, doubl
     return {sat, nonfinite};
 }
 
+// The same values through float32 (16 lanes, no conversion to double). Exact for a scale 2^-E
+// that is a normal float and q_max < 2^30. With x = mant 2^e2 (mant < 2^24):
+// - the product P = mant 2^(e2 - E) is exact when 2^-126 <= P < 2^128 (a normal float holds 24
+//   bits). Below 2^-126 the rounded product stays below 1/2 and quantizes to 0, as P does; at
+//   2^128 and above it is inf, which saturates, as P does.
+// - a is clamped to 2^30 (> q_max: anything there saturates either way), so t = trunc(a) =
+//   floor(a) fits an int32, float(t) is exact (t < 2^24, or a >= 2^23 is an integer) and a - t
+//   is exact (Sterbenz: t >= a / 2 when a >= 1). t + (a - t >= 1/2) is then floor(a + 1/2),
+//   the model's round half up. (floor(a + 0.5f) is not: a = 1/2 - 2^-25 rounds a + 0.5f up to 1.)
+// NaN -> 0 and inf counted from the input's bits (a finite x may overflow the product).
+// Rounding mode and FTZ do not matter; DAZ would read subnormal inputs as 0: the caller checks.
+template <class Q>
+OR_INLINE QuantizeCounts quantize_f32(const float* __restrict x, size_t n, float scale,
+                                      int32_t q_max, const uint8_t* __restrict s,
+                                      Q* __restrict q) {
+    int32_t sat = 0, nonfinite = 0;  // n <= F32_CHUNK: no overflow, and 16 lanes of counts
+    for (size_t i = 0; i < n; ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, x + i, 4);
+        const uint32_t mag = bits & 0x7FFFFFFFu;
+        nonfinite += mag >= 0x7F800000u;
+        float a = std::fabs(x[i]) * scale;
+        a = mag > 0x7F800000u ? 0.0f : a;  // NaN
+        a = a < 0x1p30f ? a : 0x1p30f;
+        const int32_t t = static_cast<int32_t>(a);
+        int32_t m = t + (a - static_cast<float>(t) >= 0.5f);
+        sat += m > q_max;
+        m = m > q_max ? q_max : m;
+        const bool neg = (bits >> 31) != (s && s[i]);
+        q[i] = static_cast<Q>(neg ? -m : m);
+    }
+    return {sat, nonfinite};
+}
+
+constexpr size_t F32_CHUNK = size_t{1} << 30;  // elements per quantize_f32 call (int32 counts)
+
+// quantize_f32 over any n.
+template <class Q>
+OR_INLINE QuantizeCounts quantize_f32_n(const float* x, size_t n, int64_t exponent,
+                                        int64_t q_max, const uint8_t* s, Q* q) {
+    const float scale = std::ldexp(1.0f, static_cast<int>(-exponent));
+    QuantizeCounts c;
+    for (size_t o = 0; o < n; o += F32_CHUNK) {
+        const size_t m = std::min(n - o, F32_CHUNK);
+        const QuantizeCounts k = quantize_f32(x + o, m, scale, static_cast<int32_t>(q_max),
+                                              s ? s + o : nullptr, q + o);
+        c.saturated += k.saturated;
+        c.nonfinite += k.nonfinite;
+    }
+    return c;
+}
+
 bool fpu_default_mode() {
 #if defined(__x86_64__)
     // rounding control bits 13-14 = 0 (nearest), FTZ (bit 15) and DAZ (bit 6) clear;
@@ -133,9 +185,15 @@ bool fpu_ok(int64_t exponent) {
     return exponent >= -FPU_EXPONENT_RANGE && exponent <= FPU_EXPONENT_RANGE && fpu_default_mode();
 }
 
+// quantize_f32's conditions: 2^-E a normal float, q_max below its clamp, the default MXCSR.
+bool f32_ok(int64_t exponent, int64_t q_max) {
+    return exponent >= -127 && exponent <= 126 && q_max < (int64_t{1} << 30) && fpu_default_mode();
+}
+
 OR_CLONES QuantizeCounts quantize_i32(const float* __restrict x, size_t n, int64_t exponent,
                                       int64_t q_max, const uint8_t* __restrict s,
                                       int32_t* __restrict q) {
+    if (f32_ok(exponent, q_max)) return quantize_f32_n(x, n, exponent, q_max, s, q);
     if (fpu_ok(exponent))
         return quantize_fpu(x, n, std::ldexp(1.0, static_cast<int>(-exponent)), q_max, s, q);
     return quantize_loop(x, n, exponent, q_max, s, q);
@@ -143,6 +201,8 @@ OR_CLONES QuantizeCounts quantize_i32(const float* __restrict x, size_t n, int64
 
 OR_CLONES QuantizeCounts quantize_i64(const float* __restrict x, size_t n, int64_t exponent,
                                       int64_t q_max, int64_t* __restrict q) {
+    if (f32_ok(exponent, q_max))
+        return quantize_f32_n(x, n, exponent, q_max, static_cast<const uint8_t*>(nullptr), q);
     if (fpu_ok(exponent))
         return quantize_fpu(x, n, std::ldexp(1.0, static_cast<int>(-exponent)), q_max,
                             static_cast<const uint8_t*>(nullptr), q);
@@ -444,18 +504,23 @@ OR_INLINE void pass_widen(const int32_t* t, size_t b, size_t h, Out* y, int64_t 
     for (size_t l = 0; l < LANES<int64_t>; ++l) over -= count[l];
 }
 
-// The passes after the 64-element tile: radix 8 while 3 stages remain, then one of 4 or 2.
+// Passes for `stages` radix-2 stages: radix 8 while 3 remain, then one of 4 or 2.
 // Returns the number of passes; radix[k] is the k-th.
-int plan_passes(size_t b, int* radix) {
-    int rest = __builtin_ctzll(b) - 6, n = 0;
+int plan_passes(int stages, int* radix) {
+    int rest = stages, n = 0;
     for (; rest >= 3; rest -= 3) radix[n++] = 8;
     if (rest) radix[n++] = 1 << rest;
     return n;
 }
 
+// The passes after the 64-element tile of a block of b.
+int plan_passes(size_t b, int* radix) { return plan_passes(__builtin_ctzll(b) - 6, radix); }
+
 template <class W>
 OR_INLINE void pass_r(int r, W* y, size_t b, size_t h) {
-    if (r == 8)
+    if (r == 16)
+        pass<16>(y, b, h);
+    else if (r == 8)
         pass<8>(y, b, h);
     else if (r == 4)
         pass<4>(y, b, h);
@@ -496,23 +561,33 @@ OR_INLINE void prefetch_tile(const Ahead& a, size_t o) {
         for (size_t l = 0; l < TILE * a.y_size; l += 64) __builtin_prefetch(y + o * a.y_size + l, 1, 1);
 }
 
+// int64 elements of a sub-block transformed in L1 (32 KiB of the 48) before the stages
+// across sub-blocks: a larger block would go through L2 at every pass.
+constexpr size_t L1_BLOCK64 = 4096;
+
 // y = H_b x for one block in int64 (x == y allowed: every tile is loaded before it is
-// stored).
+// stored). Blocks above L1_BLOCK64: each sub-block's stages first, then the stages across.
 template <class T>
 OR_INLINE void fwht_block64(const T* x, size_t b, int64_t* y, const Ahead& ahead = {}) {
     if (b < 8) return fwht_tiny(x, b, b, y);
     if (b == 8) return tile<int64_t, 1>(x, y);
     if (b == 16) return tile<int64_t, 2>(x, y);
     if (b == 32) return tile<int64_t, 4>(x, y);
-    for (size_t o = 0; o < b; o += TILE) {
-        prefetch_tile(ahead, o);
-        tile<int64_t, 8>(x + o, y + o);
-    }
+    const size_t sub = std::min(b, L1_BLOCK64);
     int radix[8];
-    const int np = plan_passes(b, radix);
-    size_t h = TILE;
-    for (int k = 0; k < np; h *= static_cast<size_t>(radix[k]), ++k)
-        pass_r(radix[k], y, b, h);
+    const int np = plan_passes(sub, radix);
+    for (size_t s = 0; s < b; s += sub) {
+        for (size_t o = s; o < s + sub; o += TILE) {
+            prefetch_tile(ahead, o);
+            tile<int64_t, 8>(x + o, y + o);
+        }
+        size_t h = TILE;
+        for (int k = 0; k < np; h *= static_cast<size_t>(radix[k]), ++k)
+            pass_r(radix[k], y + s, sub, h);
+    }
+    const int nq = plan_passes(__builtin_ctzll(b / sub), radix);
+    size_t h = sub;
+    for (int k = 0; k < nq; h *= static_cast<size_t>(radix[k]), ++k) pass_r(radix[k], y, b, h);
 }
 
 // max |x[i]| (exact: |INT32_MIN| = 2^31 fits the uint32)
@@ -622,6 +697,49 @@ OR_CLONES int64_t fwht_saturate_blocks(const int32_t* x, size_t n, size_t b, int
     return over;
 }
 
+// The encoder's transform split at its headroom: q_max 2^S < 2^31 makes the first S stages
+// exact in int32 whatever the data, so they run per sub-block of 2^S elements, in L1, right
+// after the sub-block is quantized (fwht_sub32); the other R stages are one pass across the
+// sub-blocks (fwht_across32). encoder_split returns S, or 0 where this does not apply (the
+// block too small for a tile per sub-block, R = 0: nothing can saturate, R > 4: too many
+// vectors for one pass): then fwht_saturate_blocks does the block.
+int encoder_split(size_t b, int64_t q_max) {
+    const int lb = __builtin_ctzll(b);
+    int s = 0;
+    while (s < lb && (q_max << (s + 1)) <= 0x7FFFFFFF) ++s;
+    const int r = lb - s;
+    return s >= 6 && r >= 1 && r <= 4 ? s : 0;
+}
+
+// The first log2(sub) stages of y[0 .. sub) in int32, in place; returns max |y|.
+OR_CLONES uint32_t fwht_sub32(int32_t* y, size_t sub) {
+    for (size_t o = 0; o < sub; o += TILE) tile<int32_t, 4>(y + o, y + o);
+    int radix[8];
+    const int np = plan_passes(sub, radix);
+    size_t h = TILE;
+    for (int k = 0; k < np; h *= static_cast<size_t>(radix[k]), ++k) pass_r(radix[k], y, sub, h);
+    return max_abs_loop(y, sub);
+}
+
+// The stages across the b / sub (2..16) sub-blocks of y, in place, saturated to +-limit:
+// widened to int64, or in int32 when top (max |y|) times the radix cannot reach limit.
+// Returns the count clamped.
+OR_CLONES int64_t fwht_across32(int32_t* y, size_t b, size_t sub, int64_t limit, uint64_t top) {
+    const size_t r = b / sub;
+    if (top <= static_cast<uint64_t>(limit) / r) {
+        pass_r(static_cast<int>(r), y, b, sub);
+        return 0;
+    }
+    int64_t over = 0;
+    switch (r) {
+        case 16: pass_widen<16>(y, b, sub, y, limit, over); break;
+        case 8: pass_widen<8>(y, b, sub, y, limit, over); break;
+        case 4: pass_widen<4>(y, b, sub, y, limit, over); break;
+        default: pass_widen<2>(y, b, sub, y, limit, over); break;
+    }
+    return over;
+}
+
 // v[i] = div_round(t[i], d): d > 0, |t| < 2^51 (the caller checks). A power of two divides by
 // a shift; otherwise the quotient through double is within one of the exact one (2|t| + d <
 // 2^53 is exact in double) and one correction step makes it exact.
@@ -691,6 +809,33 @@ OR_CLONES int64_t decode_fpu(const int64_t* __restrict t, size_t n, int64_t d,
         const double r = a - q * two_d;
         q = r < 0.0 ? q - 1.0 : q;
         q = r >= two_d ? q + 1.0 : q;
+        const bool neg = (tv < 0.0) != (s[i] != 0);
+        float f = static_cast<float>((neg ? 0.0 - q : q) * scale);  // 0 - 0 = +0, as the model
+        const bool over = std::fabs(f) > FMAX;
+        saturated += over;
+        f = over ? std::copysign(FMAX, f) : f;
+        out[i] = f;
+    }
+    return saturated;
+}
+
+// decode_fpu for d = 2^k (the plain estimator; unbiased with every packet of the block): then
+// |t| 2^-k + 1/2 = (|t| + 2^(k-1)) 2^-k is exact in double (|t| < 2^51, k <= 16), and its floor
+// is the model's div_round without a correction step.
+OR_CLONES int64_t decode_fpu_pow2(const int64_t* __restrict t, size_t n, int k,
+                                  const uint8_t* __restrict s, double scale,
+                                  float* __restrict out) {
+    const double inv = std::ldexp(1.0, -k);
+    constexpr int64_t MAGIC_BITS = 0x4338000000000000;  // 1.5 * 2^52, as in decode_fpu
+    constexpr double MAGIC = 6755399441055744.0;
+    constexpr float FMAX = 3.40282346638528859812e+38f;
+    int64_t saturated = 0;
+    for (size_t i = 0; i < n; ++i) {
+        const int64_t bits = t[i] + MAGIC_BITS;
+        double tv;
+        std::memcpy(&tv, &bits, sizeof tv);
+        tv -= MAGIC;  // == t[i]
+        const double q = std::floor(std::fabs(tv) * inv + 0.5);
         const bool neg = (tv < 0.0) != (s[i] != 0);
         float f = static_cast<float>((neg ? 0.0 - q : q) * scale);  // 0 - 0 = +0, as the model
         const bool over = std::fabs(f) > FMAX;
@@ -870,12 +1015,28 @@ EncodeCounts encode_blocks(const float* x, size_t n, int exponent, uint32_t op_i
             " blocks");
     const SignKey key = sign_key(p.seed, op_id);
     const Scratch s = scratch(b);
+    const int split = encoder_split(b, p.q_max());
     EncodeCounts c;
     for (size_t k = block_begin; k < block_end; ++k) {
         const size_t o = k * b;
         const size_t m = o < n ? std::min(b, n - o) : 0;  // real elements of the block
         int32_t* yb = y + o;
         if (p.rht) sign_bits(key, o, m, s.signs);  // applied as the values are quantized
+        if (p.rht && split) {  // sub-block by sub-block: quantized, then transformed in L1
+            const size_t sub = size_t{1} << split;
+            uint32_t top = 0;
+            for (size_t j = 0; j < b; j += sub) {
+                const size_t mj = j < m ? std::min(sub, m - j) : 0;
+                const QuantizeCounts qc =
+                    quantize_i32(x + o + j, mj, exponent, p.q_max(), s.signs + j, yb + j);
+                c.sat_quantize += qc.saturated;
+                c.nonfinite += qc.nonfinite;
+                std::fill(yb + j + mj, yb + j + sub, 0);
+                top = std::max(top, fwht_sub32(yb + j, sub));
+            }
+            c.sat_transform += fwht_across32(yb, b, sub, p.wire_max(), top);
+            continue;
+        }
         const QuantizeCounts qc =
             quantize_i32(x + o, m, exponent, p.q_max(), p.rht ? s.signs : nullptr, yb);
         c.sat_quantize += qc.saturated;
@@ -926,7 +1087,10 @@ DecodeCounts decode_blocks(const int32_t* z, const uint8_t* have, size_t n, int 
                                   : static_cast<int64_t>(b);
             if (fpu_ok(exponent)) {  // only the elements that are output
                 sign_bits(key, o, m, s.signs);
-                c.sat_output += decode_fpu(t, m, d, s.signs, std::ldexp(1.0, exponent), out + o);
+                const double scale = std::ldexp(1.0, exponent);
+                c.sat_output += is_pow2(d) ? decode_fpu_pow2(t, m, __builtin_ctzll(d), s.signs,
+                                                             scale, out + o)
+                                           : decode_fpu(t, m, d, s.signs, scale, out + o);
                 continue;
             }
             div_round_block(t, m, d, v);
