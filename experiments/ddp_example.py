@@ -91,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     xs, ys = teacher_task()
     model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 3))
     ddp = DDP(model, bucket_cap_mb=0.01)
-    params = NicParams(job_id=args.job_id)
+    # exponents agreed in-band: no exchange with the slowest rank before each bucket
+    # (docs/numerics.md); the gateware's sim backend needs it off and says so
+    params = NicParams(job_id=args.job_id, exp_inband=True)
     if args.p is not None:
         params = params.replace(p=args.p)
     if args.t_b_us is not None:

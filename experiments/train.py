@@ -114,7 +114,9 @@ class TrainConfig:
     def nic_params(self):
         from optireduce.params import NicParams
 
-        return NicParams(n_max=max(8, self.world), **{k: getattr(self, k) for k in NIC_FIELDS})
+        # in-band exponents on host backends; the co-simulated gateware agrees by exchange
+        return NicParams(n_max=max(8, self.world), exp_inband=self.cosim_rank is None,
+                         **{k: getattr(self, k) for k in NIC_FIELDS})  # fmt: skip
 
 
 def straggler_delays(cfg: TrainConfig) -> np.ndarray:

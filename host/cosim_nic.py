@@ -58,6 +58,11 @@ class SimNic(HostNic):
 
         if self.transport.impairment is not None:
             raise BackendUnavailable("the sim NIC sends on the socket itself: no impairment")
+        if self.p.exp_inband:
+            raise BackendUnavailable(
+                "the gateware agrees exponents by the hosts' exchange only: NicParams.exp_inband "
+                "must be off for the sim NIC (docs/numerics.md)"
+            )
         try:
             self.exe = harness_path(self.p)
         except (ToolchainError, ImportError) as e:
@@ -162,7 +167,9 @@ class SimNic(HostNic):
         # room; one more than the window is queued, so the pipes never both fill.
         return op_id < done + self.p.ops_in_flight + 1
 
-    def _start(self, op_id: int, chunk: np.ndarray, exponent: int) -> None:
+    def _start(
+        self, op_id: int, chunk: np.ndarray, exponent: int | None, ahead: int | None
+    ) -> None:
         head = struct.pack("<IIIi", MSG_START, op_id, len(chunk), exponent)
         self._send(head + chunk.astype("<f4").tobytes())
 

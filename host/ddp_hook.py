@@ -17,7 +17,8 @@ Every rank takes the same decision (the loss is max-reduced first; `accept`
 decides nothing and skips that exchange). Control exchanges wait max(t_B,
 `control_floor_s`): a rank that misses one is excluded for good. Every
 `checksum_every` iterations the replicas compare a parameter checksum over the
-reliable path; on drift they resync from rank 0 (or fail, with resync=False).
+control plane; on drift they resync from rank 0 over it too, bounded as every
+control exchange (or fail, with resync=False).
 """
 
 import logging
@@ -40,6 +41,7 @@ log = logging.getLogger("optireduce")
 POLICIES = ("accept", "skip", "redo", "stop")
 WARMUP_T_B_US = 30_000_000  # the bound of warm-up phases: only a dead peer reaches it
 CONTROL_FLOOR_S = 1.0  # least wait of a control exchange: exclusion must mean dead
+RESYNC_FLOOR_BPS = 10e6  # a resync's bound grows by its bytes at this slowest rate
 
 
 @dataclass
@@ -306,8 +308,14 @@ def optireduce_hook(
         if state.policy != "accept":
             # one decision on every rank: the max of the loss fractions. `accept` decides
             # nothing, so it spares the step this exchange and keeps its own fraction.
-            ppm = state._control.max_ints(ppm, state._bound())
+            # With in-band exponents the same exchange says whether a rank saturated (a
+            # prediction too small): then every rank goes back to the exchange at once.
+            saturated = sum(s.sat_quantize for s in stats)
+            ppm, saturated = state._control.max_ints([ppm[0], saturated], state._bound())
+            ppm = [ppm]
             state._note_gone()
+            if saturated and nic.p.exp_inband:
+                nic.resync()
         b = BucketStats(
             idx, tensor.numel(), "optireduce", ppm[0] / 1e6,
             sum((s.phase1_reason == "early") + (s.phase2_reason == "early") for s in stats),
@@ -350,13 +358,30 @@ def _check_replicas(state: OptiReduceState, params: list[torch.Tensor]) -> None:
     every = [struct.unpack("!d", g)[0] for g in got if g is not None]
     if all(e == every[0] for e in every):
         return
-    if state.faults:  # gloo cannot broadcast past a dead peer: report, carry on
-        log.error("optireduce: replicas differ (%s) and a peer is gone: no resync", every)
-        return
     if not state.resync:
         raise RuntimeError(f"optireduce: replicas drifted apart (parameter checksums {every})")
-    for p in params:
-        dist.broadcast(p.data, src=0, group=state._group)
+    if 0 in state._control.gone:
+        log.error("optireduce: replicas differ (%s) and rank 0 is gone: no resync", every)
+        return
+    # rank 0's parameters over the bounded control plane, not gloo: a gloo broadcast
+    # would wait for a peer that died or stalled since the checksum exchange
+    host = [p.detach().cpu().contiguous() for p in params]
+    nbytes = sum(h.numel() * h.element_size() for h in host)
+    mine = b"".join(h.numpy().tobytes() for h in host) if dist.get_rank() == 0 else b""
+    got = state._control.broadcast(mine, 0, state._bound() + nbytes / RESYNC_FLOOR_BPS)
+    state._note_gone()
+    if got is None or len(got) != nbytes:
+        log.error("optireduce: replicas differ (%s); rank 0's parameters did not come in "
+                  "time: no resync", every)  # fmt: skip
+        return
+    if dist.get_rank() != 0:
+        off = 0
+        with torch.no_grad():
+            for p, h in zip(params, host, strict=True):
+                n = h.numel() * h.element_size()
+                src = torch.frombuffer(bytearray(got[off : off + n]), dtype=h.dtype)
+                p.copy_(src.view_as(p))
+                off += n
     first = not any(s.resynced for s in state.history)
     state.step.resynced = True
     # Under loss each rank decodes with its own losses, so drift is expected: one line

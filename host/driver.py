@@ -13,12 +13,13 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol, Union
 
 import numpy as np
 
 from optireduce import ubt
+from optireduce.host.exponent_plan import ExponentAgreement, ExponentPlan
 from optireduce.host.model.deadline import calibrate_t_b, phase_times
 from optireduce.host.model.fwht import fwht_blocks
 from optireduce.host.model.nic_model import NicModel, OpResult
@@ -33,10 +34,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("optireduce")
 ArrayLike = Union[np.ndarray, "torch.Tensor"]  # a CPU tensor comes back as a tensor
 
-# Agree on the op exponents: every rank passes its proposals, gets the max of all.
-ExponentAgreement = Callable[[list[int]], list[int]]
-
-
 class Nic(Protocol):
     backend: str
     gone: set[int]  # peers excluded: nothing more is awaited from them
@@ -46,6 +43,8 @@ class Nic(Protocol):
     def exclude(self, rank: int) -> None: ...
 
     def counters(self) -> dict[str, int]: ...
+
+    def resync(self) -> None: ...
 
     def close(self) -> None: ...
 
@@ -89,6 +88,7 @@ class HostNic:
         self.p, self.rank, self.world = p, rank, world
         self.transport, self.agree = transport, agree
         self.next_op = 0
+        self.exponents = ExponentPlan(p, self.next_op)
         self._open()
 
     def _open(self) -> None:
@@ -112,8 +112,9 @@ class HostNic:
             raise ValueError("allreduce: empty input")
         p = self.p
         bounds = [(a, min(a + p.c, x.size)) for a in range(0, x.size, p.c)]
-        exps = self.agree([propose_exponent(x[a:b], p) for a, b in bounds])
         first, ops = self.next_op, len(bounds)
+        props = [propose_exponent(x[a:b], p) for a, b in bounds]
+        exps, ahead = self.exponents.plan(props, first, self.agree)
         results: dict[int, np.ndarray] = {}
         stats: list[OpStats] = []
         started = 0
@@ -123,7 +124,7 @@ class HostNic:
         while len(results) < ops:
             while started < ops and self._room(first + started, first + len(results)):
                 a, b = bounds[started]
-                self._start(first + started, x[a:b], exps[started])
+                self._start(first + started, x[a:b], exps[started], ahead[started])
                 started += 1
             try:
                 done = self._poll(limit)
@@ -149,8 +150,16 @@ class HostNic:
         its results back so far."""
         raise NotImplementedError
 
-    def _start(self, op_id: int, chunk: np.ndarray, exponent: int) -> None:
+    def _start(
+        self, op_id: int, chunk: np.ndarray, exponent: int | None, ahead: int | None
+    ) -> None:
+        """Start one op: exponent None = in-band; ahead: its proposal for op + lead."""
         raise NotImplementedError
+
+    def resync(self) -> None:
+        """The next L ops take their exponents from the reliable exchange (in-band
+        agreement only; every rank must call this at the same op)."""
+        self.exponents.resync(self.next_op)
 
     def _poll(self, deadline: float) -> list[OpResult]:
         """Wait a little (never past `deadline`, time.monotonic(); TimeoutError there);
@@ -196,8 +205,9 @@ class SoftwareNic(HostNic):
         self.nic.exclude(self.now_us(), rank)
 
     def counters(self) -> dict[str, int]:
-        """The model's counters, then the transport's (datagrams, admission drops)."""
-        return {**self.nic.counters, **self.transport.counters()}
+        """The model's counters, then the transport's (datagrams, admission drops), then
+        how the ops' exponents were chosen (EXP_COUNTERS)."""
+        return {**self.nic.counters, **self.transport.counters(), **self.nic.exp_counters}
 
     def set_t_b(self, t_b_us: int) -> None:
         """A calibrated hard bound for every later phase."""
@@ -207,8 +217,10 @@ class SoftwareNic(HostNic):
     def _room(self, op_id: int, done: int) -> bool:
         return op_id < self.nic.base + self.p.ops_in_flight  # the model's window
 
-    def _start(self, op_id: int, chunk: np.ndarray, exponent: int) -> None:
-        self.nic.start_op(self.now_us(), op_id, chunk, exponent)
+    def _start(
+        self, op_id: int, chunk: np.ndarray, exponent: int | None, ahead: int | None
+    ) -> None:
+        self.nic.start_op(self.now_us(), op_id, chunk, exponent, next_proposal=ahead)
 
     def _poll(self, deadline: float) -> list[OpResult]:
         nic = self.nic

@@ -33,7 +33,9 @@ class ScriptedNic(HostNic):
     def _room(self, op_id: int, done: int) -> bool:
         return op_id < done + self.p.ops_in_flight
 
-    def _start(self, op_id: int, chunk: np.ndarray, exponent: int) -> None:
+    def _start(
+        self, op_id: int, chunk: np.ndarray, exponent: int | None, ahead: int | None
+    ) -> None:
         self.pending.append((op_id, chunk.copy(), exponent))
         self.started.append((op_id, len(chunk), exponent))
         self.in_flight_max = max(self.in_flight_max, len(self.pending))

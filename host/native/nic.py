@@ -3,7 +3,8 @@
 The same face as host/driver.py's backends: `allreduce(x) -> (mean, [OpStats])`,
 `exclude`, `gone`, `counters`, `calibrate`, `set_t_b`, `close`. The work runs in one
 engine thread per rank (host/native/src/live.cpp): this class only cuts the bucket into
-chunks of at most C, agrees on their exponents, submits every chunk at once (the thread
+chunks of at most C, plans their exponents (host/exponent_plan.py: the reliable exchange, or
+in-band with NicParams.exp_inband), submits every chunk at once (the thread
 starts each when the window of K ops has room) and waits, the GIL released, for the results,
 which the thread writes straight into the output array. Memory: O(C x K) inside the engine,
 whatever the bucket size; the output is the caller's array when `out=` is given (may be x
@@ -20,12 +21,13 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Union
 
 import numpy as np
 
 from optireduce.host.bind_address import bind_udp, local_ipv4, port_range
+from optireduce.host.exponent_plan import ExponentAgreement, ExponentPlan
 from optireduce.host.model.deadline import calibrate_t_b, phase_times
 from optireduce.host.model.impairment import ImpairmentSpec
 from optireduce.host.native import _engine, why
@@ -38,7 +40,6 @@ if TYPE_CHECKING:
     from optireduce.host.transport import UdpTransport
 
 ArrayLike = Union[np.ndarray, "torch.Tensor"]
-ExponentAgreement = Callable[[list[int]], list[int]]
 Address = tuple[str, int]
 
 DEFAULT_BUFFER_BYTES = 64 << 20  # asked for SO_RCVBUF and SO_SNDBUF (root may pass rmem_max)
@@ -129,11 +130,13 @@ class NativeNic:
                 self._params, rank, world, bind_ip=bind[0], port=bind[1], fd=fd,
                 buffer_bytes=buffer_bytes, impairment=impairment,
                 seed=rank if seed is None else seed,
+                exp_lead=p.exp_lead_eff if p.exp_inband else 0,
             )  # fmt: skip
         finally:
             if own is not None:
                 own.close()  # the engine holds its own dup
         self.transport = NativeTransport(self, transport)
+        self.exponents = ExponentPlan(p, self._live.next_op)
         self._lock = threading.Lock()  # one allreduce at a time: op ids are handed out in order
         # arrays the engine thread may still read or write, by op id
         self._held: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -176,6 +179,11 @@ class NativeNic:
         """The engine's counters (optireduce.counters.COUNTERS), then the transport's
         (rx/tx datagrams, not_member, wrong_sender, ...) and the impairment's."""
         return dict(self._live.counters(CALL_TIMEOUT_S))
+
+    def resync(self) -> None:
+        """The next L ops take their exponents from the reliable exchange (in-band
+        agreement only; every rank must call this at the same op)."""
+        self.exponents.resync(self.next_op)
 
     def set_t_b(self, t_b_us: int) -> None:
         """A calibrated hard bound for every later phase."""
@@ -268,8 +276,9 @@ class NativeNic:
             raise ValueError(f"allreduce: out has {out.size} elements, x has {x.size}")
         c, live = self.p.c, self._live
         bounds = [(a, min(a + c, x.size)) for a in range(0, x.size, c)]
-        exps = self.agree([_engine.propose_exponent(x[a:b], self._params) for a, b in bounds])
         first = live.next_op
+        props = [_engine.propose_exponent(x[a:b], self._params) for a, b in bounds]
+        exps, ahead = self.exponents.plan(props, first, self.agree)
         stats: list[OpStats] = []
         # Every phase ends by its deadline: an op takes at most 2 t_B plus skew. Past this
         # bound something outside the protocol is wrong: fail, never hang.
@@ -278,7 +287,7 @@ class NativeNic:
             for k, (a, b) in enumerate(bounds):
                 xs, os_ = x[a:b], out[a:b]
                 self._held[first + k] = (xs, os_)
-                live.submit(first + k, xs, os_, int(exps[k]))
+                live.submit(first + k, xs, os_, exps[k], ahead[k])
             while len(stats) < len(bounds):
                 left = limit - time.monotonic()
                 if left <= 0:

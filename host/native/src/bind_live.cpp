@@ -59,6 +59,7 @@ std::vector<std::string> live_counter_names() {
     for (int k = 0; k < N_COUNTERS; ++k) out.emplace_back(counter_name(k));
     for (int k = 0; k < N_TRANSPORT_COUNTERS; ++k) out.emplace_back(TRANSPORT_COUNTER_NAMES[k]);
     for (int k = 0; k < N_LIVE_COUNTERS; ++k) out.emplace_back(LIVE_COUNTER_NAMES[k]);
+    for (int k = 0; k < N_EXP_COUNTERS; ++k) out.emplace_back(exp_counter_name(k));
     return out;
 }
 
@@ -150,7 +151,7 @@ void bind_live(nb::module_& m) {
             "__init__",
             [](LiveNic* self, nb::handle params, int rank, int world, const std::string& bind_ip,
                int port, int fd, int buffer_bytes, nb::handle impairment, uint64_t seed,
-               int64_t first_op, int64_t max_wait_us) {
+               int64_t first_op, int64_t max_wait_us, int exp_lead) {
                 LiveConfig c;
                 c.p = params_from_py(params);
                 c.rank = rank;
@@ -163,11 +164,13 @@ void bind_live(nb::module_& m) {
                 c.seed = seed;
                 c.first_op = first_op;
                 c.max_wait_us = max_wait_us;
+                c.inband.on = exp_lead > 0;
+                c.inband.lead = exp_lead;
                 new (self) LiveNic(c);
             },
             "params"_a, "rank"_a, "world"_a, "bind_ip"_a = "127.0.0.1", "port"_a = 0,
             "fd"_a = -1, "buffer_bytes"_a = 64 << 20, "impairment"_a = nb::none(), "seed"_a = 0,
-            "first_op"_a = 0, "max_wait_us"_a = 2000)
+            "first_op"_a = 0, "max_wait_us"_a = 2000, "exp_lead"_a = 0)
         .def_prop_ro("address",
                      [](const LiveNic& n) {
                          return std::make_pair(ip_string(n.local().ip), int{n.local().port});
@@ -187,12 +190,14 @@ void bind_live(nb::module_& m) {
             "peers"_a, "timeout_s"_a = 5.0)
         .def(
             "submit",
-            [](LiveNic& n, int64_t op_id, F32In x, F32Out out, int exponent) {
+            [](LiveNic& n, int64_t op_id, F32In x, F32Out out, std::optional<int> exponent,
+               std::optional<int> next_proposal) {
+                // exponent None: in-band (exp_lead > 0); next_proposal None: "no proposal"
                 if (x.shape(0) != out.shape(0))
                     throw std::invalid_argument("submit: x and out differ in length");
-                n.submit(op_id, x.data(), out.data(), x.shape(0), exponent);
+                n.submit(op_id, x.data(), out.data(), x.shape(0), exponent, next_proposal);
             },
-            "op_id"_a, "x"_a, "out"_a, "exponent"_a)
+            "op_id"_a, "x"_a, "out"_a, "exponent"_a.none(), "next_proposal"_a.none() = nb::none())
         .def(
             "wait",
             [](LiveNic& n, double timeout_s, size_t at_least) {

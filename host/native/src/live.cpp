@@ -55,7 +55,8 @@ LiveNic::LiveNic(const LiveConfig& cfg)
       next_submit_(cfg.first_op) {
     if (cfg.max_wait_us < 1 || cfg.max_wait_us > 1000000)
         throw std::invalid_argument("max_wait_us must be in 1..1000000");
-    engine_ = std::make_unique<Engine>(cfg.p, cfg.rank, cfg.world, Addressing{}, cfg.first_op);
+    engine_ = std::make_unique<Engine>(cfg.p, cfg.rank, cfg.world, Addressing{}, cfg.first_op,
+                                       cfg.inband);
     tr_ = open_transport(cfg, HEADER_LEN + 4 * static_cast<size_t>(cfg.p.p));
     local_ = tr_->local();
     rcvbuf_ = tr_->rcvbuf();
@@ -150,6 +151,8 @@ std::vector<int64_t> LiveNic::counters(int64_t timeout_us) {
         clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu);
         live_[L_ENGINE_CPU_US] = int64_t{cpu.tv_sec} * 1000000 + cpu.tv_nsec / 1000;
         out->insert(out->end(), live_, live_ + N_LIVE_COUNTERS);
+        const int64_t* x = engine_->exp_counters();
+        out->insert(out->end(), x, x + N_EXP_COUNTERS);
     }, timeout_us, "counters");
     return *out;
 }
@@ -170,7 +173,8 @@ int64_t LiveNic::cancel(int64_t timeout_us) {
     return *next;
 }
 
-void LiveNic::submit(int64_t op_id, const float* in, float* out, size_t n, int exponent) {
+void LiveNic::submit(int64_t op_id, const float* in, float* out, size_t n,
+                     std::optional<int> exponent, std::optional<int> next_proposal) {
     if (!has_peers_.load())
         throw std::invalid_argument("submit: no peers yet: connect() first");
     if (op_id != next_submit_)
@@ -179,15 +183,19 @@ void LiveNic::submit(int64_t op_id, const float* in, float* out, size_t n, int e
     if (n < 1 || static_cast<int64_t>(n) > cfg_.p.c)
         throw std::invalid_argument("submit: " + std::to_string(n) +
                                     " elements; an op holds 1..c=" + std::to_string(cfg_.p.c));
-    if (exponent < EXP_MIN || exponent > EXP_MAX)
-        throw std::invalid_argument("submit: exponent " + std::to_string(exponent) +
-                                    " outside int8");
+    for (const auto& [e, what] : {std::make_pair(exponent, "exponent"),
+                                  std::make_pair(next_proposal, "next_proposal")})
+        if (e && (*e < EXP_MIN || *e > EXP_MAX))
+            throw std::invalid_argument(std::string("submit: ") + what + " " +
+                                        std::to_string(*e) + " outside int8");
+    if ((!exponent || next_proposal) && !cfg_.inband.on)
+        throw std::invalid_argument("submit: in-band exponents need NicParams.exp_inband");
     {
         std::lock_guard<std::mutex> lk(mu_);
         if (exited_)
             throw std::runtime_error("submit: the engine thread has stopped" +
                                      (error_.empty() ? std::string() : " (" + error_ + ")"));
-        inbox_.push_back(Submit{op_id, in, out, n, exponent});
+        inbox_.push_back(Submit{op_id, in, out, n, exponent, next_proposal});
     }
     next_submit_ += 1;
     wake();
@@ -306,7 +314,8 @@ void LiveNic::start_ready(int64_t now) {
            pending_.front().op_id < engine_->base() + cfg_.p.ops_in_flight) {
         const Submit s = pending_.front();
         pending_.pop_front();
-        engine_->start_op(now, s.op_id, s.in, s.n, s.exponent, s.out);  // decoded in place
+        engine_->start_op(now, s.op_id, s.in, s.n, s.exponent, s.next_proposal,
+                          s.out);  // decoded in place
         started_.push_back(s);
     }
 }

@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -40,6 +41,7 @@ struct LiveConfig {
     uint64_t seed = 0;
     int64_t first_op = 0;
     int64_t max_wait_us = 2000;  // longest sleep with nothing due (stop is also woken at once)
+    Inband inband;  // NicParams.exp_inband / exp_lead_eff
 };
 
 struct LiveDone {
@@ -78,7 +80,7 @@ public:
     void set_t_b(int64_t t_b_us, int64_t timeout_us);
     void set_impairment(const ImpairmentSpec& spec, int64_t timeout_us);
     std::vector<int> gone(int64_t timeout_us);
-    // engine counters, then transport counters, then live counters
+    // engine counters, then transport counters, then live counters, then exponent counters
     std::vector<int64_t> counters(int64_t timeout_us);
     // Forget every op not yet started and every result not yet written: after this returns,
     // the engine thread touches none of the submitted pointers again. The ops already started
@@ -86,8 +88,11 @@ public:
     int64_t cancel(int64_t timeout_us);
 
     // Queue op `op_id` (the next id: next_op()); in and out hold n floats and must stay valid
-    // until its result is handed back or cancel() returns. Throws std::invalid_argument.
-    void submit(int64_t op_id, const float* in, float* out, size_t n, int exponent);
+    // until its result is handed back or cancel() returns. No exponent: the in-band one
+    // (Engine::start_op); next_proposal: this rank's proposal for op_id + lead (in-band only).
+    // Throws std::invalid_argument.
+    void submit(int64_t op_id, const float* in, float* out, size_t n,
+                std::optional<int> exponent, std::optional<int> next_proposal = std::nullopt);
     int64_t next_op() const { return next_submit_; }
     // Waits up to timeout_us until at least `at_least` ops have finished (one wake-up per
     // bucket, not per op), moves what finished into out (appends). False when nothing had
@@ -104,7 +109,8 @@ private:
         const float* in;
         float* out;
         size_t n;
-        int exponent;
+        std::optional<int> exponent;
+        std::optional<int> next_proposal;
     };
     struct Command {
         std::function<void()> fn;
