@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Protocol, Union
 import numpy as np
 
 from optireduce import ubt
+from optireduce.counters import COUNTERS
 from optireduce.host.exponent_plan import ExponentAgreement, ExponentPlan
 from optireduce.host.model.deadline import calibrate_t_b, phase_times
 from optireduce.host.model.fwht import fwht_blocks
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("optireduce")
 ArrayLike = Union[np.ndarray, "torch.Tensor"]  # a CPU tensor comes back as a tensor
+
 
 class Nic(Protocol):
     backend: str
@@ -241,6 +243,50 @@ class SoftwareNic(HostNic):
         self.transport.close()
 
 
+class LocalNic:
+    """World 1: the mean of one rank is its own input, so nothing goes on the network (a
+    one-process `torchrun` smoke run trains unchanged). Same face as the other backends."""
+
+    backend = "local"
+
+    def __init__(self, p: NicParams, rank: int, transport: UdpTransport) -> None:
+        self.p, self.rank, self.world, self.transport = p, rank, 1, transport
+        self.gone: set[int] = set()
+        self.next_op = 0
+
+    def allreduce(self, x: ArrayLike) -> tuple[ArrayLike, list[OpStats]]:
+        torch_in = type(x).__module__.startswith("torch")
+        n = x.numel() if torch_in else int(np.size(x))
+        if n == 0:
+            raise ValueError("allreduce: empty input")
+        out = x.detach().clone() if torch_in else np.array(x, dtype=np.float32)
+        first, self.next_op = self.next_op, self.next_op + -(-n // self.p.c)
+        stats = [
+            OpStats(k, self.rank, 1, min(self.p.c, n - (k - first) * self.p.c), 0,
+                    phase1_reason="complete", phase2_reason="complete")
+            for k in range(first, self.next_op)
+        ]  # fmt: skip
+        return out, stats
+
+    def exclude(self, rank: int) -> None:
+        raise ValueError(f"exclude: world 1 has no rank {rank} to exclude")
+
+    def counters(self) -> dict[str, int]:
+        return {**dict.fromkeys(COUNTERS, 0), **self.transport.counters()}
+
+    def set_t_b(self, t_b_us: int) -> None:
+        self.p = self.p.replace(t_b_us=int(t_b_us))
+
+    def calibrate(self, x: np.ndarray, ops: int = 5) -> int:
+        return self.p.t_b_us
+
+    def resync(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.transport.close()
+
+
 def _board() -> Nic:
     raise BackendUnavailable("the driver has no board backend (a NIC's host port over AF_PACKET)")
 
@@ -280,6 +326,9 @@ def select_nic(
 ) -> Nic:
     """The best available backend (of `prefer`, default default_backends()), with one
     log line saying which and why."""
+    if world == 1:
+        log.info("optireduce rank %d: world 1, the local NIC (each bucket is its own mean)", rank)
+        return LocalNic(p, rank, transport)
     reasons = []
     for name in dict.fromkeys(prefer or default_backends()):
         try:

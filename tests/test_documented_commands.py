@@ -79,12 +79,7 @@ NOT_RUN: dict[str, str] = {
 
 # Documented commands that fail today, as written: each runs, and must fail (strict xfail),
 # so that the fix shows up as a pass to be moved out of here.
-FAILING: dict[str, str] = {
-    # torchrun's default is one process per node: the hook's NIC refuses world 1 with a
-    # traceback (ValueError: world=1: must be in 2..n_max) instead of a clear start-up error
-    # or an identity allreduce
-    r"^torchrun -m optireduce\.example$": "world 1: the hook's NIC raises from inside backward",
-}
+FAILING: dict[str, str] = {}
 
 # Names of the docs' synopses, and what stands in for them.
 PLACEHOLDERS = {
@@ -104,6 +99,8 @@ STDOUT: list[tuple[str, str]] = [
     (r"-m optireduce\.experiments\.fmax ", r"(?m)^\w+ \{.*\"fmax_mhz\""),
     (r"-m optireduce\.experiments\.logic_depth ", r"registers( in \w+)? with paths over"),
     (r"-m optireduce\.experiments\.ddp_example", r"\S"),
+    # one process: the local NIC, its line says so and the replicas (one) agree
+    (r"^torchrun -m optireduce\.example$", r"world 1, local NIC, .*replicas equal"),
 ]
 
 

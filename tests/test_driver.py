@@ -101,3 +101,30 @@ def test_empty_input_and_a_silent_backend_are_errors():
     with pytest.raises(TimeoutError, match=r"scripted rank 0 got 0/1 ops by the bound"):
         nic.allreduce(np.ones(100, dtype=np.float32))
     assert 1.002 <= time.monotonic() - t0 < 3  # 2 t_B + 1 s for the one op
+
+
+def test_world_one_is_the_local_nic_and_returns_its_input():
+    import torch
+
+    from optireduce.host.driver import select_nic
+    from optireduce.host.transport import UdpTransport
+
+    tr = UdpTransport(0)
+    tr.connect([tr.address])
+    nic = select_nic(NicParams(), 0, 1, transport=tr, agree=lambda v: v)
+    try:
+        assert nic.backend == "local"
+        x = np.random.default_rng(3).standard_normal(40_000).astype(np.float32)
+        out, stats = nic.allreduce(x)
+        assert out is not x
+        np.testing.assert_array_equal(out, x)  # the mean of one input is that input
+        assert [s.n for s in stats] == [16_384, 16_384, 7_232]
+        assert [s.op_id for s in stats] == [0, 1, 2]
+        t, st = nic.allreduce(torch.arange(6.0).view(2, 3))
+        assert isinstance(t, torch.Tensor) and t.tolist() == [[0, 1, 2], [3, 4, 5]]
+        assert st[0].op_id == 3 and st[0].lost_phase1 == st[0].lost_phase2 == 0
+        assert nic.counters()["tx_datagrams"] == 0  # nothing went on the network
+        with pytest.raises(ValueError, match="world 1"):
+            nic.exclude(1)
+    finally:
+        nic.close()
