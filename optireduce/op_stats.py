@@ -35,6 +35,10 @@ class OpStats:
     late: int = 0
     duplicate: int = 0
     t_c_us: tuple[int, int] = (0, 0)  # this node's t_C per phase after the op
+    # per sender rank: its contributions (phase 1) and reduced packets (phase 2) that never
+    # arrived by the phase's end; empty when the NIC does not say (the gateware's stats)
+    p1_missing_from: list[int] = field(default_factory=list)
+    p2_missing_from: list[int] = field(default_factory=list)
 
     @property
     def elapsed_us(self) -> int:

@@ -411,6 +411,7 @@ class NicModel:
         st.phase1_reason, st.phase1_end_us = reason, t
         st.phase1_timeout_us = op.p1.timeout
         st.p1_expected, st.p1_received = op.p1.expected, op.p1.received
+        st.p1_missing_from = (op.p1.exp - op.p1.rcv).tolist()
         means = op.agg.means()
         for row, i in enumerate(op.agg.slots):
             op.gather.place(int(i), means[row], int(op.agg.count[row]))
@@ -426,6 +427,7 @@ class NicModel:
         st.phase2_reason, st.end_us = reason, t
         st.phase2_timeout_us = op.p2.timeout
         st.p2_expected, st.p2_received = op.p2.expected, op.p2.received
+        st.p2_missing_from = (op.p2.exp - op.p2.rcv).tolist()
         st.contributor_hist = op.gather.histogram(self.world).tolist()
         dec = decode(op.gather.z.ravel(), op.gather.have, op.n, op.exponent, op.op_id, p)
         st.sat_output, st.empty_blocks = dec.sat_output, dec.empty_blocks

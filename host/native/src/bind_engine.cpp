@@ -145,6 +145,8 @@ nb::dict stats_dict(const OpStats& s) {
     d["late"] = s.late;
     d["duplicate"] = s.duplicate;
     d["t_c_us"] = nb::make_tuple(s.t_c_us[0], s.t_c_us[1]);
+    d["p1_missing_from"] = s.p1_missing_from;
+    d["p2_missing_from"] = s.p2_missing_from;
     return d;
 }
 

@@ -548,6 +548,7 @@ void Engine::end_phase1(Op& op, int64_t t, Reason reason) {
     st.phase1_timeout_us = op.p1.timeout();
     st.p1_expected = op.p1.expected();
     st.p1_received = op.p1.received();
+    st.p1_missing_from = op.p1.missing_from();
     const int P = p_.p;
     means_.resize(op.n_slots * P);
     for (int64_t row = 0; row < op.n_slots; ++row) {
@@ -588,6 +589,7 @@ void Engine::end_phase2(Op& op, int64_t t, Reason reason) {
     st.phase2_timeout_us = op.p2.timeout();
     st.p2_expected = op.p2.expected();
     st.p2_received = op.p2.received();
+    st.p2_missing_from = op.p2.missing_from();
     st.contributor_hist.assign(world_ + 1, 0);
     for (int64_t k = 0; k < op.n_packets; ++k) {
         const int64_t c = op.have[k] ? op.contributors[k] : 0;

@@ -69,6 +69,7 @@ struct OpStats {
     int64_t sat_quantize = 0, sat_transform = 0, sat_output = 0, nonfinite = 0;
     int64_t empty_blocks = 0, late = 0, duplicate = 0;
     int64_t t_c_us[2] = {0, 0};
+    std::vector<int64_t> p1_missing_from, p2_missing_from;  // per sender
 };
 
 // A frame put on the network port; its bytes are tx_frame(i) until clear_tx().

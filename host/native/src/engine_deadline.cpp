@@ -84,6 +84,12 @@ void PhaseTracker::begin(int64_t now, int64_t anchor) {
     anchor_ = std::max(now, anchor);
 }
 
+std::vector<int64_t> PhaseTracker::missing_from() const {
+    std::vector<int64_t> m(exp_.size());
+    for (size_t q = 0; q < m.size(); ++q) m[q] = exp_[q] - rcv_[q];
+    return m;
+}
+
 int64_t PhaseTracker::busy_until() const {
     // the model's `last_arrival or start`: an arrival at tick 0 counts as none
     const int64_t la = has_last_arrival_ && last_arrival_ != 0 ? last_arrival_ : start_;

@@ -57,6 +57,8 @@ public:
     int64_t timeout() const { return timeout_; }
     int64_t expected() const { return expected_; }
     int64_t received() const { return received_; }
+    // per sender: expected minus arrived (OpStats.p*_missing_from)
+    std::vector<int64_t> missing_from() const;
 
 private:
     int64_t busy_until() const;  // max(start, last arrival or start)
