@@ -21,6 +21,7 @@
 #ifdef OPTIREDUCE_WITH_ENGINE
 #include "bind_engine.hpp"
 #include "bind_live.hpp"
+#include "bind_reliable.hpp"
 #endif
 
 namespace nb = nanobind;
@@ -342,6 +343,7 @@ NB_MODULE(_engine, m) {
     m.attr("with_engine") = true;
     bind_engine(m);
     bind_live(m);
+    bind_reliable(m);
 #else
     m.attr("with_engine") = false;
 #endif
