@@ -465,10 +465,10 @@ OR_INLINE void pass(W* y, size_t b, size_t h) {
     for (size_t i = 0; i < b; i += R * h)
         for (size_t j = i; j < i + h; j += LANES<W>) {
             Vec<W> v[R];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
             for (int k = 0; k < R; ++k) v[k] = vload(y + j + k * h);
             butterflies<R>(v);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
             for (int k = 0; k < R; ++k) vstore(y + j + k * h, v[k]);
         }
 }
@@ -483,10 +483,10 @@ OR_INLINE void pass_widen(const int32_t* t, size_t b, size_t h, Out* y, int64_t 
     for (size_t i = 0; i < b; i += R * h)
         for (size_t j = i; j < i + h; j += LANES<int64_t>) {
             V8 v[R];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
             for (int k = 0; k < R; ++k) v[k] = load_widen8(t + j + k * h);
             butterflies<R>(v);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
             for (int k = 0; k < R; ++k) {
                 if constexpr (std::is_same_v<Out, int64_t>) {
                     vstore(y + j + k * h, v[k]);
@@ -711,9 +711,14 @@ int encoder_split(size_t b, int64_t q_max) {
     return s >= 6 && r >= 1 && r <= 4 ? s : 0;
 }
 
-// The first log2(sub) stages of y[0 .. sub) in int32, in place; returns max |y|.
-OR_CLONES uint32_t fwht_sub32(int32_t* y, size_t sub) {
-    for (size_t o = 0; o < sub; o += TILE) tile<int32_t, 4>(y + o, y + o);
+// The first log2(sub) stages of y[0 .. sub) in int32, in place; returns max |y|. ahead: the
+// next sub-block's input and output (a sub-block is one 4 KiB page at b = 16384, and the
+// hardware prefetcher stops at each page's end).
+OR_CLONES uint32_t fwht_sub32(int32_t* y, size_t sub, const Ahead& ahead) {
+    for (size_t o = 0; o < sub; o += TILE) {
+        prefetch_tile(ahead, o);
+        tile<int32_t, 4>(y + o, y + o);
+    }
     int radix[8];
     const int np = plan_passes(sub, radix);
     size_t h = TILE;
@@ -740,43 +745,53 @@ OR_CLONES int64_t fwht_across32(int32_t* y, size_t b, size_t sub, int64_t limit,
     return over;
 }
 
-// v[i] = div_round(t[i], d): d > 0, |t| < 2^51 (the caller checks). A power of two divides by
-// a shift; otherwise the quotient through double is within one of the exact one (2|t| + d <
-// 2^53 is exact in double) and one correction step makes it exact.
+// v[i] = div_round(t[i], d) for d > 0 while every |t| < 2^51; returns false (v then holds
+// garbage) when some |t| is not, and the caller divides exactly: the bound is checked in the
+// same pass. A power of two divides by a shift; otherwise the quotient through double is
+// within one of the exact one (2|t| + d < 2^53 is exact in double) and one correction step
+// makes it exact. Magnitudes are clamped to the bound first, so a larger t is no overflow.
 template <class T>
-OR_INLINE void div_round_loop(const int64_t* __restrict t, size_t n, int64_t d,
+OR_INLINE bool div_round_loop(const int64_t* __restrict t, size_t n, int64_t d,
                               T* __restrict v) {
+    constexpr uint64_t BOUND = uint64_t{1} << 51;
+    uint64_t big = 0;
     if (is_pow2(d)) {
         const int sh = __builtin_ctzll(static_cast<uint64_t>(d));
-        const int64_t half = d >> 1;  // floor((2m + d) / 2d) = (m + floor(d/2)) >> log2 d
+        const uint64_t half = static_cast<uint64_t>(d) >> 1;  // (m + floor(d/2)) >> log2 d
         for (size_t i = 0; i < n; ++i) {
             const int64_t x = t[i];
-            const int64_t m = x < 0 ? -x : x;
-            const int64_t q = (m + half) >> sh;
+            uint64_t m = x < 0 ? 0 - static_cast<uint64_t>(x) : static_cast<uint64_t>(x);
+            big |= m >= BOUND;
+            m = m < BOUND ? m : BOUND;
+            const int64_t q = static_cast<int64_t>((m + half) >> sh);
             v[i] = static_cast<T>(x < 0 ? -q : q);
         }
-        return;
+        return !big;
     }
     const int64_t two_d = 2 * d;
     const double inv = 1.0 / static_cast<double>(two_d);
     for (size_t i = 0; i < n; ++i) {
         const int64_t x = t[i];
-        const int64_t a = 2 * (x < 0 ? -x : x) + d;
+        uint64_t m = x < 0 ? 0 - static_cast<uint64_t>(x) : static_cast<uint64_t>(x);
+        big |= m >= BOUND;
+        m = m < BOUND ? m : BOUND;
+        const int64_t a = 2 * static_cast<int64_t>(m) + d;
         int64_t q = static_cast<int64_t>(static_cast<double>(a) * inv);
         const int64_t r = a - q * two_d;
         q += (r >= two_d) - (r < 0);
         v[i] = static_cast<T>(x < 0 ? -q : q);
     }
+    return !big;
 }
 
-OR_CLONES void div_round_block(const int64_t* __restrict t, size_t n, int64_t d,
+OR_CLONES bool div_round_block(const int64_t* __restrict t, size_t n, int64_t d,
                                int64_t* __restrict v) {
-    div_round_loop(t, n, d, v);
+    return div_round_loop(t, n, d, v);
 }
 
-OR_CLONES void div_round_block32(const int64_t* __restrict t, size_t n, int64_t d,
+OR_CLONES bool div_round_block32(const int64_t* __restrict t, size_t n, int64_t d,
                                  int32_t* __restrict v) {
-    div_round_loop(t, n, d, v);
+    return div_round_loop(t, n, d, v);
 }
 
 OR_CLONES bool any_abs_at_least(const int64_t* __restrict v, size_t n, int64_t lim) {
@@ -979,13 +994,12 @@ namespace {
 template <class T>
 void div_round_n_t(const int64_t* t, size_t n, int64_t d, T* out) {
     if (d < 1) bad("div_round: d must be >= 1, got " + std::to_string(d));
-    if (!any_abs_at_least(t, n, int64_t{1} << 51)) {
-        if constexpr (std::is_same_v<T, int32_t>)
-            div_round_block32(t, n, d, out);
-        else
-            div_round_block(t, n, d, out);
-        return;
-    }
+    bool done;
+    if constexpr (std::is_same_v<T, int32_t>)
+        done = div_round_block32(t, n, d, out);
+    else
+        done = div_round_block(t, n, d, out);
+    if (done) return;
     for (size_t i = 0; i < n; ++i) {  // beyond the double path: exact integer division
         if (t[i] >= (int64_t{1} << 61) || t[i] <= -(int64_t{1} << 61))
             bad("div_round: |t| must stay below 2^61");
@@ -1032,7 +1046,8 @@ EncodeCounts encode_blocks(const float* x, size_t n, int exponent, uint32_t op_i
                 c.sat_quantize += qc.saturated;
                 c.nonfinite += qc.nonfinite;
                 std::fill(yb + j + mj, yb + j + sub, 0);
-                top = std::max(top, fwht_sub32(yb + j, sub));
+                const Ahead next{x + o + j + sub, yb + j + sub, 4, 4};
+                top = std::max(top, fwht_sub32(yb + j, sub, next));
             }
             c.sat_transform += fwht_across32(yb, b, sub, p.wire_max(), top);
             continue;
@@ -1081,7 +1096,8 @@ DecodeCounts decode_blocks(const int32_t* z, const uint8_t* have, size_t n, int 
         const size_t m = o < n ? std::min(b, n - o) : 0;
         if (m == 0) continue;  // padding only (n = 0): nothing to write
         if (p.rht) {
-            fwht_blocks_i32(z + o, b, b, t, nullptr, {});  // wire values: the int64 path
+            // wire values: the int64 path; the next block's input and output fetched meanwhile
+            fwht_blocks_i32(z + o, b, b, t, nullptr, Ahead{z + o + b, out + o + b, 4, 4});
             const int64_t d = p.estimator == Estimator::unbiased
                                   ? std::max<int64_t>(kept, 1) * p.p
                                   : static_cast<int64_t>(b);
