@@ -1,10 +1,14 @@
-"""The hook's control plane: small all-gathers that never wait past a bound.
+"""The hook's control plane: all-gathers and a broadcast that never wait past a bound.
 
-Exponent agreement, the loss decision and the replica checksum must not block on a
-worker that died or stalled (a gloo collective would wait for gloo's timeout). So
+Exponent agreement, the loss decision, the replica checksum and the resync of the
+parameters must not block on a worker that died or stalled (a gloo collective would
+wait for gloo's timeout). So
 they run over the reliable message layer on a socket of their own, each with a
 deadline. A rank that misses one deadline is taken as gone for the rest of the
-job: later exchanges do not wait for it, and its messages are ignored. Every
+job: later exchanges do not wait for it, and its messages are ignored. A rank that was
+heard from during the exchange (it acked our message: it is alive and pumping, most
+likely still waiting out a dead peer in the exchange before) gets one more bound:
+without it, the ranks that saw a peer die one exchange apart excluded each other. Every
 exchange carries a sequence number, so a late answer is never mistaken for a
 later exchange's.
 """
@@ -41,21 +45,51 @@ class ControlPlane:
             self.ep.send(r, TAG, msg)
         out: list[bytes | None] = [None] * self.world
         out[self.rank] = value
-        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        bound = self.timeout_s if timeout_s is None else timeout_s
+        start = time.monotonic()
         for r in live:
-            while True:
-                left = deadline - time.monotonic()
-                try:
-                    got = self.ep.recv(r, TAG, max(0.0, left))
-                except TimeoutError:
-                    self.gone.add(r)
-                    break
-                (seq,) = _SEQ.unpack_from(got)
-                if seq == self.seq:
-                    out[r] = got[_SEQ.size :]
-                    break
-                # an answer to an exchange that already timed out: drop it
+            out[r] = self._await(r, start, bound)
         return out
+
+    def broadcast(self, value: bytes, root: int, timeout_s: float | None = None) -> bytes | None:
+        """`root`'s value on every live rank (the others' `value` is unused): None where
+        the root is gone or missed the bound. Each receiver answers, so the root keeps
+        sending fragments until every live rank has all of them, and takes a rank that
+        did not answer in time as gone."""
+        self.seq += 1
+        bound = self.timeout_s if timeout_s is None else timeout_s
+        start = time.monotonic()
+        if self.rank != root:
+            if root in self.gone:
+                return None
+            got = self._await(root, start, bound)
+            if got is not None:
+                self.ep.send(root, TAG, _SEQ.pack(self.seq))
+            return got
+        live = [r for r in range(self.world) if r != self.rank and r not in self.gone]
+        for r in live:
+            self.ep.send(r, TAG, _SEQ.pack(self.seq) + value)
+        for r in live:
+            self._await(r, start, bound)
+        return value
+
+    def _await(self, r: int, start: float, bound: float) -> bytes | None:
+        """Rank r's message of the exchange that began at `start`; None (and r gone) past
+        the bound, or past twice the bound if r was heard from since `start`."""
+        deadline = start + bound
+        while True:
+            try:
+                got = self.ep.recv(r, TAG, max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                if deadline == start + bound and self.transport.heard.get(r, start) > start:
+                    deadline += bound  # alive: one more bound, never more
+                    continue
+                self.gone.add(r)
+                return None
+            (seq,) = _SEQ.unpack_from(got)
+            if seq == self.seq:
+                return got[_SEQ.size :]
+            # an answer to an exchange that already timed out: drop it
 
     def max_ints(self, values: list[int], timeout_s: float | None = None) -> list[int]:
         """Element-wise max over the live ranks."""

@@ -75,6 +75,7 @@ class UdpTransport:
         self.sender_of = sender_of
         self.sent = self.received = 0
         self.not_member = self.wrong_sender = 0
+        self.heard: dict[int, float] = {}  # rank -> time.monotonic() of its last admitted datagram
         self.impairment = Impairment(impairment, seed) if impairment else None
         self._queue: list[tuple[float, int, int, bytes]] = []  # (due, seq, dst, datagram)
         self._seq = 0
@@ -180,6 +181,7 @@ class UdpTransport:
                 self.wrong_sender += 1
                 continue
             out.append(d)
+            self.heard[r] = time.monotonic()
         self.received += len(out)
         return out
 
