@@ -507,17 +507,20 @@ void ReliableLive::ack_frag(Peer& peer, uint64_t key) {
 }
 
 void ReliableLive::on_ack(int src, const uint8_t* d, size_t len, int64_t now) {
+    // the whole body first: a malformed ACK changes nothing, not even the RTO
+    size_t off = HDR;
+    while (off + 8 <= len) off += 8 + (size_t{rd32(d + off + 4)} + 7) / 8;
+    if (off != len || rd32(d + 4) != static_cast<uint32_t>(src)) {
+        c_[R_MALFORMED] += 1;
+        return;
+    }
     Peer& peer = peers_[src];
     rtt_sample(static_cast<double>(static_cast<uint32_t>(stamp(now) - rd32(d + 28))));
-    size_t off = HDR;
+    off = HDR;
     while (off + 8 <= len) {
         const uint32_t msg = rd32(d + off), nbits = rd32(d + off + 4);
         off += 8;
         const size_t nbytes = (size_t{nbits} + 7) / 8;
-        if (off + nbytes > len) {
-            c_[R_MALFORMED] += 1;
-            break;
-        }
         const uint8_t* bits = d + off;
         off += nbytes;
         auto it = peer.msgs.find(msg);
