@@ -20,6 +20,11 @@ spawn; a FileStore in a temporary directory; gloo on `lo`; one thread each):
   `ImpairmentSpec(median_us=TAIL_MEDIAN_US, p99_ratio=R, loss=0)` on a smaller bucket,
   the algorithms interleaved op by op so that machine noise hits them alike.
   OptiReduce's t_B is calibrated first by `SoftwareNic.calibrate` over the reliable path.
+  When OptiReduce runs on the native engine, so do the baselines (host/native/reliable.py:
+  the same native transport and impairment, ACKs included, so the comparison is of
+  algorithms); otherwise, or if the native module lacks them, the Python ones
+  (experiments/baselines.py over host/reliable.py), with one log line saying why. The
+  JSON's `baselines` says which ran.
 
 An op's time is the slowest rank's, each rank timing from the gloo barrier that starts
 the op to the moment it holds the result. The reliable baselines flush their acks after
@@ -29,6 +34,7 @@ the timed part, before the next barrier.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import resource
 import tempfile
@@ -75,6 +81,55 @@ def _optireduce_op(nic, x: np.ndarray) -> list:
     return nic.allreduce(x)[1]
 
 
+class _PythonBaselines:
+    """The Python reliable baselines behind the face of NativeReliable."""
+
+    implementation = "python"
+
+    def __init__(self, transport, rank: int, world: int) -> None:
+        from optireduce.host.reliable import ReliableEndpoint
+
+        self.ep, self.rank, self.world = ReliableEndpoint(transport), rank, world
+
+    def ring_allreduce(self, x: np.ndarray, *, timeout: float) -> np.ndarray:
+        from optireduce.experiments.baselines import reliable_ring_allreduce
+
+        return reliable_ring_allreduce(self.ep, self.rank, self.world, x, timeout=timeout)
+
+    def tar_allreduce(self, x: np.ndarray, *, timeout: float) -> np.ndarray:
+        from optireduce.experiments.baselines import reliable_tar_allreduce
+
+        return reliable_tar_allreduce(self.ep, self.rank, self.world, x, timeout=timeout)
+
+    @property
+    def retransmissions(self) -> int:
+        return self.ep.retransmissions
+
+    def flush(self, timeout: float) -> None:
+        self.ep.flush(timeout)
+
+    def close(self, timeout: float = 30.0, quiet_s: float | None = None) -> None:
+        self.ep.settle(timeout=timeout, quiet_s=quiet_s)
+
+
+def _baselines(backend: str, transport, rank: int, world: int):
+    """The native reliable baselines when OptiReduce runs native, else the Python ones
+    (one log line saying why)."""
+    if backend == "native":
+        from optireduce.host.native.reliable import NativeReliable, NativeReliableUnavailable
+
+        try:
+            return NativeReliable(rank, world, transport), ""
+        except NativeReliableUnavailable as e:
+            why = str(e)
+    else:
+        why = f"OptiReduce runs on the {backend} backend, not the native engine"
+    logging.getLogger("optireduce").info(
+        "optireduce rank %d: Python reliable baselines (%s)", rank, why
+    )
+    return _PythonBaselines(transport, rank, world), why
+
+
 def _cpu_s() -> float:
     """CPU seconds of this process so far (every thread: the engine's too)."""
     r = resource.getrusage(resource.RUSAGE_SELF)
@@ -112,14 +167,9 @@ def _worker(rank: int, world: int, tmp: str, cfg: dict, q) -> None:
     import torch
     import torch.distributed as dist
 
-    from optireduce.experiments.baselines import (
-        gloo_allreduce_mean,
-        reliable_ring_allreduce,
-        reliable_tar_allreduce,
-    )
+    from optireduce.experiments.baselines import gloo_allreduce_mean
     from optireduce.host.driver import select_nic, torch_exponent_agreement
     from optireduce.host.model.impairment import ImpairmentSpec
-    from optireduce.host.reliable import ReliableEndpoint
     from optireduce.host.transport import UdpTransport, transport_from_store
     from optireduce.params import NicParams
 
@@ -278,13 +328,17 @@ def _worker(rank: int, world: int, tmp: str, cfg: dict, q) -> None:
         rel_tr = transport(f"{key}/rel", spec, 7919 * rank + 2)
         nic = select_nic(NicParams(**cfg["params"], t_b_us=2_000_000), rank, world,
                          transport=nic_tr, agree=agree)  # fmt: skip
-        ep = ReliableEndpoint(rel_tr)
+        ep, why = _baselines(nic.backend, rel_tr, rank, world)
+        res["baselines"] = ep.implementation
+        if why:
+            res["baselines_why"] = why
+            say(f"{key}: Python reliable baselines ({why})")
         say(f"{key}: calibrating OptiReduce's t_B over the reliable path")
         t_b = nic.calibrate(x, ops=5)
         run = {
             "optireduce": partial(_optireduce_op, nic, x),
-            "reliable_ring": partial(reliable_ring_allreduce, ep, rank, world, x, timeout=30),
-            "reliable_tar": partial(reliable_tar_allreduce, ep, rank, world, x, timeout=30),
+            "reliable_ring": partial(ep.ring_allreduce, x, timeout=30),
+            "reliable_tar": partial(ep.tar_allreduce, x, timeout=30),
         }
         times: dict[str, list[float]] = {a: [] for a in ALGOS}
         retx = dict.fromkeys(ALGOS, 0)
@@ -318,7 +372,7 @@ def _worker(rank: int, world: int, tmp: str, cfg: dict, q) -> None:
         for algo in ("reliable_ring", "reliable_tar"):
             part[algo]["retransmissions_rank0"] = retx[algo]  # spurious: loss = 0
         res[key] = part
-        ep.settle(timeout=30, quiet_s=0.2)
+        ep.close(timeout=30, quiet_s=0.2)  # settles: peers get their last acks
         nic.close()
         rel_tr.close()
     if rank == 0:
@@ -358,6 +412,8 @@ def bench_collective(
     out = {
         "world": world,
         "backend": res["backend"],
+        "baselines": res["baselines"],
+        **({"baselines_why": res["baselines_why"]} if "baselines_why" in res else {}),
         "lossless": res["lossless"],
         "sizes": res["sizes"],
         "rss_256mib": res["rss_256mib"],
