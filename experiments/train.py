@@ -179,6 +179,8 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
     state = late_link = spec = None
     extra_us = 0.0
     ops: list = []
+    op_step: list[int] = []  # the training step of each recorded op
+    step_now = [0]
     if method == "optireduce":
         from optireduce import OptiReduceState, optireduce_hook
         from optireduce.host.ddp_hook import CONTROL_FLOOR_S
@@ -209,6 +211,7 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
         def recording(x):
             res, st = allreduce(x)
             ops.extend(st)
+            op_step.extend([step_now[0]] * len(st))
             return res, st
 
         nic.allreduce = recording
@@ -235,6 +238,7 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
     dist.barrier()
     t0 = time.perf_counter()
     for t in range(cfg.steps):
+        step_now[0] = t
         if method == "gloo":
             time.sleep(delays[t])  # a straggler: its allreduce starts late, all wait
         elif late_link is not None and delays[t] * 1e6 != extra_us:
@@ -265,6 +269,11 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
         res["p1_received"] = np.array([s.p1_received for s in ops])
         res["n_packets"] = np.array([cfg.nic_params().packets_for(s.n) for s in ops])  # padded
         res["op_ms"] = np.array([s.elapsed_us / 1e3 for s in ops])
+        res["op_step"] = np.array(op_step, dtype=np.int64)
+        # per op and sender: reduced packets missing ([] from the gateware: -1, unknown)
+        res["p2_missing_from"] = np.array(
+            [s.p2_missing_from or [-1] * cfg.world for s in ops], dtype=np.int64
+        ).reshape(len(ops), cfg.world)
         res["deadline_phases"] = np.array(
             [(s.phase1_reason == "deadline") + (s.phase2_reason == "deadline") for s in ops]
         )
@@ -345,6 +354,7 @@ def run_method(
         summary["contributions_lost"] = sum(
             int((r["p1_expected"] - r["p1_received"]).sum()) for r in ranks
         ) / max(1, sum(int(r["p1_expected"].sum()) for r in ranks))
+        summary.update(loss_split(cfg, ranks))
         summary["deadline_phases"] = int(sum(r["deadline_phases"].sum() for r in ranks))
         summary["t_b_us"] = int(r0["t_b_us"]) if r0["t_b_us"] >= 0 else None
         summary["resyncs"] = int(r0["resyncs"])
@@ -375,6 +385,41 @@ def run_method(
     summary["final_acc_per_rank"] = [accuracy(r["final_theta"], xte, yte) for r in ranks]
     curve = {"steps": [int(s) for s in r0["steps"]], "times": times, "acc": accs}
     return {"summary": summary, "curve": curve, "ranks": ranks}
+
+
+def loss_split(cfg: TrainConfig, ranks: list[dict]) -> dict:
+    """The entries lost, split by who was late: the step's straggler (its link was late by
+    design) or any other sender (a per-packet delay past the deadline, or our own processing
+    missing it: an upper bound on the latter). Per step and overall, as fractions of the
+    reduced packets, the same denominator as `entries_lost`; ops whose NIC cannot say by
+    sender (the gateware) are `unattributed`."""
+    delays = straggler_delays(cfg)
+    straggler = np.where(delays.max(axis=1) > 0, delays.argmax(axis=1), -1)
+    by_straggler = np.zeros(cfg.steps)
+    by_other = np.zeros(cfg.steps)
+    packets = np.zeros(cfg.steps)
+    unattributed = 0
+    for r in ranks:
+        for step, miss, n in zip(r["op_step"], r["p2_missing_from"], r["n_packets"], strict=True):
+            packets[step] += n
+            if miss[0] < 0:
+                unattributed += 1
+                continue
+            s = straggler[step]
+            late = int(miss[s]) if s >= 0 else 0
+            by_straggler[step] += late
+            by_other[step] += int(miss.sum()) - late
+    frac = np.divide(by_other, packets, out=np.zeros_like(packets), where=packets > 0)
+    frac_s = np.divide(by_straggler, packets, out=np.zeros_like(packets), where=packets > 0)
+    total = max(1.0, float(packets.sum()))
+    return {
+        "entries_lost_straggler": float(by_straggler.sum()) / total,
+        "entries_lost_other": float(by_other.sum()) / total,
+        "step_entries_lost_straggler": frac_s.tolist(),
+        "step_entries_lost_other": frac.tolist(),
+        "entries_lost_other_max_step": float(frac.max(initial=0.0)),
+        "unattributed_ops": unattributed,
+    }
 
 
 def run_train(
@@ -477,7 +522,31 @@ def plot(summary: dict, curves: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     runs = list(curves.values()) if "per_seed" in summary else [curves]
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    split = "per_seed" not in summary and "step_entries_lost_other" in summary.get("optireduce", {})
+    if split:  # one run: its per-step losses, by who was late, below the curves
+        fig, (ax, lx) = plt.subplots(2, 1, figsize=(7, 6.4), height_ratios=(2.2, 1))
+        o = summary["optireduce"]
+        steps = np.arange(1, len(o["step_entries_lost_other"]) + 1)
+        lx.plot(
+            steps,
+            [100 * v for v in o["step_entries_lost_straggler"]],
+            lw=0.8,
+            color="tab:red",
+            label="lost: the step's straggler was late (by design)",
+        )
+        lx.plot(
+            steps,
+            [100 * v for v in o["step_entries_lost_other"]],
+            lw=0.8,
+            color="tab:blue",
+            label="lost from the others (packet delay or our processing)",
+        )
+        lx.set_xlabel("training step")
+        lx.set_ylabel("entries lost (%)")
+        lx.legend(fontsize=7, loc="upper right")
+        lx.grid(alpha=0.3)
+    else:
+        fig, ax = plt.subplots(figsize=(7, 4.2))
     colors = {"gloo": "tab:orange", "optireduce": "tab:blue", "optireduce_rtl": "tab:green"}
     for k, run in enumerate(runs):
         for m, c in run.items():

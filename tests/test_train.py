@@ -93,6 +93,21 @@ def test_entries_lost_is_what_the_nics_report(run):
     assert out["optireduce"]["backends"] == ["native"] * WORLD  # the default software backend
     assert out["optireduce"]["cosim_bit_exact"] is None
     assert out["gloo"]["entries_lost"] == 0.0
+    # the split by who was late adds up, and charges the straggler its own packets
+    o = out["optireduce"]
+    assert o["entries_lost_straggler"] + o["entries_lost_other"] == pytest.approx(o["entries_lost"])
+    assert o["unattributed_ops"] == 0
+    # the fixture's run: the stragglers depend on world, steps, seed, tail and median only
+    cfg = TrainConfig(world=WORLD, steps=STEPS, straggler_median_ms=5)
+    late = straggler_delays(cfg).argmax(axis=1)
+    by_straggler = 0
+    for r in range(WORLD):
+        z = np.load(d / "raw" / "optireduce" / f"rank{r}.npz")
+        assert (z["p2_missing_from"].sum(axis=1) == z["p2_expected"] - z["p2_received"]).all()
+        by_straggler += sum(
+            int(m[late[t]]) for t, m in zip(z["op_step"], z["p2_missing_from"], strict=True)
+        )
+    assert o["entries_lost_straggler"] == by_straggler / packets
 
 
 def test_gloo_replicas_are_identical(run):
