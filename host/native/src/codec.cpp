@@ -415,8 +415,8 @@ OR_INLINE V8 load_widen8(const int32_t* p) {
 template <int H, class V, size_t... I>
 OR_INLINE V lane_stage(V v, std::index_sequence<I...>) {
     const V partner = __builtin_shufflevector(v, v, (I ^ H)...);
-    const V neg = {((I & H) ? -1 : 0)...};
-    return partner + ((v ^ neg) - neg);
+    const V upper = {((I & H) ? -1 : 0)...};
+    return upper ? partner - v : partner + v;  // AVX-512: an add and a masked subtract
 }
 
 // All stages of strides 1 .. lanes/2 inside one vector.
@@ -750,6 +750,10 @@ OR_CLONES int64_t fwht_across32(int32_t* y, size_t b, size_t sub, int64_t limit,
 // same pass. A power of two divides by a shift; otherwise the quotient through double is
 // within one of the exact one (2|t| + d < 2^53 is exact in double) and one correction step
 // makes it exact. Magnitudes are clamped to the bound first, so a larger t is no overflow.
+// Branch-free on unsigned words, so that it vectorises: s = 0 or all ones (x < 0).
+OR_INLINE uint64_t sign_mask(int64_t x) { return 0 - (static_cast<uint64_t>(x) >> 63); }
+OR_INLINE uint64_t apply_sign(uint64_t m, uint64_t s) { return (m ^ s) - s; }
+
 template <class T>
 OR_INLINE bool div_round_loop(const int64_t* __restrict t, size_t n, int64_t d,
                               T* __restrict v) {
@@ -759,27 +763,26 @@ OR_INLINE bool div_round_loop(const int64_t* __restrict t, size_t n, int64_t d,
         const int sh = __builtin_ctzll(static_cast<uint64_t>(d));
         const uint64_t half = static_cast<uint64_t>(d) >> 1;  // (m + floor(d/2)) >> log2 d
         for (size_t i = 0; i < n; ++i) {
-            const int64_t x = t[i];
-            uint64_t m = x < 0 ? 0 - static_cast<uint64_t>(x) : static_cast<uint64_t>(x);
-            big |= m >= BOUND;
+            const uint64_t s = sign_mask(t[i]);
+            uint64_t m = apply_sign(static_cast<uint64_t>(t[i]), s);
+            big |= m >> 51;
             m = m < BOUND ? m : BOUND;
-            const int64_t q = static_cast<int64_t>((m + half) >> sh);
-            v[i] = static_cast<T>(x < 0 ? -q : q);
+            v[i] = static_cast<T>(apply_sign((m + half) >> sh, s));
         }
         return !big;
     }
     const int64_t two_d = 2 * d;
     const double inv = 1.0 / static_cast<double>(two_d);
     for (size_t i = 0; i < n; ++i) {
-        const int64_t x = t[i];
-        uint64_t m = x < 0 ? 0 - static_cast<uint64_t>(x) : static_cast<uint64_t>(x);
-        big |= m >= BOUND;
+        const uint64_t s = sign_mask(t[i]);
+        uint64_t m = apply_sign(static_cast<uint64_t>(t[i]), s);
+        big |= m >> 51;
         m = m < BOUND ? m : BOUND;
-        const int64_t a = 2 * static_cast<int64_t>(m) + d;
+        const int64_t a = static_cast<int64_t>(2 * m) + d;
         int64_t q = static_cast<int64_t>(static_cast<double>(a) * inv);
         const int64_t r = a - q * two_d;
         q += (r >= two_d) - (r < 0);
-        v[i] = static_cast<T>(x < 0 ? -q : q);
+        v[i] = static_cast<T>(apply_sign(static_cast<uint64_t>(q), s));
     }
     return !big;
 }
