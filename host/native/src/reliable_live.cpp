@@ -509,8 +509,10 @@ void ReliableLive::ack_frag(Peer& peer, uint64_t key) {
 void ReliableLive::on_ack(int src, const uint8_t* d, size_t len, int64_t now) {
     // the whole body first: a malformed ACK changes nothing, not even the RTO
     size_t off = HDR;
-    while (off + 8 <= len) off += 8 + (size_t{rd32(d + off + 4)} + 7) / 8;
-    if (off != len || rd32(d + 4) != static_cast<uint32_t>(src)) {
+    uint32_t entries = 0;
+    for (; off + 8 <= len; ++entries) off += 8 + (size_t{rd32(d + off + 4)} + 7) / 8;
+    if (off != len || entries == 0 || entries != rd32(d + 24) ||
+        rd32(d + 4) != static_cast<uint32_t>(src)) {
         c_[R_MALFORMED] += 1;
         return;
     }
@@ -679,7 +681,7 @@ void ReliableLive::advance(int64_t now) {
                              a.n * sizeof(float), now);
                 break;
             case Action::copy:
-                std::memcpy(a.dst, a.src, a.n * sizeof(float));
+                if (a.n) std::memcpy(a.dst, a.src, a.n * sizeof(float));
                 break;
             case Action::add:  // float32, the running sum first
                 for (size_t i = 0; i < a.n; ++i) a.dst[i] = a.dst[i] + a.src[i];
@@ -724,7 +726,7 @@ void ReliableLive::advance(int64_t now) {
                 }
                 const uint8_t* g = got_.data();
                 if (a.kind == Action::recv_copy) {
-                    std::memcpy(a.dst, g, a.n * sizeof(float));
+                    if (a.n) std::memcpy(a.dst, g, a.n * sizeof(float));
                 } else {
                     for (size_t i = 0; i < a.n; ++i) {  // the sum so far, then ours
                         float v;
