@@ -296,3 +296,33 @@ def test_bad_arguments_raise_value_error():
             node.close(settle=False)
         for t in tr:
             t.close()
+
+
+def test_native_and_python_ranks_share_one_wire_format():
+    # ranks 0 and 1 native, rank 2 Python: the same header, ACKs and rules on the wire
+    world, n = 3, 150_000
+    xs = inputs(world, n, seed=6)
+    trs = transports(world)
+    nodes = [NativeReliable(r, world, trs[r]) for r in range(2)]
+    ep = ReliableEndpoint(trs[2])
+    try:
+
+        def one(r: int, algo: str) -> np.ndarray:
+            if r < 2:
+                return getattr(nodes[r], f"{algo}_allreduce")(xs[r], timeout=20)
+            fn = reliable_ring_allreduce if algo == "ring" else reliable_tar_allreduce
+            return fn(ep, r, world, xs[r], timeout=20)
+
+        got = {a: run_all(world, lambda r, a=a: one(r, a)) for a in ("ring", "tar")}
+        run_all(
+            world,
+            lambda r: nodes[r].settle(20, 0.2) if r < 2 else ep.settle(timeout=20, quiet_s=0.2),
+        )
+    finally:
+        for node in nodes:
+            node.close(settle=False)
+        for t in trs:
+            t.close()
+    for algo in ("ring", "tar"):
+        for r in range(world):
+            assert got[algo][r].tobytes() == documented(xs, algo).tobytes(), (algo, r)
