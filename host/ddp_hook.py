@@ -21,6 +21,7 @@ control plane; on drift they resync from rank 0 over it too, bounded as every
 control exchange (or fail, with resync=False).
 """
 
+import atexit
 import logging
 import queue
 import struct
@@ -158,6 +159,9 @@ class OptiReduceState:
         p = self.params.replace(t_b_us=WARMUP_T_B_US)
         self._nic = select_nic(p, rank, world, transport=transport, agree=agree)
         self._driver = _Driver()
+        # a process that ends without close() (an exception, Ctrl-C) still stops the NIC's
+        # threads before the interpreter goes
+        atexit.register(self.close)
         # the line to read on a cluster: which NIC, which addresses (docs/cluster.md)
         log.info("optireduce rank %d/%d: %s NIC, data %s, control %s; peers %s", rank, world,
                  self._nic.backend, _addr(transport.address),
@@ -197,6 +201,7 @@ class OptiReduceState:
         return sorted(self._control.gone) if self._control else []
 
     def close(self) -> None:
+        atexit.unregister(self.close)
         if self._driver is not None:
             self._driver.close()
         if self._nic is not None:

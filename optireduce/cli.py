@@ -235,6 +235,7 @@ QUICK = {
     "cluster": "5 ops after 2 warm-up ops, 64 KiB buckets, the smallest world of --sweep-workers",
     "loss-tolerance": "4 workers, 4 steps, the first seed, the first two loss rates",
     "bench": "smaller sizes; rtl: three blocks, no synthesis; all: no fpga (bitstreams)",
+    "soak": "one training run per fault, one sigint run and one replay run (about 2 min)",
 }
 QUICK_ENV = "OPTIREDUCE_QUICK"
 
@@ -500,6 +501,59 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_soak(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from optireduce.experiments.soak import SoakConfig, plot, quick_config, run_soak
+
+    cfg = SoakConfig(runs=args.runs, minutes=args.minutes, seed=args.seed)
+    if args.quick:
+        cfg = quick_config(cfg)
+    err = Console(stderr=True)
+    cols = (TextColumn("soak"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("{task.description}"))  # fmt: skip
+    with Progress(*cols, console=err, transient=True) as prog:
+        task = prog.add_task("", total=None)
+        failed = [0]
+
+        def tick(rep, planned: int) -> None:
+            failed[0] += not rep.ok
+            if not rep.ok:
+                err.print(f"run {rep.run} {rep.piece}/{rep.fault}: {rep.cause}: {rep.detail}")
+            prog.update(task, advance=1, total=planned,
+                        description=f"{rep.piece}/{rep.fault} {rep.wall_s:.1f} s, "
+                        f"{failed[0]} failed")  # fmt: skip
+
+        out = run_soak(cfg, tick)
+    out["command"] = (f"optireduce soak --runs {args.runs} --minutes {args.minutes:g} --seed "
+                      f"{args.seed}" + " --quick" * args.quick)  # fmt: skip
+    if args.plot:
+        plot(out, args.plot)
+        err.print(f"soak: outcomes per fault kind plotted to {args.plot}")
+    if args.output:
+        from pathlib import Path
+
+        Path(args.output).write_text(json.dumps(out, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        from rich.table import Table
+
+        table = Table(title=f"soak: {out['runs']} runs in {out['wall_s'] / 60:.1f} min")
+        for col in ("fault", "runs", "documented outcome", "failed", "longest", "bound"):
+            table.add_column(col, justify="left" if col == "fault" else "right")
+        for k, d in out["by_fault"].items():
+            table.add_row(k, str(d["runs"]), str(d["ok"]), str(d["failed"]),
+                          f"{d['max_s']:.1f} s", f"{d['bound_s']:.0f} s")  # fmt: skip
+        Console().print(table)
+        print(f"failures {out['failures']} {out['failures_by_cause']}, hangs {out['hangs']}, "
+              f"entries lost unexplained {out['entries_lost_unexplained']}, "
+              f"runs with leaks {out['leaks']} {out['leaks_by_kind']}")  # fmt: skip
+    bad = out["failures"] or out["hangs"] or out["leaks"] or out["entries_lost_unexplained"]
+    return 1 if bad else 0
+
+
 def cmd_build(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -699,6 +753,19 @@ def build_parser() -> argparse.ArgumentParser:
     _quick(tr, QUICK["train"])
     tr.set_defaults(func=cmd_train)
 
+    sk = sub.add_parser("soak", help="the job's pieces again and again under rotating faults: "
+                        "failures, hangs, unexplained loss, leaks")  # fmt: skip
+    sk.add_argument("--runs", type=int, default=200,
+                    help="training-smoke runs (faults in turn; plus a sigint and a replay run "
+                    "every 10)")  # fmt: skip
+    sk.add_argument("--minutes", type=float, default=14.0, help="no run starts after this")
+    sk.add_argument("--seed", type=int, default=0)
+    sk.add_argument("--plot", default="", help="PNG of the outcomes per fault kind")
+    sk.add_argument("-o", "--output", default="", help="also write the JSON report here")
+    sk.add_argument("--json", action="store_true", help="print the report as JSON")
+    _quick(sk, QUICK["soak"])
+    sk.set_defaults(func=cmd_soak)
+
     from optireduce.sim.bitstream import BOARDS, CORES
 
     bd = sub.add_parser("build", help="board bitstreams with yowasp (no programmer needed)")
@@ -729,6 +796,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"optireduce: error: {e} (OPTIREDUCE_DEBUG=1 shows where)", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if os.environ.get("OPTIREDUCE_DEBUG"):
+            raise
+        print(f"optireduce {args.cmd}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

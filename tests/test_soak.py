@@ -1,0 +1,80 @@
+"""The soak campaign, short: one training run under each fault, one `optireduce train`
+interrupted by SIGINT and one mutated replay; the report's zeros (docs/reliability.md).
+
+About 2 minutes on 2 loaded cores (each training run spawns 3 processes)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from optireduce.experiments import faults, soak
+
+
+def test_every_fault_ends_in_its_documented_outcome_without_hangs_loss_or_leaks():
+    cfg = soak.quick_config()
+    out = soak.run_soak(cfg)
+    failed = json.dumps(out["failed_runs"], indent=1)[:4000]
+    # every planned run ran: one per training fault, a sigint and a replay run
+    assert out["runs"] == out["planned"] == len(soak.TRAIN_FAULTS) + 2, failed
+    assert set(out["by_fault"]) == {*soak.TRAIN_FAULTS, "sigint", "replay"}
+    # a run whose engine was rebuilt under it (another `make install`) is reported as such
+    assert out["unexplained_failures"] == 0, failed
+    assert out["hangs"] == 0, failed
+    assert out["entries_lost_unexplained"] == 0, failed
+    assert out["leaks"] == 0, failed
+    for kind, d in out["by_fault"].items():
+        assert d["max_s"] <= d["bound_s"], f"{kind}: {d['max_s']} s > {d['bound_s']} s"
+
+
+def test_a_leak_is_seen(tmp_path):
+    """The leak check finds what a run leaves: a process carrying the run's mark, a
+    socket of ours, a folder in the run's TMPDIR."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    before = soak.Baseline.now()
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    (tmp / "optireduce-train-x").mkdir()
+    env = {**os.environ, soak.MARK: "leaktest"}
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        found = soak.leaks(before, "leaktest", tmp, grace_s=0.5)
+    finally:
+        proc.kill()
+        proc.wait()
+        sock.close()
+    assert [p.split()[0] for p in found["processes"]] == [str(proc.pid)]
+    assert len(found["sockets"]) == 1
+    assert found["tmp"] == ["optireduce-train-x"]
+    assert soak.leaks(before, "leaktest", tmp_path / "none", grace_s=0.5) == {}
+
+
+def test_malformed_junk_is_dropped_and_counted_by_the_model():
+    """Every datagram the junk sender makes for a data socket is dropped by the NIC and
+    counted under one of the reasons the campaign sums (soak.JUNK_REASONS)."""
+    import numpy as np
+
+    from optireduce.host.model.nic_model import NicModel
+    from optireduce.params import NicParams
+
+    rng = np.random.default_rng(0)
+    nic = NicModel(NicParams(), 0, 3)
+    for k in range(1, 201):
+        nic.receive_datagram(k, faults.malformed_ubt(rng, sender=1, world=3, job_id=1))
+        assert sum(nic.counters.get(r, 0) for r in soak.JUNK_REASONS) == k
+    assert nic.counters["rx_scatter"] == nic.counters["rx_gather"] == 0
+
+
+@pytest.mark.parametrize("fault", ["kill", "nonsense"])
+def test_config_checks(fault):
+    if fault == "nonsense":
+        with pytest.raises(ValueError, match="faults"):
+            soak.SoakConfig(faults=("nonsense",))
+    else:
+        assert soak.schedule(soak.quick_config())[:2] == [("train", "none"), ("train", fault)]
