@@ -42,6 +42,7 @@ constexpr uint32_t TAG_TAR_SCATTER = 0x54000001;
 constexpr uint32_t TAG_TAR_GATHER = 0x54000002;
 constexpr size_t RX_BATCHES_PER_TURN = 16;
 constexpr size_t RELEASE_BATCH = 256;
+constexpr uint32_t MAX_MSGS_AHEAD = 1u << 20;
 
 int64_t mono_ns() {
     timespec ts;
@@ -575,18 +576,22 @@ void ReliableLive::on_data(int src, const uint8_t* d, size_t len) {
         c_[R_MALFORMED] += 1;
         return;
     }
+    Done& done = done_[src];
+    // message ids of a source count up from 0: one far ahead of what is complete is not
+    // a real one (and would hold memory for ever)
+    if (!done.contains(msg) && msg - done.low >= MAX_MSGS_AHEAD) {
+        c_[R_MALFORMED] += 1;
+        return;
+    }
     Touched& t = touched_[src];
     t.echo = ts;  // the newest: datagrams are handled in arrival order
     t.msgs.push_back(msg);
-    Done& done = done_[src];
     if (done.contains(msg)) {
         c_[R_DUPLICATES] += 1;
         return;
     }
     if (pit == partial_.end()) {
-        Partial p{tag, seq, nfrags, 0, {}, {}};
-        p.frags.resize(nfrags);
-        p.got.assign(nfrags, 0);
+        Partial p{tag, seq, nfrags, 0, std::vector<bool>(nfrags), {}};
         pit = partial_.emplace(pk, std::move(p)).first;
     }
     Partial& p = pit->second;
@@ -594,15 +599,15 @@ void ReliableLive::on_data(int src, const uint8_t* d, size_t len) {
         c_[R_DUPLICATES] += 1;
         return;
     }
-    p.got[frag] = 1;
+    p.got[frag] = true;
     p.frags[frag].assign(d + HDR, d + len);
     p.have += 1;
     if (p.have < p.nfrags) return;
     std::vector<uint8_t> all;
     size_t total = 0;
-    for (const auto& f : p.frags) total += f.size();
+    for (const auto& [i, f] : p.frags) total += f.size();
     all.reserve(total);
-    for (const auto& f : p.frags) all.insert(all.end(), f.begin(), f.end());
+    for (const auto& [i, f] : p.frags) all.insert(all.end(), f.begin(), f.end());
     ready_[key2(static_cast<uint64_t>(src), p.tag)][p.seq] = std::move(all);
     partial_.erase(pit);
     done.add(msg);
@@ -632,7 +637,7 @@ void ReliableLive::send_acks(int64_t now) {
             wr32(e + 4, nbits);
             if (nbits) {
                 std::memset(e + 8, 0, size - 8);
-                const std::vector<uint8_t>& got = pit->second.got;
+                const std::vector<bool>& got = pit->second.got;
                 for (uint32_t i = 0; i < nbits; ++i)
                     if (got[i]) e[8 + i / 8] |= static_cast<uint8_t>(0x80 >> (i % 8));
             }

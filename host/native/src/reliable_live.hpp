@@ -142,8 +142,8 @@ private:
     };
     struct Partial {
         uint32_t tag, seq, nfrags, have = 0;
-        std::vector<std::vector<uint8_t>> frags;
-        std::vector<uint8_t> got;
+        std::vector<bool> got;  // by fragment
+        std::map<uint32_t, std::vector<uint8_t>> frags;  // only those held: memory follows data
     };
     struct Done {  // complete message ids of one source: all < low, plus a sparse set
         uint32_t low = 0;
