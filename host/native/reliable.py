@@ -163,6 +163,8 @@ class NativeReliable:
         """Flush, then wait until no datagram of the layer has arrived for `quiet_s` (default:
         twice the RTO ceiling), at most `timeout` seconds in all: the engine thread acks
         meanwhile, so peers whose last ACK from us was lost can finish."""
+        if self.world == 1:
+            return
         end = time.monotonic() + timeout
         self.flush(timeout)
         quiet = 2 * self.cfg.rto_max_s if quiet_s is None else quiet_s

@@ -326,3 +326,30 @@ def test_native_and_python_ranks_share_one_wire_format():
     for algo in ("ring", "tar"):
         for r in range(world):
             assert got[algo][r].tobytes() == documented(xs, algo).tobytes(), (algo, r)
+
+
+def test_world_of_one_returns_a_copy():
+    with NativeReliable(0, 1) as node:
+        x = np.arange(5, dtype=np.float32)
+        for out in (node.ring_allreduce(x), node.tar_allreduce(x)):
+            assert out.tobytes() == x.tobytes() and out is not x
+
+
+def test_bench_uses_native_baselines_with_the_native_engine(caplog):
+    from optireduce.experiments.bench_collective import _baselines
+
+    trs = transports(2)
+    try:
+        native, why = _baselines("native", trs[0], 0, 2)
+        assert native.implementation == "native" and why == ""
+        assert isinstance(native, NativeReliable)
+        native.close(settle=False)
+        with caplog.at_level("INFO", logger="optireduce"):
+            python, why = _baselines("software", trs[1], 1, 2)
+        assert python.implementation == "python" and "software" in why
+        assert [r.getMessage() for r in caplog.records] == [
+            f"optireduce rank 1: Python reliable baselines ({why})"
+        ]
+    finally:
+        for t in trs:
+            t.close()
