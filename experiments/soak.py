@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from optireduce.experiments import faults as F
+from optireduce.experiments import soak_workers as W
 
 TRAIN_FAULTS = ("none", "kill", "stall", "cpu", "sockbuf", "junk")
 MARK = "OPTIREDUCE_SOAK_RUN"  # in every process a run starts: finds orphans
@@ -69,6 +70,7 @@ class SoakConfig:
     seed: int = 0
     sigint_every: int = 10  # one `optireduce train` under SIGINT per this many runs
     replay_every: int = 10  # one mutated replay per this many runs
+    collective_every: int = 10  # one collective run (faults in turn) per this many runs
     faults: tuple[str, ...] = TRAIN_FAULTS
 
     def __post_init__(self) -> None:
@@ -82,12 +84,14 @@ class SoakConfig:
 
 
 def quick_config(cfg: SoakConfig | None = None) -> SoakConfig:
-    """One training run per fault, then one sigint and one replay run."""
+    """One training run per fault, then one sigint, one replay and one collective run
+    (under junk)."""
     from dataclasses import replace
 
     cfg = cfg or SoakConfig()
     n = len(cfg.faults)
-    return replace(cfg, runs=n, sigint_every=n, replay_every=n, minutes=min(cfg.minutes, 5.0))
+    return replace(cfg, runs=n, sigint_every=n, replay_every=n, collective_every=n,
+                   minutes=min(cfg.minutes, 5.0))  # fmt: skip
 
 
 @dataclass
@@ -108,143 +112,6 @@ class RunReport:
 
 
 # ---------------------------------------------------------------- the training worker
-
-
-def _step_file(run_dir: str, rank: int) -> Path:
-    return Path(run_dir, f"step{rank}")
-
-
-def _udp_drops(port: int) -> int:
-    """The kernel's drop count of our UDP socket on `port` (/proc/net/udp), -1 unknown."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/net/udp").read_text().splitlines()[1:]:
-            cols = line.split()
-            if int(cols[1].split(":")[1], 16) == port:
-                return int(cols[-1])
-    return -1
-
-
-def _train_worker(rank: int, world: int, run_dir: str, spec: dict) -> None:
-    err = open(Path(run_dir, f"err{rank}.txt"), "w")  # noqa: SIM115 (the process's stderr)
-    os.dup2(err.fileno(), 2)
-    import faulthandler
-
-    faulthandler.enable()  # a crash leaves its stacks in err{rank}.txt
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    from datetime import timedelta
-
-    import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from optireduce import OptiReduceState, optireduce_hook
-    from optireduce.experiments.ddp_example import teacher_task
-    from optireduce.params import NicParams
-
-    dist.init_process_group("gloo", init_method=f"file://{run_dir}/store", rank=rank,
-                            world_size=world, timeout=timedelta(seconds=60))  # fmt: skip
-    xs, ys = teacher_task()
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 3))
-    ddp = DDP(model, bucket_cap_mb=0.01)  # several buckets
-    state = OptiReduceState(NicParams(), warmup_iters=spec["warmup"], checksum_every=3,
-                            seed=spec["seed"])  # fmt: skip
-    ddp.register_comm_hook(state, optireduce_hook)
-    nic = state.nic  # collective: every rank builds it here
-    ops: list = []
-    allreduce = nic.allreduce
-
-    calls: list = []
-
-    def recording(x):
-        t = time.monotonic()
-        res, st = allreduce(x)
-        calls.append((round(t, 3), round(time.monotonic() - t, 4)))
-        ops.extend(st)
-        return res, st
-
-    fault, victim = spec["fault"], spec["victim"]
-    arm = threading.Event()
-    if fault in ("kill", "stall") and rank == victim:
-        sig = signal.SIGKILL if fault == "kill" else signal.SIGSTOP
-
-        def armed(x):  # the first op after the fault step: the signal comes 1 ms in
-            if arm.is_set():
-                arm.clear()
-                threading.Timer(0.001, os.kill, (os.getpid(), sig)).start()
-            return recording(x)
-
-        nic.allreduce = armed
-    else:
-        nic.allreduce = recording
-    data_sock = getattr(nic.transport, "adopted", None) or nic.transport
-    data_sock = data_sock.sock
-    ports = {"data": list(nic.transport.address), "control": list(state._control.transport.address)}
-    Path(run_dir, f"addr{rank}.json").write_text(json.dumps(ports))
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    granted = None
-    times = []
-    for it in range(spec["steps"]):
-        _step_file(run_dir, rank).write_text(str(it))
-        if it == spec["fault_step"] and rank == victim:
-            if fault in ("kill", "stall"):
-                arm.set()
-            elif fault == "sockbuf":
-                granted = F.shrink_buffers(data_sock)
-        if it == spec["warmup"] and fault == "junk":  # every trained step under junk
-            stop = time.monotonic() + 30
-            while not Path(run_dir, "junk_started").exists() and time.monotonic() < stop:
-                time.sleep(0.02)
-        t0 = time.monotonic()
-        lo = (it * world + rank) * 64 % 3968
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(ddp(xs[lo : lo + 64]), ys[lo : lo + 64]).backward()
-        opt.step()
-        times.append(time.monotonic() - t0)
-    if fault == "junk":
-        # the parent stops the junk once every rank trained; one more op then reads
-        # whatever junk is still queued ahead of its datagrams
-        Path(run_dir, f"trained{rank}").touch()
-        stop = time.monotonic() + 30
-        while not Path(run_dir, "junk_stopped").exists() and time.monotonic() < stop:
-            time.sleep(0.02)
-        nic.allreduce(np.zeros(1, dtype=np.float32))
-    counters = nic.counters()
-    ctl = state._control
-    out = {
-        "checksum": sum(p.detach().double().sum().item() for p in model.parameters()).hex(),
-        "faults": state.faults,
-        "backend": nic.backend,
-        "t_b_us": state.t_b_us,
-        "step_s_max": max(times),
-        "calls": calls,
-        "times": times,
-        "ops": [
-            [
-                s.p1_expected,
-                s.p1_received,
-                s.p2_expected,
-                s.p2_received,
-                s.phase1_reason,
-                s.phase2_reason,
-            ]
-            for s in ops
-        ],
-        "counters": counters,
-        "control": {**ctl.transport.counters(), "foreign": ctl.ep.stats()["foreign"]},
-        "kernel_drops": {
-            "data": _udp_drops(ports["data"][1]),
-            "control": _udp_drops(ports["control"][1]),
-        },
-        "granted_buffers": granted,
-    }
-    state.close()
-    Path(run_dir, f"result{rank}.json").write_text(json.dumps(out))
-    if not out["faults"]:
-        dist.barrier()  # a barrier would wait for the dead
-    del ddp
-    dist.destroy_process_group()
 
 
 # ---------------------------------------------------------------- leaks
@@ -401,11 +268,13 @@ def _run_env(mark: str, tmp: Path):
                 os.environ[k] = v
 
 
-def _train_run(cfg: SoakConfig, rep: RunReport, run_dir: Path, mark: str, tmp: Path) -> None:
+def _ranks_run(cfg: SoakConfig, rep: RunReport, run_dir: Path, mark: str, tmp: Path) -> None:
+    """A run of `world` spawned ranks (train or collective) under its fault."""
     import torch.multiprocessing as mp
 
     fault = rep.fault
     victim = cfg.world - 1 - (rep.run // len(cfg.faults)) % cfg.world  # each rank in turn
+    target = W.train_worker if rep.piece == "train" else W.collective_worker
     spec = {"fault": fault, "victim": victim, "steps": cfg.steps, "warmup": cfg.warmup,
             "fault_step": cfg.fault_step, "seed": cfg.seed + rep.run}  # fmt: skip
     ctx = mp.get_context("spawn")
@@ -413,7 +282,7 @@ def _train_run(cfg: SoakConfig, rep: RunReport, run_dir: Path, mark: str, tmp: P
     junk = staller = sent = None
     t0 = time.monotonic()
     with _run_env(mark, tmp), hogs:
-        procs = [ctx.Process(target=_train_worker, args=(r, cfg.world, str(run_dir), spec))
+        procs = [ctx.Process(target=target, args=(r, cfg.world, str(run_dir), spec))
                  for r in range(cfg.world)]  # fmt: skip
         for p in procs:
             p.start()
@@ -453,7 +322,7 @@ def _train_run(cfg: SoakConfig, rep: RunReport, run_dir: Path, mark: str, tmp: P
         rep.ok, rep.cause = False, "hang"
         rep.detail = f"past {rep.bound_s:.0f} s; steps {_steps(run_dir, cfg.world)}"
         return
-    _check_train(cfg, rep, run_dir, [p.exitcode for p in procs], victim, sent,
+    _check_ranks(cfg, rep, run_dir, [p.exitcode for p in procs], victim, sent,
                  junk.raw_error if junk else None)  # fmt: skip
 
 
@@ -468,7 +337,7 @@ def _steps(run_dir: Path, world: int) -> list:
     out = []
     for r in range(world):
         with contextlib.suppress(OSError):
-            out.append(_step_file(str(run_dir), r).read_text())
+            out.append(W.step_file(str(run_dir), r).read_text())
     return out
 
 
@@ -477,7 +346,7 @@ def _fail(rep: RunReport, cause: str, detail: str) -> None:
         rep.ok, rep.cause, rep.detail = False, cause, detail
 
 
-def _check_train(cfg: SoakConfig, rep: RunReport, run_dir: Path, codes: list, victim: int,
+def _check_ranks(cfg: SoakConfig, rep: RunReport, run_dir: Path, codes: list, victim: int,
                  sent: dict | None, raw_error: str | None) -> None:  # fmt: skip
     fault = rep.fault
     results: dict[int, dict] = {}
@@ -527,10 +396,18 @@ def _check_train(cfg: SoakConfig, rep: RunReport, run_dir: Path, codes: list, vi
               "that ended complete")  # fmt: skip
     # replicas: equal among the ranks that stayed together, unless loss was counted
     together = [r for r in survivors if not results[r]["faults"] or fault == "kill"]
-    sums = {results[r]["checksum"] for r in together if not (fault == "stall" and r == victim)}
-    rep.facts["replicas_equal"] = len(sums) == 1
-    if len(sums) > 1 and rep.lost == 0:
-        _fail(rep, "outcome: replicas differ", f"checksums {sums} without any counted loss")
+    sums = {results[r].get("checksum") for r in together if not (fault == "stall" and r == victim)}
+    if rep.piece == "train":
+        rep.facts["replicas_equal"] = len(sums) == 1
+        if len(sums) > 1 and rep.lost == 0:
+            _fail(rep, "outcome: replicas differ", f"checksums {sums} without any counted loss")
+    else:  # a call whose ops all completed, among the same ranks, is the exact mean
+        exact = [c for r in survivors for c in results[r]["calls"] if c["lossless"] and c["stable"]]
+        worst = max((c["rel_l2"] for c in exact), default=0.0)
+        rep.facts.update(exact_calls=len(exact), worst_exact_rel_l2=worst)
+        if worst > W.EXACT_REL_L2:
+            _fail(rep, "outcome: wrong result without counted loss",
+                  f"relative L2 error {worst:.2e} > {W.EXACT_REL_L2:g}, lossless call")  # fmt: skip
     if fault == "sockbuf":
         rep.facts["granted_buffers"] = results[victim]["granted_buffers"]
         rep.facts["kernel_drops"] = results[victim]["kernel_drops"]
@@ -658,6 +535,9 @@ def schedule(cfg: SoakConfig) -> list[tuple[str, str]]:
             out.append(("sigint", "sigint"))
         if cfg.replay_every and (k + 1) % cfg.replay_every == 0:
             out.append(("replay", "junk"))
+        if cfg.collective_every and (k + 1) % cfg.collective_every == 0:
+            j = (k + 1) // cfg.collective_every - 1
+            out.append(("collective", cfg.faults[-1 - j % len(cfg.faults)]))  # junk first
     return out
 
 
@@ -671,8 +551,8 @@ def run_one(cfg: SoakConfig, k: int, piece: str, fault: str, base: Path) -> RunR
     before = Baseline.now()
     engine = _engine_stamp()
     try:
-        if piece == "train":
-            _train_run(cfg, rep, run_dir, mark, tmp)
+        if piece in ("train", "collective"):
+            _ranks_run(cfg, rep, run_dir, mark, tmp)
         elif piece == "sigint":
             _sigint_run(cfg, rep, run_dir, mark, tmp)
         else:
@@ -725,7 +605,7 @@ def run_soak(cfg: SoakConfig, progress: Callable[[RunReport, int], None] | None 
 def summarize(cfg: SoakConfig, reports: list[RunReport], wall_s: float, planned: int) -> dict:
     by_fault: dict[str, dict] = {}
     for r in reports:
-        key = r.fault if r.piece == "train" else r.piece
+        key = {"train": r.fault, "collective": f"collective/{r.fault}"}.get(r.piece, r.piece)
         d = by_fault.setdefault(key, {"runs": 0, "ok": 0, "failed": 0, "max_s": 0.0,
                                       "bound_s": r.bound_s, "lost_packets": 0})  # fmt: skip
         d["runs"] += 1
@@ -771,8 +651,9 @@ def plot(report: dict, path: str) -> None:
     for i, (o, f) in enumerate(zip(ok, bad, strict=True)):
         a.text(i, o + f, f"{o}/{o + f}", ha="center", va="bottom", fontsize=8)
     a.set_ylabel("runs")
+    a.set_ylim(0, 1.18 * max(1, int((ok + bad).max())))
     a.set_title("outcome per fault kind", fontsize=9)
-    a.legend(fontsize=8)
+    a.legend(fontsize=8, loc="lower right")
     mx = [report["by_fault"][k]["max_s"] for k in kinds]
     bound = [report["by_fault"][k]["bound_s"] for k in kinds]
     x = np.arange(len(kinds))

@@ -235,7 +235,7 @@ QUICK = {
     "cluster": "5 ops after 2 warm-up ops, 64 KiB buckets, the smallest world of --sweep-workers",
     "loss-tolerance": "4 workers, 4 steps, the first seed, the first two loss rates",
     "bench": "smaller sizes; rtl: three blocks, no synthesis; all: no fpga (bitstreams)",
-    "soak": "one training run per fault, one sigint run and one replay run (about 2 min)",
+    "soak": "one training run per fault, one sigint, one replay and one collective run (2 min)",
 }
 QUICK_ENV = "OPTIREDUCE_QUICK"
 
@@ -756,8 +756,8 @@ def build_parser() -> argparse.ArgumentParser:
     sk = sub.add_parser("soak", help="the job's pieces again and again under rotating faults: "
                         "failures, hangs, unexplained loss, leaks")  # fmt: skip
     sk.add_argument("--runs", type=int, default=200,
-                    help="training-smoke runs (faults in turn; plus a sigint and a replay run "
-                    "every 10)")  # fmt: skip
+                    help="training-smoke runs (faults in turn; every 10, plus a sigint, a replay "
+                    "and a collective run)")  # fmt: skip
     sk.add_argument("--minutes", type=float, default=14.0, help="no run starts after this")
     sk.add_argument("--seed", type=int, default=0)
     sk.add_argument("--plot", default="", help="PNG of the outcomes per fault kind")

@@ -1,5 +1,6 @@
 """The soak campaign, short: one training run under each fault, one `optireduce train`
-interrupted by SIGINT and one mutated replay; the report's zeros (docs/reliability.md).
+interrupted by SIGINT, one mutated replay and one collective run under junk; the
+report's zeros (docs/reliability.md).
 
 About 2 minutes on 2 loaded cores (each training run spawns 3 processes)."""
 
@@ -16,9 +17,9 @@ def test_every_fault_ends_in_its_documented_outcome_without_hangs_loss_or_leaks(
     cfg = soak.quick_config()
     out = soak.run_soak(cfg)
     failed = json.dumps(out["failed_runs"], indent=1)[:4000]
-    # every planned run ran: one per training fault, a sigint and a replay run
-    assert out["runs"] == out["planned"] == len(soak.TRAIN_FAULTS) + 2, failed
-    assert set(out["by_fault"]) == {*soak.TRAIN_FAULTS, "sigint", "replay"}
+    # every planned run ran: one per training fault, a sigint, a replay, a collective run
+    assert out["runs"] == out["planned"] == len(soak.TRAIN_FAULTS) + 3, failed
+    assert set(out["by_fault"]) == {*soak.TRAIN_FAULTS, "sigint", "replay", "collective/junk"}
     # a run whose engine was rebuilt under it (another `make install`) is reported as such
     assert out["unexplained_failures"] == 0, failed
     assert out["hangs"] == 0, failed
