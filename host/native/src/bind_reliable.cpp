@@ -98,7 +98,7 @@ void bind_reliable(nb::module_& m) {
             "rank"_a, "world"_a, "bind_ip"_a = "127.0.0.1", "port"_a = 0, "fd"_a = -1,
             "buffer_bytes"_a = 64 << 20, "impairment"_a = nb::none(), "seed"_a = 0,
             "max_datagram"_a = 32 * 1024, "window_bytes"_a = 1 << 20, "rto_init_s"_a = 0.1,
-            "rto_min_s"_a = 0.01, "rto_max_s"_a = 1.0, "max_wait_us"_a = 2000)
+            "rto_min_s"_a = 0.01, "rto_max_s"_a = 1.0, "max_wait_us"_a = 100000)
         .def_prop_ro("address",
                      [](const ReliableLive& r) {
                          return std::make_pair(ip_string(r.local().ip), int{r.local().port});

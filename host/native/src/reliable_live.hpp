@@ -52,7 +52,10 @@ struct ReliableLiveConfig {
     size_t max_datagram = 32 * 1024;
     size_t window_bytes = 1 << 20;
     int64_t rto_init_us = 100000, rto_min_us = 10000, rto_max_us = 1000000;
-    int64_t max_wait_us = 2000;  // longest sleep with nothing due
+    // Longest sleep with nothing due. Every event wakes the thread anyway (a datagram, a
+    // caller, a timer: the next release, retransmission or step deadline), so an idle rank
+    // sleeps long and leaves the shared cores to the ranks that work.
+    int64_t max_wait_us = 100000;
     void check() const;          // throws std::invalid_argument
 };
 
