@@ -1021,50 +1021,72 @@ void div_round_n(const int64_t* t, size_t n, int64_t d, int32_t* out) {
 
 // ------------------------------------------------------------------ encode / decode
 
+namespace {
+
+// Block k of the op (x at the op's start, n elements) encoded into yb[0 .. b).
+void encode_one(const float* x, size_t n, int exponent, const SignKey& key, const Params& p,
+                int split, const Scratch& s, size_t k, int32_t* yb, EncodeCounts& c) {
+    const size_t b = static_cast<size_t>(p.b);
+    const size_t o = k * b;
+    const size_t m = o < n ? std::min(b, n - o) : 0;  // real elements of the block
+    if (p.rht) sign_bits(key, o, m, s.signs);  // applied as the values are quantized
+    if (p.rht && split) {  // sub-block by sub-block: quantized, then transformed in L1
+        const size_t sub = size_t{1} << split;
+        uint32_t top = 0;
+        for (size_t j = 0; j < b; j += sub) {
+            const size_t mj = j < m ? std::min(sub, m - j) : 0;
+            const QuantizeCounts qc =
+                quantize_i32(x + o + j, mj, exponent, p.q_max(), s.signs + j, yb + j);
+            c.sat_quantize += qc.saturated;
+            c.nonfinite += qc.nonfinite;
+            std::fill(yb + j + mj, yb + j + sub, 0);
+            const Ahead next{x + o + j + sub, yb + j + sub, 4, 4};
+            top = std::max(top, fwht_sub32(yb + j, sub, next));
+        }
+        c.sat_transform += fwht_across32(yb, b, sub, p.wire_max(), top);
+        return;
+    }
+    const QuantizeCounts qc =
+        quantize_i32(x + o, m, exponent, p.q_max(), p.rht ? s.signs : nullptr, yb);
+    c.sat_quantize += qc.saturated;
+    c.nonfinite += qc.nonfinite;
+    std::fill(yb + m, yb + b, 0);
+    if (!p.rht) return;  // |q| <= q_max < wire_max: nothing to saturate
+    // |signed q| <= q_max bounds the block: no need to measure it
+    c.sat_transform +=
+        fwht_saturate_blocks(yb, b, b, p.wire_max(), p.q_max(), yb, s.t32, s.t64, {});
+}
+
+void check_block_range(const char* what, size_t begin, size_t end, size_t blocks) {
+    if (begin > end || end > blocks)
+        bad(std::string(what) + ": block range [" + std::to_string(begin) + ", " +
+            std::to_string(end) + ") outside the op's " + std::to_string(blocks) + " blocks");
+}
+
+}  // namespace
+
 EncodeCounts encode_blocks(const float* x, size_t n, int exponent, uint32_t op_id,
                            const Params& p, size_t block_begin, size_t block_end, int32_t* y) {
     p.check();
     const size_t b = static_cast<size_t>(p.b);
-    const size_t blocks = p.padded_len(n) / b;
-    if (block_begin > block_end || block_end > blocks)
-        bad("encode_blocks: block range [" + std::to_string(block_begin) + ", " +
-            std::to_string(block_end) + ") outside the op's " + std::to_string(blocks) +
-            " blocks");
+    check_block_range("encode_blocks", block_begin, block_end, p.padded_len(n) / b);
     const SignKey key = sign_key(p.seed, op_id);
     const Scratch s = scratch(b);
     const int split = encoder_split(b, p.q_max());
     EncodeCounts c;
-    for (size_t k = block_begin; k < block_end; ++k) {
-        const size_t o = k * b;
-        const size_t m = o < n ? std::min(b, n - o) : 0;  // real elements of the block
-        int32_t* yb = y + o;
-        if (p.rht) sign_bits(key, o, m, s.signs);  // applied as the values are quantized
-        if (p.rht && split) {  // sub-block by sub-block: quantized, then transformed in L1
-            const size_t sub = size_t{1} << split;
-            uint32_t top = 0;
-            for (size_t j = 0; j < b; j += sub) {
-                const size_t mj = j < m ? std::min(sub, m - j) : 0;
-                const QuantizeCounts qc =
-                    quantize_i32(x + o + j, mj, exponent, p.q_max(), s.signs + j, yb + j);
-                c.sat_quantize += qc.saturated;
-                c.nonfinite += qc.nonfinite;
-                std::fill(yb + j + mj, yb + j + sub, 0);
-                const Ahead next{x + o + j + sub, yb + j + sub, 4, 4};
-                top = std::max(top, fwht_sub32(yb + j, sub, next));
-            }
-            c.sat_transform += fwht_across32(yb, b, sub, p.wire_max(), top);
-            continue;
-        }
-        const QuantizeCounts qc =
-            quantize_i32(x + o, m, exponent, p.q_max(), p.rht ? s.signs : nullptr, yb);
-        c.sat_quantize += qc.saturated;
-        c.nonfinite += qc.nonfinite;
-        std::fill(yb + m, yb + b, 0);
-        if (!p.rht) continue;  // |q| <= q_max < wire_max: nothing to saturate
-        // |signed q| <= q_max bounds the block: no need to measure it
-        c.sat_transform +=
-            fwht_saturate_blocks(yb, b, b, p.wire_max(), p.q_max(), yb, s.t32, s.t64, {});
-    }
+    for (size_t k = block_begin; k < block_end; ++k)
+        encode_one(x, n, exponent, key, p, split, s, k, y + k * b, c);
+    return c;
+}
+
+EncodeCounts encode_block(const float* x, size_t n, int exponent, uint32_t op_id,
+                          const Params& p, size_t block, int32_t* y) {
+    p.check();
+    const size_t b = static_cast<size_t>(p.b);
+    check_block_range("encode_block", block, block + 1, p.padded_len(n) / b);
+    EncodeCounts c;
+    encode_one(x, n, exponent, sign_key(p.seed, op_id), p, encoder_split(b, p.q_max()),
+               scratch(b), block, y, c);
     return c;
 }
 
@@ -1081,11 +1103,7 @@ DecodeCounts decode_blocks(const int32_t* z, const uint8_t* have, size_t n, int 
     p.check();
     const size_t b = static_cast<size_t>(p.b);
     const size_t ppb = static_cast<size_t>(p.packets_per_block());
-    const size_t blocks = p.padded_len(n) / b;
-    if (block_begin > block_end || block_end > blocks)
-        bad("decode_blocks: block range [" + std::to_string(block_begin) + ", " +
-            std::to_string(block_end) + ") outside the op's " + std::to_string(blocks) +
-            " blocks");
+    check_block_range("decode_blocks", block_begin, block_end, p.padded_len(n) / b);
     const SignKey key = sign_key(p.seed, op_id);
     const Scratch s = scratch(b);
     int64_t* t = s.t64;

@@ -148,6 +148,10 @@ EncodeCounts encode(const float* x, size_t n, int exponent, uint32_t op_id, cons
 // the engine encodes block by block as it packetises. encode() == all blocks in turn.
 EncodeCounts encode_blocks(const float* x, size_t n, int exponent, uint32_t op_id,
                            const Params& p, size_t block_begin, size_t block_end, int32_t* y);
+// Block `block` only, into y[0 .. p.b) (x at the op's start): a sender that encodes a block
+// and packetises it at once keeps one block of scratch, in L2, instead of the whole op.
+EncodeCounts encode_block(const float* x, size_t n, int exponent, uint32_t op_id,
+                          const Params& p, size_t block, int32_t* y);
 
 struct DecodeCounts {
     int64_t sat_output = 0;    // outputs clamped to +-FLT_MAX
