@@ -17,6 +17,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 #include <system_error>
@@ -77,6 +78,12 @@ void header(uint8_t* h, uint8_t kind, uint32_t src, uint32_t tag, uint32_t msg, 
 }
 
 uint64_t key2(uint64_t a, uint32_t b) { return (a << 32) | b; }
+
+std::string seconds(int64_t us) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3g", static_cast<double>(us) * 1e-6);
+    return buf;
+}
 
 // Microseconds of the engine's clock modulo 2^32 (round trips are far shorter).
 uint32_t stamp(int64_t us) { return static_cast<uint32_t>(us); }
@@ -709,7 +716,7 @@ void ReliableLive::advance(int64_t now) {
                         }
                     finish(CollectiveResult::timeout,
                            std::string(c.name) + ": rank " + std::to_string(cfg_.rank) +
-                               " waited " + std::to_string(c.step_timeout_us / 1e6) + " s at " +
+                               " waited " + seconds(c.step_timeout_us) + " s at " +
                                a.step +
                                (a.index >= 0 ? " " + std::to_string(a.index) : std::string()) +
                                " for message tag " + std::to_string(a.tag) + " from rank " +
