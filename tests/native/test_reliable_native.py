@@ -123,7 +123,10 @@ def test_lossless_native_equals_python_baselines_bit_for_bit(world, n):
         assert tar[r].tobytes() == py_tar[r].tobytes()
         assert again[r].tobytes() == py_ring[r].tobytes()
     for c in counters:
-        assert c["retransmissions"] == c["duplicates"] == 0
+        # retransmissions may happen (a rank descheduled past the 10 ms RTO floor on the
+        # loaded machine); without impairment nothing is lost, so every one is a duplicate
+        assert c["duplicates"] <= sum(k["retransmissions"] for k in counters)
+        assert c["impairment_lost"] == c["impairment_duplicated"] == 0
         assert c["foreign"] == c["malformed"] == c["not_member"] == 0
         assert c["collectives"] == 3
         # ring: 2(N-1) messages per call, TAR: 2(N-1)

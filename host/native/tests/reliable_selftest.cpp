@@ -138,9 +138,11 @@ TEST(reliable_lossless_ring_and_tar_in_the_documented_order) {
     {
         World w(3, 3);
         check_world(w, 3, 50001, 1);
+        // (no retransmission check: a thread descheduled past the 10 ms RTO floor on a
+        // loaded machine retransmits spuriously, which changes nothing)
         for (int r = 0; r < 3; ++r) {
-            CHECK(w.counter(r, R_RETRANSMISSIONS) == 0);
             CHECK(w.counter(r, R_COLLECTIVES) == 3);
+            CHECK(w.counter(r, R_MESSAGES_DELIVERED) == 3 * 2 * 2);
         }
     }
     {
