@@ -133,7 +133,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         tasks = {m: prog.add_task(f"{m:>14}", total=cfg.steps) for m in runs}
         out = train_demo(cfg, usable, progress=lambda m, s: prog.update(tasks[m], completed=s))
     table = Table(title=f"time to {cfg.target_acc:.0%} test accuracy under the same tail")
-    cols = ("method", "time to accuracy", "final acc.", "P99 op latency", "entries lost",
+    cols = ("method", "backend", "time to accuracy", "final acc.", "P99 op latency",
+            "entries lost", "by straggler", "by others (max step)",
             "RTL check op bit-exact")  # fmt: skip
     for col in cols:
         table.add_column(col, justify="left" if col == "method" else "right",
@@ -146,9 +147,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
         tta = "not reached" if r["tta_s"] is None else f"{r['tta_s']:.2f} s"
         exact = r.get("cosim_bit_exact")
         name = "optireduce, rank 0 RTL" if m == RTL else m
-        table.add_row(name, tta, f"{r['final_acc']:.2%}", f"{r['op_p99_ms']:.1f} ms",
-                      f"{r['entries_lost']:.3%}", "n/a" if exact is None
-                      else ("yes" if exact else "NO"))  # fmt: skip
+        backends = ",".join(sorted(set(r.get("backends", ["gloo"]))))
+        split = r.get("entries_lost_other") is not None
+        table.add_row(name, backends, tta, f"{r['final_acc']:.2%}", f"{r['op_p99_ms']:.1f} ms",
+                      f"{r['entries_lost']:.3%}",
+                      f"{r['entries_lost_straggler']:.3%}" if split else "n/a",
+                      f"{r['entries_lost_other']:.3%} ({r['entries_lost_other_max_step']:.2%})"
+                      if split else "n/a",
+                      "n/a" if exact is None else ("yes" if exact else "NO"))  # fmt: skip
     console.print(table)
     if RTL in out and out[RTL].get("cosim_bit_exact") is None:
         console.print("co-simulated NIC: rank 0 fell back to software (see the log line above)")
