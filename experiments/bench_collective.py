@@ -45,6 +45,8 @@ from pathlib import Path
 
 import numpy as np
 
+from optireduce import ubt
+
 # 16 KiB datagrams, 1 MiB ops, exponents agreed in-band (no exchange before each call)
 LOOPBACK_PARAMS = {"p": 4096, "b": 16384, "c": 262144, "exp_inband": True}
 LOSSLESS_ELEMENTS = 4 << 20  # 16 MiB of float32
@@ -86,10 +88,10 @@ class _PythonBaselines:
 
     implementation = "python"
 
-    def __init__(self, transport, rank: int, world: int) -> None:
+    def __init__(self, transport, rank: int, world: int, cfg) -> None:
         from optireduce.host.reliable import ReliableEndpoint
 
-        self.ep, self.rank, self.world = ReliableEndpoint(transport), rank, world
+        self.ep, self.rank, self.world = ReliableEndpoint(transport, cfg), rank, world
 
     def ring_allreduce(self, x: np.ndarray, *, timeout: float) -> np.ndarray:
         from optireduce.experiments.baselines import reliable_ring_allreduce
@@ -112,14 +114,19 @@ class _PythonBaselines:
         self.ep.settle(timeout=timeout, quiet_s=quiet_s)
 
 
-def _baselines(backend: str, transport, rank: int, world: int):
+def _baselines(backend: str, transport, rank: int, world: int, datagram_bytes: int):
     """The native reliable baselines when OptiReduce runs native, else the Python ones
-    (one log line saying why)."""
+    (one log line saying why). Their datagrams are as long as OptiReduce's: the impairment
+    delays each datagram, so a method that cut its data into fewer, longer datagrams would
+    wait for the maximum of fewer delays."""
+    from optireduce.host.reliable import ReliableConfig
+
+    cfg = ReliableConfig(max_datagram=datagram_bytes)
     if backend == "native":
         from optireduce.host.native.reliable import NativeReliable, NativeReliableUnavailable
 
         try:
-            return NativeReliable(rank, world, transport), ""
+            return NativeReliable(rank, world, transport, cfg=cfg), ""
         except NativeReliableUnavailable as e:
             why = str(e)
     else:
@@ -127,7 +134,7 @@ def _baselines(backend: str, transport, rank: int, world: int):
     logging.getLogger("optireduce").info(
         "optireduce rank %d: Python reliable baselines (%s)", rank, why
     )
-    return _PythonBaselines(transport, rank, world), why
+    return _PythonBaselines(transport, rank, world, cfg), why
 
 
 def _cpu_s() -> float:
@@ -328,8 +335,10 @@ def _worker(rank: int, world: int, tmp: str, cfg: dict, q) -> None:
         rel_tr = transport(f"{key}/rel", spec, 7919 * rank + 2)
         nic = select_nic(NicParams(**cfg["params"], t_b_us=2_000_000), rank, world,
                          transport=nic_tr, agree=agree)  # fmt: skip
-        ep, why = _baselines(nic.backend, rel_tr, rank, world)
+        datagram = ubt.HEADER_LEN + 4 * nic.p.p  # every method's datagrams this long
+        ep, why = _baselines(nic.backend, rel_tr, rank, world, datagram)
         res["baselines"] = ep.implementation
+        res["datagram_bytes"] = datagram
         if why:
             res["baselines_why"] = why
             say(f"{key}: Python reliable baselines ({why})")
@@ -413,6 +422,7 @@ def bench_collective(
         "world": world,
         "backend": res["backend"],
         "baselines": res["baselines"],
+        "datagram_bytes": res["datagram_bytes"],
         **({"baselines_why": res["baselines_why"]} if "baselines_why" in res else {}),
         "lossless": res["lossless"],
         "sizes": res["sizes"],

@@ -343,13 +343,15 @@ def test_bench_uses_native_baselines_with_the_native_engine(caplog):
 
     trs = transports(2)
     try:
-        native, why = _baselines("native", trs[0], 0, 2)
+        native, why = _baselines("native", trs[0], 0, 2, 16408)
         assert native.implementation == "native" and why == ""
+        assert native.cfg.max_datagram == 16408  # OptiReduce's datagram length
         assert isinstance(native, NativeReliable)
         native.close(settle=False)
         with caplog.at_level("INFO", logger="optireduce"):
-            python, why = _baselines("software", trs[1], 1, 2)
+            python, why = _baselines("software", trs[1], 1, 2, 16408)
         assert python.implementation == "python" and "software" in why
+        assert python.ep.cfg.max_datagram == 16408
         assert [r.getMessage() for r in caplog.records] == [
             f"optireduce rank 1: Python reliable baselines ({why})"
         ]
