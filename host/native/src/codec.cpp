@@ -1,8 +1,9 @@
 // The codec's arithmetic: the steps of docs/numerics.md that host/model/kernels.py does, bit
 // for bit, written so that the compiler vectorises them: no branches on data in the hot loops,
 // the transform on vector types, and quantize / the decoder's division and float conversion
-// through the FPU where that is provably exact (the integer loops of the model remain for the
-// cases where it is not: flush-to-zero modes, exponents beyond +-512).
+// through the FPU where that is provably exact, quantize in float32 where that is (the integer
+// loops of the model remain for the cases where it is not: flush-to-zero modes, exponents
+// beyond +-512).
 #include "codec.hpp"
 #include "clones.hpp"
 
@@ -363,17 +364,17 @@ void apply_signs_t(const SignKey& k, uint64_t start, const T* v, size_t n, T* ou
 
 // The transform works on 64-byte vectors (GCC/Clang vector extensions: one zmm with AVX-512,
 // two ymm with AVX2, four xmm with SSE): 8 int64 or 16 int32 lanes. A 64-element tile does the
-// strides inside a vector with a lane permute and an add of the conditionally negated vector,
-// and the strides across its vectors with plain adds; the strides >= 64 are radix-8 passes over
-// whole vectors that load all 8 before storing, so 3 stages run in registers. A 4096-element
-// block is 3 passes over L1.
+// strides inside a vector with a lane permute, an add and a masked subtract, and the strides
+// across its vectors with plain adds; the strides >= 64 are radix-8 passes over whole vectors
+// that load all 8 before storing, so 3 stages run in registers. A 4096-element block is 3
+// passes over L1; a larger one is transformed 4096 elements at a time, then across them.
 //
 // Each stage adds one bit. While max|x| 2^s < 2^31 the first s stages are exact in int32, which
-// holds twice the lanes: the encoder's input (|q| <= q_max < 2^22 with the default b = 4096
-// and its 9 bits of headroom) runs every pass but the last in int32, and the last one widens to
-// int64, adds its stages and saturates to the wire on the way out (or stays int32 when its
-// inputs show that nothing can clamp), so no int64 reaches memory. Otherwise (other widths, the
-// decoder's wire values) everything is int64.
+// holds twice the lanes: the encoder's input (|q| <= q_max < 2^(31-h), h the headroom bits)
+// runs its first h stages in int32, sub-block by sub-block in L1 (encoder_split), and the rest
+// in one pass that widens to int64 and saturates to the wire on the way out (or stays int32
+// when its inputs show that nothing can clamp), so no int64 reaches memory. Otherwise (other
+// widths, the decoder's wire values) everything is int64.
 using V8 = int64_t __attribute__((vector_size(64)));
 using V16 = int32_t __attribute__((vector_size(64)));
 template <class T>
@@ -541,11 +542,10 @@ void fwht_tiny(const T* x, size_t n, size_t b, int64_t* y) {
             }
 }
 
-// The next block's lines, requested (into L2) a tile at a time while this block computes: a
-// block is loaded, transformed in L1 and stored before the next, and the hardware prefetcher
-// alone does not run a whole block ahead: +10 % for the transform streaming from DRAM. (Not in
-// encode/decode, whose plain loops stream well and lost 10-20 % with it.) Prefetches never
-// fault, so a short last block needs no care.
+// The next block's (or sub-block's) lines, requested (into L2) a tile at a time while this one
+// computes: a block is loaded, transformed in L1 and stored before the next, and the hardware
+// prefetcher alone does not run a whole block ahead (nor past a 4 KiB page): +10 % for the
+// transform streaming from DRAM. Prefetches never fault, so a short last block needs no care.
 struct Ahead {
     const void* x = nullptr;  // the next block's input
     const void* y = nullptr;  // its output (fetched for writing)
