@@ -203,9 +203,15 @@ def test_impaired_ops_end_within_their_bound_and_report_the_injected_loss():
 
 
 def test_duplicated_and_reordered_datagrams_change_nothing():
-    """Delay, duplication and reordering without loss: every op completes with the model's
-    result bit for bit, and every extra copy is dropped by a receiver (as a duplicate, or
-    late / stale once its op has moved on)."""
+    """Delay, duplication and reordering without loss: every op that got all its packets
+    has the model's result bit for bit, and every extra copy is dropped by a receiver (as a
+    duplicate, or late / stale once its op has moved on).
+
+    A copy held back longer than its op lasts can arrive after the sender has started op
+    j + K: the protocol then counts the sender as done with op j (it could start j + K only
+    with j complete) and the held-back packet arrives late. That is the peer-progress rule
+    of the model and the gateware, not a fault: such an op's missing packets must all come
+    back as late drops, so nothing is lost unseen."""
     world, n = 3, 40_000
     spec = ImpairmentSpec(median_us=200, p99_ratio=1.5, duplicate=0.05, reorder=0.2)
     p = NicParams(t_b_us=5_000_000, t_c_min_us=5_000_000)
@@ -218,12 +224,17 @@ def test_duplicated_and_reordered_datagrams_change_nothing():
     finally:
         close_world(nics, trs)
     want, _ = simulate_allreduce(xs, params=p, calibrate=False)
+    missing = 0
     for (out, stats), w in zip(got, want, strict=True):
-        np.testing.assert_array_equal(out, w)
-        assert all(s.phase1_reason == s.phase2_reason == "complete" for s in stats)
+        for s in stats:
+            a, b = s.op_id * p.c, min(n, (s.op_id + 1) * p.c)
+            if s.lost_phase1 == s.lost_phase2 == 0:
+                np.testing.assert_array_equal(out[a:b], w[a:b])
+                assert s.phase1_reason == s.phase2_reason == "complete"
+            missing += s.lost_phase1 + s.lost_phase2
     duplicated = sum(c["impairment_duplicated"] for c in counters)
     dropped = sum(c["duplicate"] + c["late"] + c["stale_op"] for c in counters)
-    assert duplicated > 0 and dropped == duplicated
+    assert duplicated > 0 and dropped == duplicated + missing
     assert sum(c["impairment_reordered"] for c in counters) > 0
     assert sum(c["impairment_lost"] for c in counters) == 0
 

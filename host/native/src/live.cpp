@@ -7,12 +7,7 @@
 // max_wait_us), and drain the socket in batches.
 #include "live.hpp"
 
-#include <poll.h>
-#include <pthread.h>
-#include <sys/eventfd.h>
-#include <sys/prctl.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -61,57 +56,22 @@ LiveNic::LiveNic(const LiveConfig& cfg)
     local_ = tr_->local();
     rcvbuf_ = tr_->rcvbuf();
     sndbuf_ = tr_->sndbuf();
-    wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (wake_fd_ < 0) throw std::system_error(errno, std::generic_category(), "eventfd");
     started_.reserve(2 * static_cast<size_t>(cfg.p.ops_in_flight));
-    t0_ns_ = mono_ns();
-    thread_ = std::thread([this] { run(); });
+    loop_.start("optireduce-r" + std::to_string(cfg.rank), [this] { step(); },
+                [this] { on_exit(); });
 }
 
-LiveNic::~LiveNic() {
-    stop();
-    if (wake_fd_ >= 0) close(wake_fd_);
-}
+LiveNic::~LiveNic() { stop(); }
 
-int64_t LiveNic::now_us() const { return (mono_ns() - t0_ns_) / 1000; }
-
-void LiveNic::stop() {
-    stop_.store(true);
-    wake();
-    if (thread_.joinable()) thread_.join();
-}
-
-void LiveNic::wake() {
-    const uint64_t one = 1;
-    ssize_t r = write(wake_fd_, &one, sizeof one);  // EAGAIN: the counter is already set
-    (void)r;
-}
+void LiveNic::stop() { loop_.stop(); }
 
 // ---- callers' side -----------------------------------------------------------------------
-
-void LiveNic::call(std::function<void()> fn, int64_t timeout_us, const char* what) {
-    auto c = std::make_shared<Command>();
-    c->fn = std::move(fn);
-    {
-        std::lock_guard<std::mutex> lk(mu_);
-        if (exited_)
-            throw std::runtime_error(std::string(what) + ": the engine thread has stopped" +
-                                     (error_.empty() ? "" : " (" + error_ + ")"));
-        commands_.push_back(c);
-    }
-    wake();
-    std::unique_lock<std::mutex> lk(c->m);
-    if (!c->cv.wait_for(lk, std::chrono::microseconds(timeout_us), [&] { return c->done; }))
-        throw std::runtime_error(std::string(what) + ": the engine thread did not answer within " +
-                                 std::to_string(timeout_us) + " us");
-    if (c->error) std::rethrow_exception(c->error);
-}
 
 void LiveNic::connect(const std::vector<PeerAddr>& peers, int64_t timeout_us) {
     if (static_cast<int>(peers.size()) != cfg_.world)
         throw std::invalid_argument("connect: " + std::to_string(peers.size()) +
                                     " addresses for a world of " + std::to_string(cfg_.world));
-    call([this, peers] {
+    loop_.call([this, peers] {
         tr_->set_peers(peers, cfg_.rank);
         connected_ = true;
         has_peers_.store(true);
@@ -119,27 +79,27 @@ void LiveNic::connect(const std::vector<PeerAddr>& peers, int64_t timeout_us) {
 }
 
 void LiveNic::exclude(int rank, int64_t timeout_us) {
-    call([this, rank] { engine_->exclude(tick(now_us()), rank); }, timeout_us, "exclude");
+    loop_.call([this, rank] { engine_->exclude(tick(now_us()), rank); }, timeout_us, "exclude");
 }
 
 void LiveNic::set_t_b(int64_t t_b_us, int64_t timeout_us) {
-    call([this, t_b_us] { engine_->set_t_b(t_b_us); }, timeout_us, "set_t_b");
+    loop_.call([this, t_b_us] { engine_->set_t_b(t_b_us); }, timeout_us, "set_t_b");
 }
 
 void LiveNic::set_impairment(const ImpairmentSpec& spec, int64_t timeout_us) {
     spec.check();
-    call([this, spec] { imp_.set_spec(spec); }, timeout_us, "set_impairment");
+    loop_.call([this, spec] { imp_.set_spec(spec); }, timeout_us, "set_impairment");
 }
 
 std::vector<int> LiveNic::gone(int64_t timeout_us) {
     auto out = std::make_shared<std::vector<int>>();
-    call([this, out] { *out = engine_->gone(); }, timeout_us, "gone");
+    loop_.call([this, out] { *out = engine_->gone(); }, timeout_us, "gone");
     return *out;
 }
 
 std::vector<int64_t> LiveNic::counters(int64_t timeout_us) {
     auto out = std::make_shared<std::vector<int64_t>>();
-    call([this, out] {
+    loop_.call([this, out] {
         const int64_t* e = engine_->counters();
         const int64_t* t = tr_->counters();
         out->assign(e, e + N_COUNTERS);
@@ -159,12 +119,12 @@ std::vector<int64_t> LiveNic::counters(int64_t timeout_us) {
 
 int64_t LiveNic::cancel(int64_t timeout_us) {
     auto next = std::make_shared<int64_t>(0);
-    call([this, next] {
+    loop_.call([this, next] {
         pending_.clear();
         started_.clear();  // their results, when they come, are dropped
         engine_->detach_outputs();  // and decoded into the engine's own vectors
         {
-            std::lock_guard<std::mutex> lk(mu_);
+            std::lock_guard<std::mutex> lk(loop_.mu());
             done_.clear();
         }
         *next = engine_->last_started() + 1;
@@ -191,61 +151,36 @@ void LiveNic::submit(int64_t op_id, const float* in, float* out, size_t n,
     if ((!exponent || next_proposal) && !cfg_.inband.on)
         throw std::invalid_argument("submit: in-band exponents need NicParams.exp_inband");
     {
-        std::lock_guard<std::mutex> lk(mu_);
-        if (exited_)
-            throw std::runtime_error("submit: the engine thread has stopped" +
-                                     (error_.empty() ? std::string() : " (" + error_ + ")"));
+        std::lock_guard<std::mutex> lk(loop_.mu());
+        loop_.check_running("submit");
         inbox_.push_back(Submit{op_id, in, out, n, exponent, next_proposal});
     }
     next_submit_ += 1;
-    wake();
+    loop_.wake();
 }
 
 bool LiveNic::wait(int64_t timeout_us, size_t at_least, std::vector<LiveDone>& out) {
-    std::unique_lock<std::mutex> lk(mu_);
+    std::unique_lock<std::mutex> lk(loop_.mu());
     at_least = std::max<size_t>(at_least, 1);
     want_ = at_least;
     done_cv_.wait_for(lk, std::chrono::microseconds(std::max<int64_t>(0, timeout_us)),
-                      [&] { return done_.size() >= at_least || exited_; });
+                      [&] { return done_.size() >= at_least || loop_.exited(); });
     want_ = 1;
     if (!done_.empty()) {
         for (LiveDone& d : done_) out.push_back(std::move(d));
         done_.clear();
         return true;
     }
-    if (failed_) throw std::runtime_error("live engine failed: " + error_);
-    if (exited_) throw std::runtime_error("live engine stopped");
+    if (loop_.failed()) throw std::runtime_error("live engine failed: " + loop_.error());
+    if (loop_.exited()) throw std::runtime_error("live engine stopped");
     return false;
 }
 
 // ---- engine thread -----------------------------------------------------------------------
 
-void LiveNic::run() {
-    prctl(PR_SET_TIMERSLACK, 10000UL);  // 10 us: the deadlines are in microseconds
-    const std::string name = "optireduce-r" + std::to_string(cfg_.rank);
-    pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());  // as top and perf show it
-    try {
-        while (!stop_.load(std::memory_order_relaxed)) step();
-    } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lk(mu_);
-        failed_ = true;
-        error_ = e.what();
-    }
-    std::deque<std::shared_ptr<Command>> left;
-    {
-        std::lock_guard<std::mutex> lk(mu_);
-        exited_ = true;
-        left.swap(commands_);
-    }
-    for (auto& c : left) {
-        c->error = std::make_exception_ptr(std::runtime_error("the engine thread has stopped"));
-        {
-            std::lock_guard<std::mutex> lk(c->m);
-            c->done = true;
-        }
-        c->cv.notify_all();
-    }
-    done_cv_.notify_all();
+void LiveNic::on_exit() {
+    std::lock_guard<std::mutex> lk(loop_.mu());
+    done_cv_.notify_all();  // a waiter sees exited() and says why
 }
 
 void LiveNic::step() {
@@ -279,7 +214,7 @@ void LiveNic::receive() {
         for (const Datagram& d : rx_) {
             // the kernel's arrival time on our clock, within [last tick, now]
             int64_t t = now;
-            if (d.arrival_ns != 0) t = std::min(now, (d.arrival_ns + to_mono - t0_ns_) / 1000);
+            if (d.arrival_ns != 0) t = std::min(now, (d.arrival_ns + to_mono - loop_.t0_ns()) / 1000);
             engine_->receive_datagram(tick(t), d.data, d.len);
         }
         send_engine_tx(tick(now));
@@ -287,25 +222,12 @@ void LiveNic::receive() {
 }
 
 void LiveNic::take_inbox() {
-    std::deque<std::shared_ptr<Command>> cmds;
     {
-        std::lock_guard<std::mutex> lk(mu_);
-        cmds.swap(commands_);
+        std::lock_guard<std::mutex> lk(loop_.mu());
         for (const Submit& s : inbox_) pending_.push_back(s);
         inbox_.clear();
     }
-    for (auto& c : cmds) {
-        try {
-            c->fn();
-        } catch (...) {
-            c->error = std::current_exception();
-        }
-        {
-            std::lock_guard<std::mutex> lk(c->m);
-            c->done = true;
-        }
-        c->cv.notify_all();
-    }
+    loop_.run_calls();
 }
 
 void LiveNic::start_ready(int64_t now) {
@@ -368,7 +290,7 @@ void LiveNic::collect() {
     if (ready.empty()) return;
     bool enough;
     {
-        std::lock_guard<std::mutex> lk(mu_);
+        std::lock_guard<std::mutex> lk(loop_.mu());
         for (LiveDone& d : ready) done_.push_back(std::move(d));
         enough = done_.size() >= want_;
     }
@@ -387,22 +309,9 @@ int64_t LiveNic::wait_until() const {
 }
 
 void LiveNic::sleep_io(int64_t timeout_us) {
-    if (timeout_us <= 0) return;
-    pollfd fds[2] = {{tr_->fd(), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     const auto q = queue_.next();
-    if (q && *q <= now_us()) {  // sends were refused: wake when there is room
-        fds[0].events |= POLLOUT;
-        timeout_us = std::min<int64_t>(timeout_us, 1000);
-    }
-    const timespec ts{static_cast<time_t>(timeout_us / 1000000),
-                      static_cast<long>(timeout_us % 1000000) * 1000};
-    const int r = ppoll(fds, 2, &ts, nullptr);
-    if (r < 0 && errno != EINTR) throw std::system_error(errno, std::generic_category(), "ppoll");
-    if (r > 0 && (fds[1].revents & POLLIN)) {
-        uint64_t v;
-        ssize_t n = read(wake_fd_, &v, sizeof v);
-        (void)n;
-    }
+    const bool refused = q && *q <= now_us();  // sends were refused: wake when there is room
+    loop_.sleep_io(tr_->fd(), refused ? std::min<int64_t>(timeout_us, 1000) : timeout_us, refused);
 }
 
 }  // namespace optireduce

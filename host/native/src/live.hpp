@@ -25,6 +25,7 @@
 
 #include "codec.hpp"
 #include "engine.hpp"
+#include "engine_loop.hpp"
 #include "impairment.hpp"
 #include "transport.hpp"
 
@@ -101,7 +102,7 @@ public:
 
     void stop();  // idempotent
 
-    int64_t now_us() const;
+    int64_t now_us() const { return loop_.now_us(); }
 
 private:
     struct Submit {
@@ -112,15 +113,6 @@ private:
         std::optional<int> exponent;
         std::optional<int> next_proposal;
     };
-    struct Command {
-        std::function<void()> fn;
-        std::mutex m;
-        std::condition_variable cv;
-        bool done = false;
-        std::exception_ptr error;
-    };
-
-    void run();
     void step();  // one turn of the loop
     void receive();
     int64_t tick(int64_t t);
@@ -131,28 +123,22 @@ private:
     void collect();
     int64_t wait_until() const;
     void sleep_io(int64_t timeout_us);
-    void wake();
-    void call(std::function<void()> fn, int64_t timeout_us, const char* what);
+    void on_exit();
 
+    EngineLoop loop_{"the engine thread"};  // its mu() guards the shared state below
     LiveConfig cfg_;
-    int64_t t0_ns_ = 0;
     std::unique_ptr<Engine> engine_;
     std::unique_ptr<UdpTransport> tr_;
     Impairment imp_;
     ReleaseQueue queue_;
     PeerAddr local_;
     int rcvbuf_ = 0, sndbuf_ = 0;
-    int wake_fd_ = -1;
 
-    // shared with callers, under mu_
-    std::mutex mu_;
+    // shared with callers, under loop_.mu()
     std::condition_variable done_cv_;
     std::deque<Submit> inbox_;
-    std::deque<std::shared_ptr<Command>> commands_;
     std::vector<LiveDone> done_;
     size_t want_ = 1;  // results the waiter waits for
-    std::string error_;
-    bool failed_ = false, exited_ = false;
     int64_t next_submit_;  // caller side (submit is called from one thread at a time)
 
     // engine thread only
@@ -164,9 +150,7 @@ private:
     std::vector<OutDatagram> out_;
     int64_t live_[N_LIVE_COUNTERS] = {};
 
-    std::atomic<bool> stop_{false};
     std::atomic<bool> has_peers_{false};  // connect() has run: submit may queue ops
-    std::thread thread_;
 };
 
 }  // namespace optireduce

@@ -6,12 +6,7 @@
 // retransmission or the collective's step deadline.
 #include "reliable_live.hpp"
 
-#include <poll.h>
-#include <pthread.h>
-#include <sys/eventfd.h>
-#include <sys/prctl.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -44,12 +39,6 @@ constexpr uint32_t TAG_TAR_GATHER = 0x54000002;
 constexpr size_t RX_BATCHES_PER_TURN = 16;
 constexpr size_t RELEASE_BATCH = 256;
 constexpr uint32_t MAX_MSGS_AHEAD = 1u << 20;
-
-int64_t mono_ns() {
-    timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
-}
 
 uint32_t rd32(const uint8_t* p) {
     return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | p[3];
@@ -127,59 +116,24 @@ ReliableLive::ReliableLive(const ReliableLiveConfig& cfg)
       rto_(cfg.rto_init_us) {
     tr_ = open_transport(cfg_);
     local_ = tr_->local();
-    wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (wake_fd_ < 0) throw std::system_error(errno, std::generic_category(), "eventfd");
     scratch_.resize(cfg_.max_datagram);
     c_[R_SRTT_US] = -1;
-    t0_ns_ = mono_ns();
-    thread_ = std::thread([this] { run(); });
+    last_rx_ = loop_.now_us();
+    loop_.start("reliable-r" + std::to_string(cfg_.rank), [this] { step(); },
+                [this] { on_exit(); });
 }
 
-ReliableLive::~ReliableLive() {
-    stop();
-    if (wake_fd_ >= 0) close(wake_fd_);
-}
+ReliableLive::~ReliableLive() { stop(); }
 
-int64_t ReliableLive::now_us() const { return (mono_ns() - t0_ns_) / 1000; }
-
-void ReliableLive::stop() {
-    stop_.store(true);
-    wake();
-    if (thread_.joinable()) thread_.join();
-}
-
-void ReliableLive::wake() {
-    const uint64_t one = 1;
-    ssize_t r = write(wake_fd_, &one, sizeof one);
-    (void)r;
-}
+void ReliableLive::stop() { loop_.stop(); }
 
 // ---- callers' side -----------------------------------------------------------------------
-
-void ReliableLive::call(std::function<void()> fn, int64_t timeout_us, const char* what) {
-    auto c = std::make_shared<Command>();
-    c->fn = std::move(fn);
-    {
-        std::lock_guard<std::mutex> lk(mu_);
-        if (exited_)
-            throw std::runtime_error(std::string(what) + ": the reliable engine thread has stopped" +
-                                     (error_.empty() ? "" : " (" + error_ + ")"));
-        commands_.push_back(c);
-    }
-    wake();
-    std::unique_lock<std::mutex> lk(c->m);
-    if (!c->cv.wait_for(lk, std::chrono::microseconds(timeout_us), [&] { return c->done; }))
-        throw std::runtime_error(std::string(what) + ": the reliable engine thread (rank " +
-                                 std::to_string(cfg_.rank) + ") did not answer within " +
-                                 std::to_string(timeout_us) + " us");
-    if (c->error) std::rethrow_exception(c->error);
-}
 
 void ReliableLive::connect(const std::vector<PeerAddr>& peers, int64_t timeout_us) {
     if (static_cast<int>(peers.size()) != cfg_.world)
         throw std::invalid_argument("connect: " + std::to_string(peers.size()) +
                                     " addresses for a world of " + std::to_string(cfg_.world));
-    call([this, peers] {
+    loop_.call([this, peers] {
         if (connected_) throw std::invalid_argument("connect: already connected");
         tr_->set_peers(peers, cfg_.rank);
         peers_.assign(peers.size(), Peer{});
@@ -190,12 +144,12 @@ void ReliableLive::connect(const std::vector<PeerAddr>& peers, int64_t timeout_u
 
 void ReliableLive::set_impairment(const ImpairmentSpec& spec, int64_t timeout_us) {
     spec.check();
-    call([this, spec] { imp_.set_spec(spec); }, timeout_us, "set_impairment");
+    loop_.call([this, spec] { imp_.set_spec(spec); }, timeout_us, "set_impairment");
 }
 
 std::vector<int64_t> ReliableLive::counters(int64_t timeout_us) {
     auto out = std::make_shared<std::vector<int64_t>>();
-    call([this, out] {
+    loop_.call([this, out] {
         c_[R_SRTT_US] = srtt_ ? std::llround(*srtt_) : -1;
         c_[R_RTO_US] = rto_;
         c_[R_IMP_LOST] = imp_.lost;
@@ -213,7 +167,7 @@ std::vector<int64_t> ReliableLive::counters(int64_t timeout_us) {
 
 int64_t ReliableLive::pending(int64_t timeout_us) {
     auto n = std::make_shared<int64_t>(0);
-    call([this, n] {
+    loop_.call([this, n] {
         for (const Peer& p : peers_) *n += static_cast<int64_t>(p.unacked.size() + p.queue.size());
     }, timeout_us, "pending");
     return *n;
@@ -221,7 +175,7 @@ int64_t ReliableLive::pending(int64_t timeout_us) {
 
 int64_t ReliableLive::quiet_us(int64_t timeout_us) {
     auto q = std::make_shared<int64_t>(0);
-    call([this, q] { *q = now_us() - last_rx_; }, timeout_us, "quiet_us");
+    loop_.call([this, q] { *q = now_us() - last_rx_; }, timeout_us, "quiet_us");
     return *q;
 }
 
@@ -300,10 +254,10 @@ CollectiveResult ReliableLive::allreduce(Algo algo, const float* in, float* out,
     for (const Action& a : c->actions)
         recvs += a.kind == Action::recv_add || a.kind == Action::recv_copy;
     {
-        std::lock_guard<std::mutex> lk(mu_);
+        std::lock_guard<std::mutex> lk(loop_.mu());
         result_.reset();
     }
-    call([this, c] {
+    loop_.call([this, c] {
         if (!connected_) throw std::invalid_argument("allreduce: no peers yet: connect() first");
         const int64_t now = now_us();
         c->started = c->waiting_since = now;
@@ -314,13 +268,13 @@ CollectiveResult ReliableLive::allreduce(Algo algo, const float* in, float* out,
     // bound only guards against the thread itself being stuck.
     const auto bound = std::chrono::microseconds(static_cast<int64_t>(recvs + 1) * step_timeout_us +
                                                  5000000);
-    std::unique_lock<std::mutex> lk(mu_);
-    done_cv_.wait_for(lk, bound, [&] { return result_.has_value() || exited_; });
+    std::unique_lock<std::mutex> lk(loop_.mu());
+    done_cv_.wait_for(lk, bound, [&] { return result_.has_value() || loop_.exited(); });
     if (result_) return *result_;
-    if (failed_) throw std::runtime_error("reliable engine failed: " + error_);
-    if (exited_) throw std::runtime_error("reliable engine stopped");
+    if (loop_.failed()) throw std::runtime_error("reliable engine failed: " + loop_.error());
+    if (loop_.exited()) throw std::runtime_error("reliable engine stopped");
     lk.unlock();
-    call([this] {
+    loop_.call([this] {
         if (coll_) finish(CollectiveResult::cancelled, "", now_us());
     }, 5000000, "cancel");
     lk.lock();
@@ -333,38 +287,14 @@ CollectiveResult ReliableLive::allreduce(Algo algo, const float* in, float* out,
 
 // ---- engine thread -----------------------------------------------------------------------
 
-void ReliableLive::run() {
-    prctl(PR_SET_TIMERSLACK, 10000UL);
-    const std::string tname = "reliable-r" + std::to_string(cfg_.rank);
-    pthread_setname_np(pthread_self(), tname.substr(0, 15).c_str());
-    last_rx_ = now_us();
-    try {
-        while (!stop_.load(std::memory_order_relaxed)) step();
-    } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lk(mu_);
-        failed_ = true;
-        error_ = e.what();
-    }
-    std::deque<std::shared_ptr<Command>> left;
-    {
-        std::lock_guard<std::mutex> lk(mu_);
-        exited_ = true;
-        left.swap(commands_);
-    }
-    for (auto& c : left) {
-        c->error = std::make_exception_ptr(std::runtime_error("the engine thread has stopped"));
-        {
-            std::lock_guard<std::mutex> lk(c->m);
-            c->done = true;
-        }
-        c->cv.notify_all();
-    }
-    done_cv_.notify_all();
+void ReliableLive::on_exit() {
+    std::lock_guard<std::mutex> lk(loop_.mu());
+    done_cv_.notify_all();  // a waiter sees exited() and says why
 }
 
 void ReliableLive::step() {
     c_[R_LOOPS] += 1;
-    take_commands();
+    loop_.run_calls();
     if (connected_) {
         receive(now_us());
         const int64_t now = now_us();
@@ -375,26 +305,6 @@ void ReliableLive::step() {
     }
     const int64_t now = now_us();
     sleep_io(wait_until(now) - now);
-}
-
-void ReliableLive::take_commands() {
-    std::deque<std::shared_ptr<Command>> cmds;
-    {
-        std::lock_guard<std::mutex> lk(mu_);
-        cmds.swap(commands_);
-    }
-    for (auto& c : cmds) {
-        try {
-            c->fn();
-        } catch (...) {
-            c->error = std::current_exception();
-        }
-        {
-            std::lock_guard<std::mutex> lk(c->m);
-            c->done = true;
-        }
-        c->cv.notify_all();
-    }
 }
 
 void ReliableLive::receive(int64_t now) {
@@ -764,7 +674,7 @@ void ReliableLive::finish(CollectiveResult::Status st, const std::string& error,
     coll_.reset();
     c_[R_COLLECTIVES] += 1;
     {
-        std::lock_guard<std::mutex> lk(mu_);
+        std::lock_guard<std::mutex> lk(loop_.mu());
         result_ = r;
     }
     done_cv_.notify_all();
@@ -781,22 +691,9 @@ int64_t ReliableLive::wait_until(int64_t now) {
 }
 
 void ReliableLive::sleep_io(int64_t timeout_us) {
-    if (timeout_us <= 0) return;
-    pollfd fds[2] = {{tr_->fd(), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     const auto q = queue_.next();
-    if (q && *q <= now_us()) {  // sends were refused: wake when there is room
-        fds[0].events |= POLLOUT;
-        timeout_us = std::min<int64_t>(timeout_us, 1000);
-    }
-    const timespec ts{static_cast<time_t>(timeout_us / 1000000),
-                      static_cast<long>(timeout_us % 1000000) * 1000};
-    const int r = ppoll(fds, 2, &ts, nullptr);
-    if (r < 0 && errno != EINTR) throw std::system_error(errno, std::generic_category(), "ppoll");
-    if (r > 0 && (fds[1].revents & POLLIN)) {
-        uint64_t v;
-        ssize_t k = read(wake_fd_, &v, sizeof v);
-        (void)k;
-    }
+    const bool refused = q && *q <= now_us();  // sends were refused: wake when there is room
+    loop_.sleep_io(tr_->fd(), refused ? std::min<int64_t>(timeout_us, 1000) : timeout_us, refused);
 }
 
 }  // namespace optireduce

@@ -35,6 +35,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine_loop.hpp"
 #include "impairment.hpp"
 #include "transport.hpp"
 
@@ -121,7 +122,7 @@ public:
 
     void stop();  // idempotent
 
-    int64_t now_us() const;
+    int64_t now_us() const { return loop_.now_us(); }
 
 private:
     // ---- message layer (engine thread only)
@@ -176,22 +177,11 @@ private:
         int64_t waiting_since = 0, step_timeout_us = 0, started = 0, retx0 = 0;
         const char* name = "";
     };
-    struct Command {
-        std::function<void()> fn;
-        std::mutex m;
-        std::condition_variable cv;
-        bool done = false;
-        std::exception_ptr error;
-    };
-
-    void run();
     void step();
     void receive(int64_t now);
-    void take_commands();
-    void call(std::function<void()> fn, int64_t timeout_us, const char* what);
     int64_t wait_until(int64_t now);
     void sleep_io(int64_t timeout_us);
-    void wake();
+    void on_exit();
 
     void send_message(int dst, uint32_t tag, const uint8_t* data, size_t len, int64_t now);
     void fill_window(int dst, Peer& peer, int64_t now);
@@ -210,22 +200,17 @@ private:
     void finish(CollectiveResult::Status st, const std::string& error, int64_t now);
     std::vector<Action> plan(Algo algo, const float* in, float* out, size_t n) const;
 
+    EngineLoop loop_{"the reliable engine thread"};  // its mu() guards the shared state below
     ReliableLiveConfig cfg_;
     size_t payload_;
-    int64_t t0_ns_ = 0;
     std::unique_ptr<UdpTransport> tr_;
     Impairment imp_;
     ReleaseQueue queue_;
     PeerAddr local_;
-    int wake_fd_ = -1;
 
-    // shared with callers, under mu_
-    std::mutex mu_;
+    // shared with callers, under loop_.mu()
     std::condition_variable done_cv_;
-    std::deque<std::shared_ptr<Command>> commands_;
     std::optional<CollectiveResult> result_;
-    std::string error_;
-    bool failed_ = false, exited_ = false;
     std::mutex call_mu_;  // one allreduce at a time
 
     // engine thread only
@@ -247,8 +232,6 @@ private:
     int64_t last_rx_ = 0;
     int64_t c_[N_RELIABLE_COUNTERS] = {};
 
-    std::atomic<bool> stop_{false};
-    std::thread thread_;
 };
 
 }  // namespace optireduce
