@@ -364,8 +364,8 @@ void apply_signs_t(const SignKey& k, uint64_t start, const T* v, size_t n, T* ou
 
 // The transform works on 64-byte vectors (GCC/Clang vector extensions: one zmm with AVX-512,
 // two ymm with AVX2, four xmm with SSE): 8 int64 or 16 int32 lanes. A 64-element tile does the
-// strides inside a vector with a lane permute, an add and a masked subtract, and the strides
-// across its vectors with plain adds; the strides >= 64 are radix-8 passes over whole vectors
+// strides inside a vector with a lane permute and an add of the conditionally negated vector,
+// and the strides across its vectors with plain adds; the strides >= 64 are radix-8 passes over whole vectors
 // that load all 8 before storing, so 3 stages run in registers. A 4096-element block is 3
 // passes over L1; a larger one is transformed 4096 elements at a time, then across them.
 //
@@ -416,8 +416,10 @@ OR_INLINE V8 load_widen8(const int32_t* p) {
 template <int H, class V, size_t... I>
 OR_INLINE V lane_stage(V v, std::index_sequence<I...>) {
     const V partner = __builtin_shufflevector(v, v, (I ^ H)...);
-    const V upper = {((I & H) ? -1 : 0)...};
-    return upper ? partner - v : partner + v;  // AVX-512: an add and a masked subtract
+    const V neg = {((I & H) ? -1 : 0)...};
+    // not `neg ? partner - v : partner + v` (an add and a masked subtract with AVX-512): a
+    // select on 64-byte vectors is scalarised for AVX2 and SSE, 4x slower there
+    return partner + ((v ^ neg) - neg);
 }
 
 // All stages of strides 1 .. lanes/2 inside one vector.
