@@ -550,6 +550,7 @@ def run_one(cfg: SoakConfig, k: int, piece: str, fault: str, base: Path) -> RunR
     tmp.mkdir()
     before = Baseline.now()
     engine = _engine_stamp()
+    rep.facts["engine_rebuilt"] = False
     try:
         if piece in ("train", "collective"):
             _ranks_run(cfg, rep, run_dir, mark, tmp)
@@ -564,8 +565,11 @@ def run_one(cfg: SoakConfig, k: int, piece: str, fault: str, base: Path) -> RunR
     if rep.leaks:
         _fail(rep, "leak", json.dumps(rep.leaks)[:400])
         _reap({int(p.split()[0]) for p in rep.leaks.get("processes", [])})
-    if _engine_stamp() != engine and not rep.ok:
-        # someone rebuilt the engine (make install) during the run: not the product's
+    rep.facts["engine_rebuilt"] = _engine_stamp() != engine
+    crashed = {-signal.SIGBUS, -signal.SIGSEGV} & set(rep.facts.get("exit_codes", []))
+    if _engine_stamp() != engine and not rep.ok and crashed:
+        # someone rebuilt the engine (make install) under the run and a worker crashed
+        # in it: not the product's. Any other failure stays the product's.
         rep.detail = f"{rep.cause}: {rep.detail}"
         rep.cause = ENV_CAUSE
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -643,28 +647,29 @@ def plot(report: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     kinds = list(report["by_fault"])
+    labels = [k.replace("collective/", "coll. ") for k in kinds]
     ok = np.array([report["by_fault"][k]["ok"] for k in kinds])
     bad = np.array([report["by_fault"][k]["failed"] for k in kinds])
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
-    a.bar(kinds, ok, color="tab:green", label="documented outcome")
-    a.bar(kinds, bad, bottom=ok, color="tab:red", label="failed")
+    x = np.arange(len(kinds))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.4))
+    a.bar(x, ok, color="tab:green", label="documented outcome")
+    a.bar(x, bad, bottom=ok, color="tab:red", label="failed")
     for i, (o, f) in enumerate(zip(ok, bad, strict=True)):
-        a.text(i, o + f, f"{o}/{o + f}", ha="center", va="bottom", fontsize=8)
+        a.text(i, o + f, f"{o}/{o + f}", ha="center", va="bottom", fontsize=7)
     a.set_ylabel("runs")
-    a.set_ylim(0, 1.18 * max(1, int((ok + bad).max())))
+    a.set_ylim(0, 1.3 * max(1, int((ok + bad).max())))
     a.set_title("outcome per fault kind", fontsize=9)
-    a.legend(fontsize=8, loc="lower right")
+    a.legend(fontsize=8, loc="upper right")
     mx = [report["by_fault"][k]["max_s"] for k in kinds]
     bound = [report["by_fault"][k]["bound_s"] for k in kinds]
-    x = np.arange(len(kinds))
     b.bar(x - 0.2, mx, 0.4, color="tab:blue", label="longest run")
     b.bar(x + 0.2, bound, 0.4, color="tab:gray", alpha=0.5, label="bound")
-    b.set_xticks(x, kinds)
     b.set_ylabel("seconds")
+    b.set_ylim(0, 1.3 * max(bound))
     b.set_title("longest run against its bound", fontsize=9)
-    b.legend(fontsize=8)
+    b.legend(fontsize=8, loc="upper right")
     for ax in (a, b):
-        ax.tick_params(axis="x", labelsize=8, rotation=20)
+        ax.set_xticks(x, labels, rotation=40, ha="right", fontsize=8)
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle(f"soak: {report['runs']} runs in {report['wall_s'] / 60:.1f} min, "
                  f"{report['failures']} failed, {report['hangs']} hangs, "
