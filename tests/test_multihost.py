@@ -231,7 +231,9 @@ def test_four_hosts_then_two_by_two_train_alike_and_strangers_are_dropped(cluste
     counted by reason at rank 1 and nowhere else, the replicas agree, and both runs end
     with the same parameters bit for bit (lossless: the injection changed nothing)."""
     c = cluster
-    steps = ["--steps", "8", "--t-b-us", str(T_B_US)]
+    # 40 steps: the native engine trains 8 in about 0.1 s, shorter than one of the
+    # stranger's bursts (one CI run saw one datagram of two kinds and none of the third)
+    steps = ["--steps", "40", "--t-b-us", str(T_B_US)]
     lo = int(DATA_PORTS.split("-")[0])  # local rank k's data socket: lo + 2k
     inject = _injected(c, 1, lo, (c.ip(2), lo))
     t0 = time.monotonic()
@@ -240,7 +242,7 @@ def test_four_hosts_then_two_by_two_train_alike_and_strangers_are_dropped(cluste
     inject.kill()
     t_four = time.monotonic() - t0
     four = _summary(c)
-    assert four["world"] == 4 and four["steps"] == 8 and four["faults"] == []
+    assert four["world"] == 4 and four["steps"] == 40 and four["faults"] == []
     assert four["backend"] == "software"
     assert four["peers"] == [c.ip(i) for i in range(4)]
     assert four["replica_checksums_equal"] and len(four["checksums"]) == 4
@@ -267,10 +269,11 @@ def test_four_hosts_then_two_by_two_train_alike_and_strangers_are_dropped(cluste
 
 def test_a_host_that_dies_is_reported_and_the_others_finish(cluster):
     """Host 3 (all its processes) is killed mid-training. Ranks 0-2 finish every step:
-    the op in flight ends by its deadline (t_B), the next bounded exchange waits
-    max(t_B, 1 s) and excludes rank 3; with 1 s of margin for a loaded 2-core machine.
-    The hook reports rank 3 once. Measured at t_B = 0.4 s: steps of 0.41 s and 1.01 s,
-    or one of 1.38 s when both fall in one step."""
+    each op ends by its deadlines (2 t_B); the next bounded exchange (with in-band
+    exponents, the replica check every `checksum_every` = 50 steps) waits about
+    max(t_B, 1 s) and excludes rank 3, after which steps are fast again; with 1 s of
+    margin for a loaded 2-core machine. The hook reports rank 3 once. Measured at
+    t_B = 0.4 s: 28 steps of 0.80 s, one of 1.81 s (the exchange), then milliseconds."""
     c = cluster
     t_b = 400_000
     # a step takes about 10 ms here: 300 steps leave seconds between host 3's "step 6" and
@@ -296,9 +299,12 @@ def test_a_host_that_dies_is_reported_and_the_others_finish(cluster):
     assert out["faults"] == [3]
     assert [f for f in out["step_faults"] if f] == [[3]]  # reported once, when found
     assert sorted(out["checksums"]) == ["0", "1", "2"]  # every survivor finished
-    after_warmup = sorted(out["step_times"][3:])
-    assert after_warmup[-1] <= 3 * t_b * 1e-6 + 2.0
-    # the failure costs one op deadline (t_B) and one bounded exchange (max(t_B, 1 s)),
-    # plus 1 s of margin: the two slowest steps together
-    assert sum(after_warmup[-2:]) <= t_b * 1e-6 + max(t_b * 1e-6, 1.0) + 1.0
+    t = out["step_times"][3:]
+    # no step pays more than its two deadlines and one bounded exchange (up to 2 bounds
+    # for a rank heard from during it), plus 1 s of margin
+    assert max(t) <= 2 * t_b * 1e-6 + 2 * max(t_b * 1e-6, 1.0) + 1.0
+    # the slow steps (deadlines) end with the exchange: at most one replica-check period
+    slow = [k for k, s in enumerate(t) if s > t_b * 1e-6 / 2]
+    assert slow and slow[-1] - slow[0] < 50 + 1, slow
+    assert max(t[slow[-1] + 1 :], default=0.0) < t_b * 1e-6 / 2  # rank 3 excluded: fast again
     assert out["final_acc"] > 0.4  # training went on (chance: 1/3)
