@@ -77,10 +77,6 @@ NOT_RUN: dict[str, str] = {
     r"^optireduce rank \d": "a log line (docs/cluster.md, 'Read the log')",
 }
 
-# Documented commands that fail today, as written: each runs, and must fail (strict xfail),
-# so that the fix shows up as a pass to be moved out of here.
-FAILING: dict[str, str] = {}
-
 # Names of the docs' synopses, and what stands in for them.
 PLACEHOLDERS = {
     "DIR": "train-dir",
@@ -268,9 +264,7 @@ def _writers(cmds: list[str]) -> dict[str, str]:
 
 
 def _param(where: str, cmd: str):
-    why = next((w for pat, w in FAILING.items() if re.search(pat, cmd)), None)
-    marks = [pytest.mark.xfail(strict=True, reason=why)] if why else []
-    return pytest.param(where, cmd, marks=marks, id=f"{where} {cmd}")
+    return pytest.param(where, cmd, id=f"{where} {cmd}")
 
 
 ROOT_RUNS = [(w, c) for w, c in all_commands() if not excluded(c)]
@@ -347,7 +341,7 @@ def test_the_docs_show_the_commands_and_every_exclusion_is_still_there():
                  "optireduce train --json -o train-dir", "make bench"):  # fmt: skip
         assert want in cmds
     assert "optireduce demo [--numerics]" not in cmds
-    for pat in [*NOT_RUN, *FAILING]:
+    for pat in NOT_RUN:
         assert any(re.search(pat, c) for c in cmds), f"{pat!r} matches no documented command"
     continued = [c for c in cmds if c.startswith(".venv/bin/optireduce cluster --tail 3 --ops 30")]
     assert continued and continued[0].endswith("--json")  # the `\` continuation is one line
