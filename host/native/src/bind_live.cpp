@@ -17,6 +17,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "bind_convert.hpp"
 #include "bind_stats.hpp"
 #include "engine.hpp"
 #include "impairment.hpp"
@@ -31,28 +32,7 @@ namespace optireduce {
 
 namespace {
 
-using F32In = nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-using F32Out = nb::ndarray<float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-
-int64_t to_us(double seconds) {
-    if (!(seconds >= 0) || !std::isfinite(seconds) || seconds > 86400.0)
-        throw std::invalid_argument("timeout_s must be in [0, 86400]");
-    return static_cast<int64_t>(seconds * 1e6);
-}
-
-ImpairmentSpec spec_from(nb::handle h) {
-    ImpairmentSpec s;
-    if (h.is_none()) return s;
-    s.median_us = nb::cast<double>(h.attr("median_us"));
-    s.p99_ratio = nb::cast<double>(h.attr("p99_ratio"));
-    s.loss = nb::cast<double>(h.attr("loss"));
-    s.duplicate = nb::cast<double>(h.attr("duplicate"));
-    s.reorder = nb::cast<double>(h.attr("reorder"));
-    s.extra_us = nb::cast<double>(h.attr("extra_us"));
-    s.check();
-    return s;
-}
-
+int64_t to_us(double seconds) { return seconds_to_us(seconds, "timeout_s"); }
 
 std::vector<std::string> live_counter_names() {
     std::vector<std::string> out;
@@ -75,7 +55,7 @@ void bind_live(nb::module_& m) {
         .def(
             "__init__",
             [](Impairment* self, nb::handle spec, uint64_t seed) {
-                new (self) Impairment(spec_from(spec), seed);
+                new (self) Impairment(impairment_from(spec), seed);
             },
             "spec"_a, "seed"_a = 0)
         .def("delay_us", &Impairment::delay_us)
@@ -160,7 +140,7 @@ void bind_live(nb::module_& m) {
                 c.port = port;
                 c.adopt_fd = fd;
                 c.buffer_bytes = buffer_bytes;
-                c.impairment = spec_from(impairment);
+                c.impairment = impairment_from(impairment);
                 c.seed = seed;
                 c.first_op = first_op;
                 c.max_wait_us = max_wait_us;
@@ -238,7 +218,7 @@ void bind_live(nb::module_& m) {
         .def(
             "set_impairment",
             [](LiveNic& n, nb::handle spec, double timeout_s) {
-                const ImpairmentSpec s = spec_from(spec);
+                const ImpairmentSpec s = impairment_from(spec);
                 nb::gil_scoped_release unlocked;
                 n.set_impairment(s, to_us(timeout_s));
             },

@@ -16,6 +16,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "bind_convert.hpp"
 #include "impairment.hpp"
 #include "reliable_live.hpp"
 #include "transport.hpp"
@@ -26,28 +27,6 @@ using namespace nb::literals;
 namespace optireduce {
 
 namespace {
-
-using F32In = nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-using F32Out = nb::ndarray<float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-
-int64_t seconds_to_us(double seconds, const char* what) {
-    if (!(seconds >= 0) || !std::isfinite(seconds) || seconds > 86400.0)
-        throw std::invalid_argument(std::string(what) + " must be in [0, 86400] s");
-    return static_cast<int64_t>(std::llround(seconds * 1e6));
-}
-
-ImpairmentSpec impairment_from(nb::handle h) {
-    ImpairmentSpec s;
-    if (h.is_none()) return s;
-    s.median_us = nb::cast<double>(h.attr("median_us"));
-    s.p99_ratio = nb::cast<double>(h.attr("p99_ratio"));
-    s.loss = nb::cast<double>(h.attr("loss"));
-    s.duplicate = nb::cast<double>(h.attr("duplicate"));
-    s.reorder = nb::cast<double>(h.attr("reorder"));
-    s.extra_us = nb::cast<double>(h.attr("extra_us"));
-    s.check();
-    return s;
-}
 
 const char* status_name(CollectiveResult::Status s) {
     switch (s) {
