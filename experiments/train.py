@@ -527,20 +527,12 @@ def plot(summary: dict, curves: dict, path: str) -> None:
         fig, (ax, lx) = plt.subplots(2, 1, figsize=(7, 6.4), height_ratios=(2.2, 1))
         o = summary["optireduce"]
         steps = np.arange(1, len(o["step_entries_lost_other"]) + 1)
-        lx.plot(
-            steps,
-            [100 * v for v in o["step_entries_lost_straggler"]],
-            lw=0.8,
-            color="tab:red",
-            label="lost: the step's straggler was late (by design)",
-        )
-        lx.plot(
-            steps,
-            [100 * v for v in o["step_entries_lost_other"]],
-            lw=0.8,
-            color="tab:blue",
-            label="lost from the others (packet delay or our processing)",
-        )
+        for key, color, label in (
+            ("straggler", "tab:red", "lost: the step's straggler was late (by design)"),
+            ("other", "tab:blue", "lost from the others (packet delay or our processing)"),
+        ):
+            lx.plot(steps, [100 * v for v in o[f"step_entries_lost_{key}"]], lw=0.8,
+                    color=color, label=label)  # fmt: skip
         lx.set_xlabel("training step")
         lx.set_ylabel("entries lost (%)")
         lx.legend(fontsize=7, loc="upper right")
