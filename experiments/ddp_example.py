@@ -38,6 +38,18 @@ def teacher_task(n: int = 4096):
     return xs, (xs @ teacher).argmax(1)
 
 
+def train_step(ddp, opt, xs, ys, it: int, world: int, rank: int) -> float:
+    """One SGD step of the example on this rank's 64 samples of step `it`; its seconds."""
+    import torch
+
+    t0 = time.monotonic()
+    lo = (it * world + rank) * 64 % 3968
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(ddp(xs[lo : lo + 64]), ys[lo : lo + 64]).backward()
+    opt.step()
+    return time.monotonic() - t0
+
+
 def _gloo_interface() -> None:
     """GLOO_SOCKET_IFNAME, when unset, to the interface OptiReduce binds (gloo otherwise
     resolves the hostname, which on many hosts names loopback or nothing)."""
@@ -106,12 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     times = []
     for it in range(args.steps):
-        t0 = time.monotonic()
-        lo = (it * world + rank) * 64 % 3968
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(ddp(xs[lo : lo + 64]), ys[lo : lo + 64]).backward()
-        opt.step()
-        times.append(time.monotonic() - t0)
+        times.append(train_step(ddp, opt, xs, ys, it, world, rank))
         if args.progress:
             print(f"optireduce.example rank {rank} step {it} {times[-1]:.3f} s",
                   file=sys.stderr, flush=True)  # fmt: skip

@@ -176,7 +176,7 @@ def train_worker(rank: int, world: int, run_dir: str, spec: dict) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from optireduce import optireduce_hook
-    from optireduce.experiments.ddp_example import teacher_task
+    from optireduce.experiments.ddp_example import teacher_task, train_step
 
     xs, ys = teacher_task()
     torch.manual_seed(0)
@@ -188,12 +188,7 @@ def train_worker(rank: int, world: int, run_dir: str, spec: dict) -> None:
     times = []
     for it in range(spec["steps"]):
         me.step(it)
-        t0 = time.monotonic()
-        lo = (it * world + rank) * 64 % 3968
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(ddp(xs[lo : lo + 64]), ys[lo : lo + 64]).backward()
-        opt.step()
-        times.append(time.monotonic() - t0)
+        times.append(train_step(ddp, opt, xs, ys, it, world, rank))
     ck = sum(p.detach().double().sum().item() for p in model.parameters())
     del ddp
     me.finish({"checksum": ck.hex(), "step_s_max": max(times)})
