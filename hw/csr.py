@@ -1,9 +1,9 @@
 """Control/status register bank: configuration registers and the NIC's counters.
 
 Everything the driver sees comes from ONE table, `register_map(p)`, built from the
-three lists below (parameters, configuration, counters = host/model/nic_model.py
-COUNTERS). The gateware, the Markdown map in docs/registers.md
-(`render_markdown`) and the driver's discovery (`walk`) all read it.
+three lists below (parameters, configuration, counters = optireduce/counters.py
+COUNTERS, then host/model/nic_model.py EXP_COUNTERS). The gateware, the Markdown map in
+docs/registers.md (`render_markdown`) and the driver's discovery (`walk`) all read it.
 
 Layout, in the style of Corundum register blocks: each block starts with a header
 
@@ -20,7 +20,8 @@ until the next read. Unmapped addresses read 0; writes to read-only registers or
 unmapped addresses are ignored. A register narrower than 32 bits keeps only its low
 bits; the driver validates values with NicParams before writing.
 
-Counters: one `inc_<name>` strobe per counter adds 1 per cycle it is high. They
+Counters: one `inc_<name>` strobe per counter adds 1 per cycle it is high
+(`exp_missing` adds its port's value: up to n_max - 1 a cycle). They
 saturate at 2^32 - 1 and never wrap (a saturated counter reads all ones). Writing 1
 to CTRL bit 0 clears every counter; an increment in that same cycle is kept (the
 counter becomes 1), so no event is ever lost by a clear.
@@ -31,12 +32,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from amaranth import Module, Signal
+from amaranth import Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from optireduce.counters import COUNTERS
-from optireduce.host.model.nic_model import NicModel
+from optireduce.host.model.nic_model import EXP_COUNTERS, NicModel
 from optireduce.params import NicParams
 from optireduce.ubt import DEFAULT_ADDRESSING
 
@@ -79,6 +80,8 @@ CONFIG: tuple[tuple[str, str, int, Callable, Callable, str], ...] = (
      "decode estimator: 0 unbiased, 1 plain"),
 )  # fmt: skip
 
+ALL_COUNTERS = (*COUNTERS, *EXP_COUNTERS)  # the counters block, in this order
+
 _COUNTER_DOC = {
     "rx_scatter": "scatter packets accepted",
     "rx_gather": "gather packets accepted",
@@ -86,7 +89,18 @@ _COUNTER_DOC = {
     "tx_gather": "gather packets sent",
     "ops_started": "ops started by the host",
     "ops_completed": "ops completed",
+    "exp_given": "ops started with the host's exponent",
+    "exp_inband": "ops agreed in-band, every peer's proposal in",
+    "exp_incomplete": "ops agreed in-band, some peer's proposal missing",
+    "exp_followed": "in-band ops that took the exponent peers ahead sent",
+    "exp_missing": "peers' proposals missing at in-band starts, summed",
+    "exp_saturated": "in-band ops whose quantizer saturated",
 }
+
+
+def counter_step(p: NicParams, name: str) -> int:
+    """The most a counter adds in one cycle (the width of its `inc_` port)."""
+    return p.n_max - 1 if name == "exp_missing" else 1
 
 
 @dataclass(frozen=True)
@@ -132,8 +146,8 @@ def register_map(p: NicParams) -> tuple[Block, ...]:
             Reg(name, NIC_BASE + 0x40 + 4 * j, "RW", width(p), reset(p), "config", desc, port, lsb)
         )
     cnt = _header(COUNTER_BASE, TYPE_COUNTERS, 0)
-    cnt.append(Reg("count", COUNTER_BASE + 0xC, "RO", 32, len(COUNTERS), "header", "counters"))
-    for j, name in enumerate(COUNTERS):
+    cnt.append(Reg("count", COUNTER_BASE + 0xC, "RO", 32, len(ALL_COUNTERS), "header", "counters"))
+    for j, name in enumerate(ALL_COUNTERS):
         desc = _COUNTER_DOC.get(name, f"frames dropped: {name.replace('_', ' ')}")
         cnt.append(Reg(name, COUNTER_BASE + 0x10 + 4 * j, "RO", 32, 0, "counter", desc, port=name))
     assert max(r.offset for r in nic) < COUNTER_BASE, "nic block overlaps the counters"
@@ -233,8 +247,8 @@ class Csr(wiring.Component):
         }
         for port, width in config_ports(p).items():
             members[port] = Out(width)
-        for name in COUNTERS:
-            members[f"inc_{name}"] = In(1)
+        for name in ALL_COUNTERS:
+            members[f"inc_{name}"] = In(range(counter_step(p, name) + 1))
         super().__init__(members)
         # The storage, as attributes so tests can preload a counter near saturation.
         self.config_regs = {
@@ -242,7 +256,7 @@ class Csr(wiring.Component):
             for r in self.regs
             if r.kind == "config"
         }
-        self.counters = {name: Signal(32, name=f"cnt_{name}") for name in COUNTERS}
+        self.counters = {name: Signal(32, name=f"cnt_{name}") for name in ALL_COUNTERS}
 
     def elaborate(self, platform):
         m = Module()
@@ -263,10 +277,11 @@ class Csr(wiring.Component):
 
         for name, cnt in self.counters.items():
             inc = getattr(self, f"inc_{name}")
+            total = cnt + inc  # one bit wider: a carry out saturates
             with m.If(clear):
                 m.d.sync += cnt.eq(inc)
-            with m.Elif(inc & (cnt != top)):
-                m.d.sync += cnt.eq(cnt + 1)
+            with m.Elif(inc != 0):
+                m.d.sync += cnt.eq(Mux(total[32], top, total[:32]))
 
         with m.If(self.r_en), m.Switch(word):
             for r in self.regs:

@@ -17,7 +17,7 @@ replay a slot per destination. The buffer is 2*lanes elements wide, so a frame (
 bytes + 4P) leaves at 8*lanes bytes per cycle, twice the input rate: with P = 256 the
 frame of one packet takes about 140 cycles while the next packet takes 256 to arrive.
 
-Op context (msg_type, rank, world, job_id, op_id, exponent, op_len, t_c_us) is latched
+Op context (msg_type, rank, world, job_id, op_id, exponent, op_len, t_c_us, reserved) is latched
 when the op's first beat is offered; the op takes one idle cycle there, then runs at one
 beat per cycle. An op has packets_for(op_len) packets (scatter) or the slots of this rank
 (gather); `first`/`last` of `i` are not needed. Preconditions: 2 <= world <= n_max,
@@ -100,6 +100,7 @@ class Packetizer(wiring.Component):
                 "op_len": In(32),
                 "t_c_us": In(32),
                 "contributors": In(16),  # gather: sampled with each slot's first beat
+                "reserved": In(16),  # the op's proposal word (NicParams.exp_inband), else 0
             }
         )
 
@@ -119,6 +120,7 @@ class Packetizer(wiring.Component):
                 "exponent": signed(8),
                 "op_len": 32,
                 "t_c_us": 32,
+                "reserved": 16,
             }
         )
 
@@ -156,7 +158,7 @@ class Packetizer(wiring.Component):
             "t_c_us": d.t_c_us,
             "op_len": d.op_len,
             "world": d.world,
-            "reserved": Const(0, 16),
+            "reserved": d.reserved,
         }
         out = [
             *be(Const(ad.mac_base, 48) + dst, 6),
@@ -207,6 +209,7 @@ class Packetizer(wiring.Component):
                 s.ctx.exponent.eq(self.exponent),
                 s.ctx.op_len.eq(self.op_len),
                 s.ctx.t_c_us.eq(self.t_c_us),
+                s.ctx.reserved.eq(self.reserved),
             ]
 
         # packets of the op: packets_for(op_len) = max(1, ceil(op_len / B)) * B / P

@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
-from optireduce.counters import COUNTERS
 from optireduce.hw.csr import (
+    ALL_COUNTERS,
     COUNTER_BASE,
     TYPE_COUNTERS,
     TYPE_NIC,
     VERSION,
     Csr,
+    counter_step,
     register_map,
     render_markdown,
     walk,
@@ -70,7 +71,7 @@ PUBLISHED = {
     0x058: ("seed", "RW", 32, 0x5EED0001),
     0x100: ("type", "RO", 32, TYPE_COUNTERS),
     0x108: ("next", "RO", 32, 0),
-    0x10C: ("count", "RO", 32, 29),
+    0x10C: ("count", "RO", 32, 35),
     0x110: ("truncated", "RO", 32, 0),
     0x140: ("wrong_job", "RO", 32, 0),
     0x168: ("duplicate", "RO", 32, 0),
@@ -79,6 +80,9 @@ PUBLISHED = {
     0x174: ("tx_scatter", "RO", 32, 0),
     0x178: ("tx_gather", "RO", 32, 0),
     0x180: ("ops_completed", "RO", 32, 0),
+    0x184: ("exp_given", "RO", 32, 0),
+    0x194: ("exp_missing", "RO", 32, 0),
+    0x198: ("exp_saturated", "RO", 32, 0),
 }
 
 
@@ -91,7 +95,7 @@ def test_table_is_consistent():
     for offset, want in PUBLISHED.items():
         assert at.get(offset) == want, hex(offset)
     counters = [r for r in regs if r.kind == "counter"]
-    assert counters[-1].offset == 0x180 and len(counters) == 29  # the count register's value
+    assert counters[-1].offset == 0x198 and len(counters) == 35  # the count register's value
     # every drop reason the wire spec names has a counter, named as the reason
     assert set(DROP_REASONS) <= {r.name for r in counters}
 
@@ -174,18 +178,27 @@ def test_counters_count_saturate_and_clear():
     rng = np.random.default_rng(6)
 
     async def bench(ctx):
-        expect = dict.fromkeys(COUNTERS, 0)
-        strobes = rng.random((300, len(COUNTERS))) < rng.random(len(COUNTERS))
+        expect = dict.fromkeys(ALL_COUNTERS, 0)
+        strobes = rng.random((300, len(ALL_COUNTERS))) < rng.random(len(ALL_COUNTERS))
         for row in strobes:
-            for name, s in zip(COUNTERS, row, strict=True):
-                ctx.set(getattr(dut, f"inc_{name}"), int(s))
-                expect[name] += int(s)
+            for name, s in zip(ALL_COUNTERS, row, strict=True):
+                v = int(s) * int(rng.integers(1, counter_step(p, name) + 1))
+                ctx.set(getattr(dut, f"inc_{name}"), v)
+                expect[name] += v
             await ctx.tick()
-        for name in COUNTERS:
+        for name in ALL_COUNTERS:
             ctx.set(getattr(dut, f"inc_{name}"), 0)
-        for name in COUNTERS:
+        for name in ALL_COUNTERS:
             assert await read(ctx, dut, offs[name]) == expect[name], name
         assert max(expect.values()) > 200 and min(expect.values()) >= 0
+        assert expect["exp_missing"] > sum(strobes[:, ALL_COUNTERS.index("exp_missing")])
+
+        # a counter that adds several at once saturates too (the carry out)
+        ctx.set(dut.counters["exp_missing"], TOP - 3)
+        ctx.set(dut.inc_exp_missing, counter_step(p, "exp_missing"))
+        await ctx.tick()
+        ctx.set(dut.inc_exp_missing, 0)
+        assert await read(ctx, dut, offs["exp_missing"]) == TOP
 
         # saturation: never wraps
         sat = "duplicate"
@@ -204,7 +217,7 @@ def test_counters_count_saturate_and_clear():
         ctx.set(dut.inc_stale_op, 1)
         await write(ctx, dut, ctrl, 0x1)
         ctx.set(dut.inc_stale_op, 0)
-        for name in COUNTERS:
+        for name in ALL_COUNTERS:
             assert await read(ctx, dut, offs[name]) == (name == "stale_op"), name
         assert await read(ctx, dut, ctrl) == 0
 

@@ -46,7 +46,7 @@ class Op:
             "msg_type": ubt.MSG_GATHER if self.gather else ubt.MSG_SCATTER,
             "rank": c.rank, "world": c.world, "job_id": c.p.job_id, "op_id": c.op_id,
             "exponent": c.exponent, "op_len": c.op_len, "t_c_us": self.t_c_us,
-            "contributors": contributors,
+            "contributors": contributors, "reserved": c.reserved,
         }  # fmt: skip
 
     def frames(self) -> list[tuple[int, int, bytes]]:
@@ -81,7 +81,10 @@ def make_op(p: NicParams, rng: np.random.Generator, *, gather: bool, world: int,
     op_id = int(rng.choice([0, 0xFFFF_FFFF, int(rng.integers(0, 1 << 32))]))
     exponent = int(rng.choice([-128, 127, int(rng.integers(-128, 128))]))
     t_c = int(rng.choice([0, 0xFFFF_FFFF, int(rng.integers(0, 1 << 32))]))
-    ctx = OpContext(p, rank, world, op_id, exponent, op_len, addressing)
+    # the proposal word of in-band exponents: none, the extremes, or any int8
+    proposal = rng.choice([None, -128, 127, int(rng.integers(-128, 128))])
+    reserved = ubt.proposal_word(None if proposal is None else int(proposal))
+    ctx = OpContext(p, rank, world, op_id, exponent, op_len, addressing, reserved)
     n = p.packets_for(op_len)
     if gather:
         rows = len(range(rank, n, world))
