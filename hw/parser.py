@@ -80,6 +80,9 @@ class Parser(wiring.Component):
       drop, reason one-cycle strobe per dropped frame and its DROP_CODE, in frame order
       drop_count   COUNTERS_LAYOUT: a 32-bit counter per reason of PARSER_REASONS, at bit
                    32 * DROP_CODE[reason]; they wrap
+      note, note_op, note_sender, note_word   with NicParams.exp_inband: a strobe (with the
+                   verdict) per frame whose proposal counts (accepted, or dropped as
+                   stale_op: NicModel._accept), its op_id, sender and `reserved` word
     """
 
     MODEL = classify
@@ -108,6 +111,10 @@ class Parser(wiring.Component):
                 "drop": Out(1),
                 "reason": Out(range(len(PARSER_REASONS))),
                 "drop_count": Out(COUNTERS_LAYOUT),
+                "note": Out(1),
+                "note_op": Out(32),
+                "note_sender": Out(16),
+                "note_word": Out(16),
             }
         )
 
@@ -305,6 +312,10 @@ class Parser(wiring.Component):
         total = Signal(20)
         m.d.comb += total.eq(s.v0_cs[0] + s.v0_cs[1])
         csum_ok = total[:16] == (0xFFFF ^ total[16:])
+        # reserved: zero, or with in-band exponents a proposal word (ubt.proposal_word_ok)
+        reserved_bad = h.reserved != 0
+        if p.exp_inband:
+            reserved_bad = reserved_bad & (h.reserved[:8] != ubt.PROPOSAL_PRESENT)
         ip_len, n = s.v0_ip_len, s.v0_len
         log2ppb = p.packets_per_block.bit_length() - 1
         # compares of two signals as `<` (a carry chain; yosys adds an equality tree to `>`)
@@ -322,7 +333,7 @@ class Parser(wiring.Component):
             (ip_len < ubt.IP_LEN + ubt.UDP_LEN + ubt.HEADER_LEN, "truncated"),
             (h.version != ubt.VERSION, "bad_version"),
             ((h.msg_type != ubt.MSG_SCATTER) & (h.msg_type != ubt.MSG_GATHER), "bad_type"),
-            (((h.flags & (0xFF & ~ubt.FLAGS_KNOWN)) != 0) | (h.reserved != 0), "malformed_header"),
+            (((h.flags & (0xFF & ~ubt.FLAGS_KNOWN)) != 0) | reserved_bad, "malformed_header"),
             ((h.msg_type == ubt.MSG_SCATTER) != (h.contributors == 0), "malformed_header"),
             (h.world < h.contributors, "malformed_header"),
             (
@@ -346,6 +357,10 @@ class Parser(wiring.Component):
         s.v1_div = Signal(self.index_bits)
         s.v1_target = Signal(16)
         s.v1_world = Signal(16)
+        # with in-band exponents: op_id, sender and reserved ride to the verdict
+        s.v1_note = Signal(64 if p.exp_inband else 0)
+        if p.exp_inband:
+            m.d.sync += s.v1_note.eq(Cat(h.op_id, h.sender, h.reserved))
         m.d.sync += [
             s.v1.eq(s.v0),
             s.v1_flags.eq(Cat(*(c for c, _ in s.checks))),
@@ -368,6 +383,7 @@ class Parser(wiring.Component):
                 m.d.comb += first_fail.eq(ubt.DROP_CODE[s.checks[j][1]])
         valid, any_fail, code = s.v1, s.v1_flags.any(), first_fail
         bank, has_bank, target, world = s.v1_bank, s.v1_has_bank, s.v1_target, s.v1_world
+        note = s.v1_note
         # rem < min(world, 2^index_bits): narrow compares when the op has few packets
         rem_w = min(16, self.index_bits)
         rem, div = Const(0, rem_w), s.v1_div
@@ -389,6 +405,7 @@ class Parser(wiring.Component):
                 "world": Signal(16, name=f"m{st}_world"),
                 "div": Signal(self.index_bits, name=f"m{st}_div"),
                 "rem": Signal(rem_w, name=f"m{st}_rem"),
+                "note": Signal(len(note), name=f"m{st}_note"),
             }
             m.d.sync += [
                 regs["valid"].eq(valid),
@@ -400,6 +417,7 @@ class Parser(wiring.Component):
                 regs["world"].eq(world),
                 regs["div"].eq(div),
                 regs["rem"].eq(rem),
+                regs["note"].eq(note),
             ]
             valid, any_fail, code = regs["valid"], regs["any"], regs["code"]
             bank, has_bank, target, world = (
@@ -408,7 +426,7 @@ class Parser(wiring.Component):
                 regs["target"],
                 regs["world"],
             )
-            div, rem = regs["div"], regs["rem"]
+            div, rem, note = regs["div"], regs["rem"], regs["note"]
         s.valid, s.any_fail, s.code, s.bank, s.has_bank, s.target, s.rem = (
             valid,
             any_fail,
@@ -418,6 +436,7 @@ class Parser(wiring.Component):
             target,
             rem,
         )
+        s.note = note
 
     def _verdict(self, m: Module, s: SimpleNamespace) -> None:
         """F: the verdict, the drop counters, the bank of a dropped frame freed."""
@@ -430,6 +449,12 @@ class Parser(wiring.Component):
             self.drop.eq(f_drop),
             self.reason.eq(f_reason),
         ]
+        if self.p.exp_inband:  # the model notes proposals of accepted and stale_op frames
+            stale = s.any_fail & (s.code == ubt.DROP_CODE["stale_op"])
+            m.d.sync += [
+                self.note.eq(s.f_accept | (s.valid & stale)),
+                Cat(self.note_op, self.note_sender, self.note_word).eq(s.note),
+            ]
         for j, name in enumerate(PARSER_REASONS):
             cnt = getattr(self.drop_count, name)
             with m.If(f_drop & (f_reason == j)):

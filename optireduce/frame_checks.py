@@ -45,7 +45,8 @@ def classify(
     addressing: ubt.Addressing = ubt.DEFAULT_ADDRESSING,
 ) -> ubt.ParsedFrame | str:  # fmt: skip
     """Everything the parser decides about one frame: the parsed frame or a drop reason."""
-    r = ubt.parse_frame(frame, port=p.udp_port, rank=rank, addressing=addressing)
+    r = ubt.parse_frame(frame, port=p.udp_port, rank=rank, addressing=addressing,
+                        inband=p.exp_inband)  # fmt: skip
     if isinstance(r, str):
         return r
     return check_peer(r.header, p, rank, world) or check_op(r.header, p, rank, world, base) or r

@@ -77,6 +77,7 @@ class Run:
     in_cycles: list[int]
     out_cycles: list[int]
     latency_const: int = 0
+    notes: list[tuple[int, int, int]] = field(default_factory=list)  # (op_id, sender, word)
 
 
 def simulate(
@@ -132,6 +133,10 @@ def simulate(
                 run.verdicts.append(-1)
             if ctx.get(dut.drop):
                 run.verdicts.append(ctx.get(dut.reason))
+            if ctx.get(dut.note):
+                run.notes.append(
+                    (ctx.get(dut.note_op), ctx.get(dut.note_sender), ctx.get(dut.note_word))
+                )
             finished = k == len(beats) and len(run.verdicts) >= len(frames)
             if finished and len(run.out_cycles) >= n_out_beats:
                 tail += 1
@@ -378,6 +383,47 @@ def test_random_bytes_mutations_and_window_edge():
     frames += [good_frame(p, cfg, rng, op_id=2**32 - 1), good_frame(p, cfg, rng, op_id=0)]
     e, _ = check(p, frames, cfg, idle=0.5, backpressure=0.2, seed=3)
     assert len(e.packets) >= 30 and len(set(e.counts)) >= 8
+
+
+def test_inband_proposal_words_and_notes():
+    """With NicParams.exp_inband: a well-formed proposal word passes, any other non-zero
+    `reserved` is malformed_header; the proposal of every accepted frame and of every
+    stale_op frame is noted (op_id, sender, word), as NicModel._accept notes it, and no
+    other frame's (future_op, wrong_owner, index out of range, bad words)."""
+    p = SMALL.replace(exp_inband=True)
+    cfg = Cfg(rank=1, world=4, base=6)
+    rng = np.random.default_rng(11)
+    frames = []
+    for _ in range(90):
+        prop = rng.choice([None, -128, 127, int(rng.integers(-128, 128))])
+        word = ubt.proposal_word(None if prop is None else int(prop))
+        if rng.random() < 0.15:  # malformed words: bits 7..1 set, or no present bit
+            word = int(rng.choice([0x0003, 0x8000, 0x0180, 0xFF02, 0x00FF]))
+        msg = int(rng.choice([ubt.MSG_SCATTER, ubt.MSG_GATHER]))
+        sender = int(rng.choice([0, 2, 3]))
+        fields = {"reserved": word, "msg_type": msg, "sender": sender}
+        r = rng.random()
+        if r < 0.2:
+            fields["op_id"] = int(rng.integers(0, cfg.base))  # stale
+        elif r < 0.3:
+            fields["op_id"] = cfg.base + p.rx_window + int(rng.integers(0, 3))  # future
+        elif r < 0.4:
+            fields["pkt_index"] = 2 if msg == ubt.MSG_SCATTER else 3  # not the owner's
+        frames.append(good_frame(p, cfg, rng, **fields))
+    e, run = check(p, frames, cfg, idle=0.3, backpressure=0.3, seed=11)
+    want = []
+    for f in frames:
+        r = classify(f, p, cfg.rank, cfg.world, cfg.base, cfg.addressing)
+        if not isinstance(r, str) or r == "stale_op":
+            h = ubt.UbtHeader.unpack(f, ubt.L2_L4_LEN)
+            want.append((h.op_id, h.sender, h.reserved))
+    assert run.notes == want
+    assert e.counts["stale_op"] >= 10 and e.counts["malformed_header"] >= 8
+    assert e.counts["future_op"] >= 5 and e.counts["wrong_owner"] >= 5
+    assert len(e.packets) >= 30 and {w for _, _, w in want} >= {0, 0x8001, 0x7F01}
+    # off: the same frames, but a proposal word is malformed and nothing is noted
+    e_off, run_off = check(SMALL, frames, cfg)
+    assert run_off.notes == [] and e_off.counts["malformed_header"] > e.counts["malformed_header"]
 
 
 @pytest.mark.parametrize("lanes", [4, 16])
