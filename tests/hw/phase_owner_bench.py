@@ -9,14 +9,20 @@ driver of the test's own, and this module records and compares what both blocks 
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+from amaranth import Module
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 
 from optireduce.host.model.nic_model import NicModel
 from optireduce.hw.deadline import REASON_NAMES, Reason
 from optireduce.params import NicParams
+from optireduce.sim.cocotb_run import run_bench
 
 
 @dataclass
@@ -28,10 +34,53 @@ class Scenario:
     t_end: int = 0
 
 
+def directed(registry: dict) -> Callable:
+    """`@directed(t_end=...)`: files a directed scenario under its name without the
+    `sc_`; the scenario runs to t_end."""
+
+    def with_end(t_end: int) -> Callable:
+        def add(build: Callable[[], Scenario]) -> Callable[[], Scenario]:
+            def scenario() -> Scenario:
+                sc = build()
+                sc.t_end = t_end
+                return sc
+
+            scenario.__doc__ = build.__doc__
+            registry[build.__name__.removeprefix("sc_")] = scenario
+            return scenario
+
+        return add
+
+    return with_end
+
+
+def random_ops(rng: np.random.Generator, p: NicParams, n_ops: tuple) -> tuple:
+    """A random world, the rank under test and the lengths of n_ops (lo, hi) ops, drawn
+    in that order: (Scenario, lens)."""
+    world = int(rng.choice([2, 3, 3, 4, p.n_max]))
+    rank = int(rng.integers(world))
+    n = int(rng.integers(*n_ops))
+    lens = [int(rng.choice([1, p.b, p.c, p.c, int(rng.integers(1, p.c + 1))])) for _ in range(n)]
+    return Scenario(p, world, rank), lens
+
+
 def deliver(sc: Scenario, frames: dict, keys, t0: int = 10, dt: int = 1) -> None:
     """The frames `keys` arrive at t0, t0 + dt, ..."""
     for k, key in enumerate(keys):
         sc.actions.append((t0 + k * dt, "frame", frames[key]))
+
+
+@dataclass
+class Expected:
+    """What the model did: the block's events, its phase ends (op -> reason, end tick, T,
+    received, expected) and their order, its counters, own t_C and T."""
+
+    events: list
+    ends: dict
+    end_order: list
+    counters: dict
+    own_tc: int
+    timeout: int
 
 
 @dataclass
@@ -79,13 +128,68 @@ def record_status(ctx, dut, got: Got, rx_name: str, cycles: int) -> None:
     got.cycles = cycles
 
 
+class Driver:
+    """A driver's clock: it counts the cycles it steps, hands events to `ev` and
+    winds a run down."""
+
+    def __init__(self, ctx, dut) -> None:
+        self.ctx, self.dut, self.cycles = ctx, dut, 0
+
+    async def step(self) -> None:
+        await self.ctx.tick()
+        self.cycles += 1
+
+    async def send_event(self, payload: dict, at: int) -> None:
+        """Offer `payload` on `ev` until taken; the block's clock then reads `at`."""
+        ctx, dut = self.ctx, self.dut
+        ctx.set(dut.ev.payload, payload)
+        ctx.set(dut.ev.valid, 1)
+        while True:
+            r = ctx.get(dut.ev.ready)
+            await self.step()
+            if r:
+                break
+        ctx.set(dut.ev.valid, 0)
+        assert ctx.get(dut.now) == at
+
+    async def finish(self, got: Got, rx_name: str, t_end: int, limit: int, out=None) -> None:
+        """Step until the block's clock reads t_end, `ev` is ready and `out()` (all
+        output seen) holds, at most `limit` cycles; 40 more in which nothing may come
+        out; then record the status."""
+        ctx, dut = self.ctx, self.dut
+        for _ in range(limit):
+            settled = ctx.get(dut.now) == t_end and ctx.get(dut.ev.ready)
+            if settled and (out is None or out()):
+                break
+            await self.step()
+        for _ in range(40):
+            await self.step()
+        record_status(ctx, dut, got, rx_name, self.cycles)
+
+
 def simulate(dut, driver, monitor) -> None:
     """Run `driver` to its end with `monitor` beside it (10 ns clock)."""
+    finished = []
+
+    async def run(ctx):
+        await driver(ctx)
+        finished.append(True)
+
     sim = Simulator(dut)
     sim.add_clock(1e-8)
-    sim.add_testbench(driver)
+    sim.add_testbench(run)
     sim.add_testbench(monitor, background=True)
     sim.run()
+    assert finished
+
+
+def check(sc: Scenario, run_model: Callable, run_rtl: Callable, **kw) -> tuple:
+    """The model runs `sc`, the RTL its events; their ends, in the model's order, the
+    counters, t_C and T must agree. Returns (expected, got)."""
+    exp = run_model(sc)
+    got = run_rtl(sc, exp, **kw)
+    check_common(got, exp)
+    return exp, got
 
 
 def check_common(got: Got, exp) -> None:
@@ -123,3 +227,67 @@ def play(sc: Scenario, pool: list, lens: list, rng, gaps: list, exponent: int) -
         sc.actions.append((t, "frame", f))
         model.receive(t, f)
     return t
+
+
+# ---- cocotb + Verilator ---------------------------------------------------------------
+class FlatEvents(wiring.Component):
+    """A phase owner with its event stream as plain ports (ev_valid, ev_ready,
+    ev_payload), so a flat Verilog top or AxisWrapper can shell it; its other members
+    pass through, by name."""
+
+    def __init__(self, owner: wiring.Component, layout, name: str) -> None:
+        self.owner, self.name = owner, name
+        members = {n: mb for n, mb in owner.signature.members.items() if n != "ev"}
+        members.update(ev_valid=In(1), ev_ready=Out(1), ev_payload=In(layout))
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules[self.name] = a = self.owner
+        for name, mb in a.signature.members.items():
+            if name == "ev":
+                continue
+            if mb.is_port:
+                inner, outer = getattr(a, name), getattr(self, name)
+                m.d.comb += inner.eq(outer) if mb.flow == In else outer.eq(inner)
+            else:
+                wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(a, name))
+        m.d.comb += [
+            a.ev.valid.eq(self.ev_valid),
+            self.ev_ready.eq(a.ev.ready),
+            a.ev.payload.eq(self.ev_payload),
+        ]
+        return m
+
+
+def scenario_json(name: str, sc: Scenario, exp: Expected, events: list, **more) -> dict:
+    """A scenario and what the model did, as the cocotb bench reads it."""
+    return {
+        "name": name,
+        "rank": sc.rank,
+        "world": sc.world,
+        "t_b": sc.p.t_b_us,
+        "alpha_q8": sc.p.alpha_q8,
+        "t_end": sc.t_end,
+        "events": events,
+        "ends": {str(op): list(e) for op, e in exp.ends.items()},
+        "end_order": exp.end_order,
+        "counters": exp.counters,
+        "own_tc": exp.own_tc,
+        "timeout": exp.timeout,
+        **more,
+    }
+
+
+def replay_in_cocotb(
+    tmp_path, top: wiring.Component, name: str, layout, scenarios: list, **config
+) -> None:
+    """The bench tests/hw/benches/tb_<name>.py replays `scenarios` (scenario_json
+    dicts) on `top` under Verilator."""
+    path = tmp_path / "scenarios.json"
+    path.write_text(json.dumps(scenarios))
+    layout = {n: [f.offset, f.width] for n, f in layout}
+    run_bench(
+        top, f"{name}_top", f"tests.hw.benches.tb_{name}",
+        {"scenarios": str(path), "layout": layout, **config},
+    )  # fmt: skip

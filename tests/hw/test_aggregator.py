@@ -12,15 +12,11 @@ counters (rx_scatter, duplicate, late), bit for bit.
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
-from amaranth import Module
-from amaranth.lib import wiring
-from amaranth.lib.wiring import In, Out
 
 from optireduce import ubt
 from optireduce.frame_checks import classify
@@ -30,7 +26,6 @@ from optireduce.host.model.packetizer import OpContext, scatter_order
 from optireduce.hw.aggregator import Aggregator, Kind, event_layout
 from optireduce.hw.axis import AxisWrapper
 from optireduce.params import NicParams
-from optireduce.sim.cocotb_run import run_bench
 from tests.hw import phase_owner_bench as bench
 from tests.hw.phase_owner_bench import Scenario, deliver
 
@@ -83,14 +78,10 @@ def _rebuild(frame: bytes, **fields) -> bytes:
 
 # ---- the model side -----------------------------------------------------------------
 @dataclass
-class Expected:
-    events: list  # (tick, kind, fields dict, values or None)
-    ends: dict  # op -> (reason, end, timeout, received, expected)
+class Expected(bench.Expected):
+    """events: (tick, kind, fields dict, values or None)."""
+
     slots: dict  # (op, index) -> (count, values)
-    counters: dict
-    own_tc: int
-    timeout: int
-    end_order: list
 
 
 def run_model(sc: Scenario, data_seed: int = 0) -> Expected:
@@ -155,7 +146,7 @@ def run_model(sc: Scenario, data_seed: int = 0) -> Expected:
         if st.phase1_reason:
             ends[op] = (st.phase1_reason, st.phase1_end_us, st.phase1_timeout_us,
                         st.p1_received, st.p1_expected)  # fmt: skip
-    return Expected(events, ends, slots, cnt, int(nic.tc[0].tc), nic._timeout(1), order)
+    return Expected(events, ends, order, cnt, int(nic.tc[0].tc), nic._timeout(1), slots)
 
 
 # ---- the RTL side -------------------------------------------------------------------
@@ -171,7 +162,6 @@ def run_rtl(sc: Scenario, exp: Expected, *, idle=0.3, backpressure=0.3, seed=0) 
     rng = random.Random(seed)
     beats = p.p // p.lanes
     n_slots = len(exp.slots)
-    done = False
 
     async def monitor(ctx):
         cur = None
@@ -194,15 +184,10 @@ def run_rtl(sc: Scenario, exp: Expected, *, idle=0.3, backpressure=0.3, seed=0) 
             await ctx.tick()
 
     async def driver(ctx):
-        nonlocal done
         bench.configure(ctx, dut, sc)
+        drv = bench.Driver(ctx, dut)
+        step = drv.step
         ticks = 0
-        cycles = 0
-
-        async def step():
-            nonlocal cycles
-            await ctx.tick()
-            cycles += 1
 
         async def tick_to(t):
             nonlocal ticks
@@ -216,16 +201,8 @@ def run_rtl(sc: Scenario, exp: Expected, *, idle=0.3, backpressure=0.3, seed=0) 
 
         for t, kind, f, vals in exp.events:
             await tick_to(t)
-            ctx.set(dut.ev.payload, {"kind": kind, "op_id": 0, "op_len": 0, "sender": 0,
-                                     "pkt_index": 0, "last": 0, "t_c": 0, **f})  # fmt: skip
-            ctx.set(dut.ev.valid, 1)
-            while True:
-                r = ctx.get(dut.ev.ready)
-                await step()
-                if r:
-                    break
-            ctx.set(dut.ev.valid, 0)
-            assert ctx.get(dut.now) == t
+            await drv.send_event({"kind": kind, "op_id": 0, "op_len": 0, "sender": 0,
+                                  "pkt_index": 0, "last": 0, "t_c": 0, **f}, t)  # fmt: skip
             if vals is not None:
                 k = 0
                 while k < beats:
@@ -242,25 +219,18 @@ def run_rtl(sc: Scenario, exp: Expected, *, idle=0.3, backpressure=0.3, seed=0) 
                         k += 1
                 ctx.set(dut.i.valid, 0)
         await tick_to(sc.t_end)
-        for _ in range(200_000):
-            settled = ctx.get(dut.now) == sc.t_end and ctx.get(dut.ev.ready)
-            if settled and len(got.slots) >= n_slots and len(got.ends) >= len(exp.ends):
-                break
-            await step()
-        for _ in range(40):  # nothing more may come out
-            await step()
-        bench.record_status(ctx, dut, got, "rx_scatter", cycles)
-        done = True
+
+        def out():
+            return len(got.slots) >= n_slots and len(got.ends) >= len(exp.ends)
+
+        await drv.finish(got, "rx_scatter", sc.t_end, 200_000, out)
 
     bench.simulate(dut, driver, monitor)
-    assert done
     return got
 
 
 def check(sc: Scenario, **kw) -> tuple[Expected, Got]:
-    exp = run_model(sc)
-    got = run_rtl(sc, exp, **kw)
-    bench.check_common(got, exp)
+    exp, got = bench.check(sc, run_model, run_rtl, **kw)
     assert set(got.slots) == set(exp.slots)
     for key in exp.slots:
         assert got.slots[key][0] == exp.slots[key][0], key
@@ -269,6 +239,10 @@ def check(sc: Scenario, **kw) -> tuple[Expected, Got]:
 
 
 # ---- directed scenarios (the rules of docs/deadlines.md) -----------------------------
+DIRECTED: dict = {}
+directed = bench.directed(DIRECTED)
+
+
 def one_op(world=3, rank=0, op_len=192, seed=0, p=P):
     """A started op and the frames every peer sends the rank under test."""
     rng = np.random.default_rng(seed)
@@ -282,30 +256,31 @@ def one_op(world=3, rank=0, op_len=192, seed=0, p=P):
     return sc, frames
 
 
+@directed(t_end=100)
 def sc_all_arrived() -> Scenario:
     sc, frames = one_op()
     deliver(sc, frames, sorted(frames), dt=3)
-    sc.t_end = 100
     return sc
 
 
+@directed(t_end=200)
 def sc_early() -> Scenario:
     """LAST from every sender, a non-LAST packet lost: early end after the idle gap."""
     sc, frames = one_op(world=4, rank=1)
     lost = next(k for k in sorted(frames) if k[1] < max(i for (_, i) in frames))
     deliver(sc, frames, [k for k in sorted(frames) if k != lost])
-    sc.t_end = 200
     return sc
 
 
+@directed(t_end=400)
 def sc_deadline() -> Scenario:
     sc, frames = one_op(world=3, rank=2)
     last = max(frames)  # highest index of the highest sender: flagged LAST
     deliver(sc, frames, [k for k in sorted(frames) if k != last])
-    sc.t_end = 400
     return sc
 
 
+@directed(t_end=400)
 def sc_duplicate_late() -> Scenario:
     sc, frames = one_op(world=3, rank=0)
     keys = sorted(frames)
@@ -313,10 +288,10 @@ def sc_duplicate_late() -> Scenario:
     deliver(sc, frames, [k for k in keys if k != last] + keys[:2])  # two duplicates
     sc.actions.append((350, "frame", frames[last]))  # after the deadline: late
     sc.actions.append((351, "frame", frames[keys[0]]))  # late too (not a duplicate)
-    sc.t_end = 400
     return sc
 
 
+@directed(t_end=400)
 def sc_tc_consensus() -> Scenario:
     """Peers' t_C pull T down; the last change moves the deadline into the past."""
     sc, frames = one_op(world=5, rank=3, op_len=256)
@@ -325,17 +300,17 @@ def sc_tc_consensus() -> Scenario:
     tcs = [40, 250, 30, 20, 500, 25]
     for k, key in enumerate(keys):
         sc.actions.append((10 + 5 * k, "frame", _rebuild(frames[key], t_c_us=tcs[k % 6])))
-    sc.t_end = 400
     return sc
 
 
+@directed(t_end=60)
 def sc_full_world_single_element() -> Scenario:
     sc, frames = one_op(world=8, rank=2, op_len=1)  # 4 packets: rank 2 owns one
     deliver(sc, frames, sorted(frames))
-    sc.t_end = 60
     return sc
 
 
+@directed(t_end=80)
 def sc_ops_in_flight() -> Scenario:
     """Peers ahead of us: frames of ops 0..2 before and after their starts, and a sender's
     frame of op 2 = 0 + K, which says it is done with op 0: op 0 ends early right then."""
@@ -354,19 +329,7 @@ def sc_ops_in_flight() -> Scenario:
     sc.actions.append((30, "start", 1, 200))
     deliver(sc, fr[2], [k for k in sorted(fr[2]) if k[0] == 2][:1], t0=40)
     sc.actions.append((41, "frame", gather_frame(sc, 0, 2, 200, 0, 77)))
-    sc.t_end = 80
     return sc
-
-
-DIRECTED = {
-    "all_arrived": sc_all_arrived,
-    "early": sc_early,
-    "deadline": sc_deadline,
-    "duplicate_late": sc_duplicate_late,
-    "tc_consensus": sc_tc_consensus,
-    "full_world_single_element": sc_full_world_single_element,
-    "ops_in_flight": sc_ops_in_flight,
-}
 
 
 def test_all_arrived_completes_at_the_last_arrival():
@@ -408,12 +371,8 @@ def test_peers_ahead_and_ops_in_flight():
 # ---- random scenarios -----------------------------------------------------------------
 def random_scenario(seed: int, p: NicParams = P) -> Scenario:
     rng = np.random.default_rng(seed)
-    world = int(rng.choice([2, 3, 3, 4, p.n_max]))
-    rank = int(rng.integers(world))
-    sc = Scenario(p, world, rank)
-    n_ops = int(rng.integers(1, 6))
-    lens = [int(rng.choice([1, p.b, p.c, p.c, int(rng.integers(1, p.c + 1))]))
-            for _ in range(n_ops)]  # fmt: skip
+    sc, lens = bench.random_ops(rng, p, (1, 6))
+    world, rank, n_ops = sc.world, sc.rank, len(lens)
     loss = float(rng.choice([0.0, 0.05, 0.3]))
 
     def tc(r):
@@ -467,65 +426,24 @@ def test_rate_and_latency_figures():
 
 
 # ---- cocotb + Verilator ------------------------------------------------------------------
-class FlatAggregator(wiring.Component):
-    """The aggregator with its event stream as plain ports, so AxisWrapper can shell it."""
+def _scenario_json(name: str, sc: Scenario) -> dict:
+    exp = run_model(sc)
 
-    def __init__(self, p: NicParams) -> None:
-        self.agg = Aggregator(p)
-        members = {n: mb for n, mb in self.agg.signature.members.items() if n not in ("ev",)}
-        members.update(ev_valid=In(1), ev_ready=Out(1), ev_payload=In(event_layout(p)))
-        super().__init__(members)
-
-    def elaborate(self, platform):
-        m = Module()
-        m.submodules.agg = a = self.agg
-        for name, mb in a.signature.members.items():
-            if name == "ev":
-                continue
-            if mb.is_port:
-                inner, outer = getattr(a, name), getattr(self, name)
-                m.d.comb += inner.eq(outer) if mb.flow == In else outer.eq(inner)
-            else:
-                wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(a, name))
-        m.d.comb += [
-            a.ev.valid.eq(self.ev_valid),
-            self.ev_ready.eq(a.ev.ready),
-            a.ev.payload.eq(self.ev_payload),
-        ]
-        return m
-
-
-def _scenario_json(name: str, sc: Scenario, exp: Expected) -> dict:
     def vals(v):
         return None if v is None else [int(x) for x in v]
 
-    return {
-        "name": name,
-        "rank": sc.rank,
-        "world": sc.world,
-        "t_b": sc.p.t_b_us,
-        "alpha_q8": sc.p.alpha_q8,
-        "t_end": sc.t_end,
-        "events": [
-            [t, int(kind), {k: int(v) for k, v in f.items()}, vals(v)]
-            for t, kind, f, v in exp.events
-        ],
-        "ends": {str(op): list(e) for op, e in exp.ends.items()},
-        "end_order": exp.end_order,
-        "slots": {f"{op},{i}": [c, v] for (op, i), (c, v) in exp.slots.items()},
-        "counters": exp.counters,
-        "own_tc": exp.own_tc,
-        "timeout": exp.timeout,
-    }
+    events = [
+        [t, int(kind), {k: int(v) for k, v in f.items()}, vals(v)] for t, kind, f, v in exp.events
+    ]
+    slots = {f"{op},{i}": [c, v] for (op, i), (c, v) in exp.slots.items()}
+    return bench.scenario_json(name, sc, exp, events, slots=slots)
 
 
 def test_cocotb_verilator_replays_the_scenarios(tmp_path):
     scenarios = [(name, build()) for name, build in DIRECTED.items()]
     scenarios += [(f"random{s}", random_scenario(s)) for s in (1, 4)]
-    path = tmp_path / "scenarios.json"
-    path.write_text(json.dumps([_scenario_json(n, sc, run_model(sc)) for n, sc in scenarios]))
-    layout = {name: [f.offset, f.width] for name, f in event_layout(P)}
-    run_bench(
-        AxisWrapper(FlatAggregator(P)), "aggregator_top", f"{__package__}.benches.tb_aggregator",
-        {"scenarios": str(path), "layout": layout, "lanes": P.lanes},
+    top = AxisWrapper(bench.FlatEvents(Aggregator(P), event_layout(P), "agg"))
+    bench.replay_in_cocotb(
+        tmp_path, top, "aggregator", event_layout(P),
+        [_scenario_json(n, sc) for n, sc in scenarios], lanes=P.lanes,
     )  # fmt: skip

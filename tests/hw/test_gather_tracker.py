@@ -14,15 +14,11 @@ duplicate / late counters for that frame), the counters, the phase-2 own t_C and
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
-from amaranth import Module
-from amaranth.lib import wiring
-from amaranth.lib.wiring import In, Out
 
 from optireduce import ubt
 from optireduce.frame_checks import classify
@@ -30,7 +26,6 @@ from optireduce.host.model.nic_model import NicModel
 from optireduce.host.model.packetizer import OpContext, gather_order, scatter_order
 from optireduce.hw.gather_tracker import GatherTracker, Kind, Verdict, event_layout
 from optireduce.params import NicParams
-from optireduce.sim.cocotb_run import run_bench
 from tests.hw import phase_owner_bench as bench
 from tests.hw.phase_owner_bench import Scenario, deliver
 
@@ -77,14 +72,10 @@ def retc(frame: bytes, t_c: int) -> bytes:
 
 # ---- the model side -------------------------------------------------------------------
 @dataclass
-class Expected:
-    events: list  # (at, kind, fields)
-    ends: dict  # op -> (reason, end, timeout, received, expected)
-    end_order: list
+class Expected(bench.Expected):
+    """events: (at, kind, fields)."""
+
     verdicts: list  # (op, index, verdict)
-    counters: dict
-    own_tc: int
-    timeout: int
 
 
 def run_model(sc: Scenario) -> Expected:
@@ -140,7 +131,7 @@ def run_model(sc: Scenario) -> Expected:
     nic.advance(sc.t_end)
     ats = [e[0] for e in events]
     assert ats == sorted(ats), "the model's event order is not in tick order"
-    return Expected(events, ends, order, verdicts, cnt, int(nic.tc[1].tc), nic._timeout(2))
+    return Expected(events, ends, order, cnt, int(nic.tc[1].tc), nic._timeout(2), verdicts)
 
 
 # ---- the RTL side ---------------------------------------------------------------------
@@ -160,7 +151,6 @@ def run_rtl(sc: Scenario, exp: Expected, *, idle=0.4, seed=0) -> Got:
     dut = GatherTracker(p)
     got = Got()
     rng = random.Random(seed)
-    done = False
 
     async def monitor(ctx):
         while True:
@@ -172,15 +162,9 @@ def run_rtl(sc: Scenario, exp: Expected, *, idle=0.4, seed=0) -> Got:
             await ctx.tick()
 
     async def driver(ctx):
-        nonlocal done
         bench.configure(ctx, dut, sc)
-        cycles = 0
+        drv = bench.Driver(ctx, dut)
         time = 0
-
-        async def step():
-            nonlocal cycles
-            await ctx.tick()
-            cycles += 1
 
         async def walk_to(t):  # the fence moves in random steps, as the aggregator's now
             nonlocal time
@@ -188,47 +172,33 @@ def run_rtl(sc: Scenario, exp: Expected, *, idle=0.4, seed=0) -> Got:
                 time = min(t, time + rng.choice([1, 1, 3, 50]))
                 ctx.set(dut.time, time)
                 for _ in range(rng.randint(0, 3)):
-                    await step()
+                    await drv.step()
 
         for at, kind, f in exp.events:
             if rng.random() < idle:
                 await walk_to(at)
-            ctx.set(dut.ev.payload, _payload(f, kind))
-            ctx.set(dut.ev.valid, 1)
-            while True:
-                r = ctx.get(dut.ev.ready)
-                await step()
-                if r:
-                    break
-            ctx.set(dut.ev.valid, 0)
-            assert ctx.get(dut.now) == at
+            await drv.send_event(_payload(f, kind), at)
             time = max(time, at)
             ctx.set(dut.time, time)
         await walk_to(sc.t_end)
         ctx.set(dut.ev.payload, _payload({}, 0))
-        for _ in range(100_000):
-            if ctx.get(dut.now) == sc.t_end and ctx.get(dut.ev.ready):
-                break
-            await step()
-        for _ in range(40):  # nothing more may come out
-            await step()
-        bench.record_status(ctx, dut, got, "rx_gather", cycles)
-        done = True
+        await drv.finish(got, "rx_gather", sc.t_end, 100_000)
 
     bench.simulate(dut, driver, monitor)
-    assert done
     return got
 
 
 def check(sc: Scenario, **kw) -> tuple[Expected, Got]:
-    exp = run_model(sc)
-    got = run_rtl(sc, exp, **kw)
-    bench.check_common(got, exp)
+    exp, got = bench.check(sc, run_model, run_rtl, **kw)
     assert got.verdicts == exp.verdicts
     return exp, got
 
 
 # ---- directed scenarios (docs/deadlines.md, phase 2) -----------------------------------
+DIRECTED: dict = {}
+directed = bench.directed(DIRECTED)
+
+
 def one_op(world=3, rank=0, op_len=192, p=P):
     """Op 0 started at tick 2; every peer's scatter frames arrive at 5.. (phase 1 ends
     complete); returns the peers' gather frames {(sender, index): frame}."""
@@ -245,32 +215,33 @@ def one_op(world=3, rank=0, op_len=192, p=P):
     return sc, g
 
 
+@directed(t_end=200)
 def sc_complete() -> Scenario:
     sc, g = one_op()
     deliver(sc, g, sorted(g), 40, dt=2)
-    sc.t_end = 200
     return sc
 
 
+@directed(t_end=300)
 def sc_early() -> Scenario:
     """LAST from every owner, a non-LAST reduced packet lost: early after the idle gap."""
     sc, g = one_op(world=4, rank=1, op_len=256)
     last_idx = {s: max(i for (s2, i) in g if s2 == s) for s, _ in g}
     lost = next(k for k in sorted(g) if k[1] != last_idx[k[0]])
     deliver(sc, g, [k for k in sorted(g) if k != lost], 30)
-    sc.t_end = 300
     return sc
 
 
+@directed(t_end=900)
 def sc_deadline_anchor() -> Scenario:
     """A LAST reduced packet lost; phase 1 complete early: the phase-2 deadline runs from
     the anchor start + T1, not from the phase-1 end."""
     sc, g = one_op(world=3, rank=2)
     deliver(sc, g, [k for k in sorted(g) if k != max(g)], 20)
-    sc.t_end = 900
     return sc
 
 
+@directed(t_end=800)
 def sc_gather_first() -> Scenario:
     """Peers are faster: the reduced packets are all in before our phase 1 ends (a lost
     scatter packet: phase 1 ends on its deadline), so phase 2 completes at its begin."""
@@ -281,10 +252,10 @@ def sc_gather_first() -> Scenario:
     fr = [f for s in (0, 2) for f in scatter_to(sc, s, 0, 256).values()]
     for k, f in enumerate(fr[1:]):
         sc.actions.append((25 + k, "frame", f))
-    sc.t_end = 800
     return sc
 
 
+@directed(t_end=1000)
 def sc_peers_gone() -> Scenario:
     """Owner 0 misses a reduced packet of op 0, then sends a frame of op 2 = 0 + K: it is
     done with op 0, what it owes will never come: early right then."""
@@ -293,10 +264,10 @@ def sc_peers_gone() -> Scenario:
     deliver(sc, g, [k for k in sorted(g) if k != missing], 30)
     sc.actions.append((45, "start", 1, 100))
     sc.actions.append((60, "frame", next(iter(scatter_to(sc, 0, 2, 64).values()))))
-    sc.t_end = 1000
     return sc
 
 
+@directed(t_end=900)
 def sc_duplicate_late() -> Scenario:
     """Op 1 completes while op 0 waits for its deadline (a LAST reduced packet lost): op 1's
     packets sent again are late (op 0 keeps op 1 in the window); op 0's twice: duplicates."""
@@ -315,10 +286,10 @@ def sc_duplicate_late() -> Scenario:
     deliver(sc, g0, [k for k in keys0 if k != max(g0)] + keys0[:2], 40)  # two duplicates
     deliver(sc, g1, sorted(g1), 60)
     deliver(sc, g1, sorted(g1)[:2], 100, dt=50)  # late
-    sc.t_end = 900
     return sc
 
 
+@directed(t_end=700)
 def sc_tc_consensus() -> Scenario:
     """Peers' phase-2 t_C pull T down; the last change moves the deadline into the past:
     the phase ends at the tick T changed."""
@@ -328,27 +299,14 @@ def sc_tc_consensus() -> Scenario:
     tcs = [40, 250, 30, 20, 500, 25]
     for k, key in enumerate(keys):
         sc.actions.append((30 + 7 * k, "frame", retc(g[key], tcs[k % 6])))
-    sc.t_end = 700
     return sc
 
 
+@directed(t_end=400)
 def sc_single_element_full_world() -> Scenario:
     sc, g = one_op(world=8, rank=6, op_len=1)  # 4 packets: rank 6 owns none
     deliver(sc, g, sorted(g), 30)
-    sc.t_end = 400
     return sc
-
-
-DIRECTED = {
-    "complete": sc_complete,
-    "early": sc_early,
-    "deadline_anchor": sc_deadline_anchor,
-    "gather_first": sc_gather_first,
-    "peers_gone": sc_peers_gone,
-    "duplicate_late": sc_duplicate_late,
-    "tc_consensus": sc_tc_consensus,
-    "single_element_full_world": sc_single_element_full_world,
-}
 
 
 def test_complete_at_the_last_reduced_packet():
@@ -396,12 +354,8 @@ def test_single_element_op_full_world():
 # ---- random scenarios -------------------------------------------------------------------
 def random_scenario(seed: int, p: NicParams = P) -> Scenario:
     rng = np.random.default_rng(seed)
-    world = int(rng.choice([2, 3, 3, 4, p.n_max]))
-    rank = int(rng.integers(world))
-    sc = Scenario(p, world, rank)
-    n_ops = int(rng.integers(2, 7))
-    lens = [int(rng.choice([1, p.b, p.c, p.c, int(rng.integers(1, p.c + 1))]))
-            for _ in range(n_ops)]  # fmt: skip
+    sc, lens = bench.random_ops(rng, p, (2, 7))
+    world, rank, n_ops = sc.world, sc.rank, len(lens)
     loss = float(rng.choice([0.0, 0.0, 0.05, 0.3]))
     dup = float(rng.choice([0.0, 0.15, 0.3]))
     tcs = [1, 20, 60, 150, 280, 2000] if rng.random() < 0.5 else [p.t_b_us]
@@ -465,58 +419,18 @@ def test_figures():
 
 
 # ---- cocotb + Verilator -------------------------------------------------------------------
-class FlatTracker(wiring.Component):
-    """The tracker with its event stream as plain ports (a flat Verilog top)."""
-
-    def __init__(self, p: NicParams) -> None:
-        self.t = GatherTracker(p)
-        members = {n: mb for n, mb in self.t.signature.members.items() if n != "ev"}
-        members.update(ev_valid=In(1), ev_ready=Out(1), ev_payload=In(event_layout(p)))
-        super().__init__(members)
-
-    def elaborate(self, platform):
-        m = Module()
-        m.submodules.t = t = self.t
-        for name, mb in t.signature.members.items():
-            if name == "ev":
-                continue
-            inner, outer = getattr(t, name), getattr(self, name)
-            m.d.comb += inner.eq(outer) if mb.flow == In else outer.eq(inner)
-        m.d.comb += [
-            t.ev.valid.eq(self.ev_valid),
-            self.ev_ready.eq(t.ev.ready),
-            t.ev.payload.eq(self.ev_payload),
-        ]
-        return m
-
-
-def _scenario_json(name: str, sc: Scenario, exp: Expected) -> dict:
-    return {
-        "name": name,
-        "rank": sc.rank,
-        "world": sc.world,
-        "t_b": sc.p.t_b_us,
-        "alpha_q8": sc.p.alpha_q8,
-        "t_end": sc.t_end,
-        "events": [
-            [at, int(kind), {k: int(v) for k, v in f.items()}] for at, kind, f in exp.events
-        ],
-        "ends": {str(op): list(e) for op, e in exp.ends.items()},
-        "end_order": exp.end_order,
-        "verdicts": [list(v) for v in exp.verdicts],
-        "counters": exp.counters,
-        "own_tc": exp.own_tc,
-        "timeout": exp.timeout,
-    }
+def _scenario_json(name: str, sc: Scenario) -> dict:
+    exp = run_model(sc)
+    events = [[at, int(kind), {k: int(v) for k, v in f.items()}] for at, kind, f in exp.events]
+    verdicts = [list(v) for v in exp.verdicts]
+    return bench.scenario_json(name, sc, exp, events, verdicts=verdicts)
 
 
 def test_cocotb_verilator_replays_the_scenarios(tmp_path):
     scenarios = [(name, build()) for name, build in DIRECTED.items()]
     scenarios += [(f"random{s}", random_scenario(s)) for s in (1, 4)]
-    path = tmp_path / "scenarios.json"
-    path.write_text(json.dumps([_scenario_json(n, sc, run_model(sc)) for n, sc in scenarios]))
-    layout = {name: [f.offset, f.width] for name, f in event_layout(P)}
-    run_bench(
-        FlatTracker(P), "gather_tracker_top", f"{__package__}.benches.tb_gather_tracker",
-        {"scenarios": str(path), "layout": layout},
+    top = bench.FlatEvents(GatherTracker(P), event_layout(P), "t")
+    bench.replay_in_cocotb(
+        tmp_path, top, "gather_tracker", event_layout(P),
+        [_scenario_json(n, sc) for n, sc in scenarios],
     )  # fmt: skip
