@@ -7,20 +7,18 @@ initial weights, shards and minibatch order; SGD with momentum). Here the worker
 `world` processes (torch.multiprocessing, spawn; FileStore; gloo on `lo`; one thread
 each) training one `DistributedDataParallel` model, for a fixed number of steps.
 
-The tail, the same for every method:
-- **straggler delays**: in step t one rank r, drawn uniformly, straggles by d[t] drawn
-  from a lognormal with median `straggler_median_ms` and P99/P50 = `tail` (seeded by the
-  config only, so every method gets the same array). It models the network being slow
-  for that rank's traffic in that step.
-  - gloo: rank r sleeps d[t] before the step's forward pass, so its allreduce starts
-    d late and every rank waits (a reliable collective must deliver all data). That is
-    the least a d-late link can cost gloo: a ring crossing it pays d at every step.
-  - optireduce: rank r's datagrams sent during step t carry d[t] extra delay on the
-    transport (its link is late), its compute is not delayed. The deadlines decide what
-    arrives in time; what does not is lost.
-- **per-packet delay** (optireduce only, we own the transport): each datagram gets a
-  lognormal delay of median `packet_median_us` and the same P99/P50 (`host/model/impairment.py`).
-  gloo's TCP cannot be impaired from here.
+The tail, one injection for every method:
+- **a straggling rank**: in step t one rank r, drawn uniformly, starts its step d[t] late:
+  it sleeps d[t] before its forward pass, whatever the method. d[t] is lognormal with
+  median `straggler_median_ms` and P99/P50 = `tail` (seeded by the config only, so every
+  method gets the same array). Everything rank r does in that step is late by
+  construction: its compute, its data, and its control traffic (OptiReduce's exponent
+  agreement, loss decision, replica checksum and resync). A reliable collective (gloo)
+  waits for it; OptiReduce's deadlines decide what of it arrives in time.
+- **per-packet delay**, on every transport we own: each datagram of OptiReduce's data
+  and of its control plane gets a lognormal delay of median `packet_median_us` and the
+  same P99/P50 (`host/model/impairment.py`; the hook's `impairment` covers both). gloo's
+  TCP cannot be impaired from here (no netem on these machines), which favours gloo.
 
 Op latency: OptiReduce's from the NICs' statistics (start of the op to its result, at
 each rank); gloo's from a comm hook around torch's own allreduce hook (hand-off of the
@@ -29,8 +27,9 @@ bucket to its result, at each rank). Both include the wait for a straggler.
 Before training, every OptiReduce rank runs one lossless check op on fixed inputs; the
 parent compares each result with `simulate_allreduce` bit for bit (`verify_bit_exact`).
 With `cosim_rank`, that rank's NIC is the co-simulated RTL (the driver's `sim` backend):
-its harness owns its socket, so its sends carry no injected delay and the straggler is
-drawn from the other ranks (for both methods); `cosim_bit_exact` is its check.
+its harness owns its socket, so its sends carry no per-packet delay, and the straggler is
+drawn from the other ranks (for both methods: the co-simulated rank is already the
+slowest); `cosim_bit_exact` is its check.
 
 Measured: every `eval_every` steps rank 0 keeps (step, wall seconds since the start,
 its parameters); after the run the parent evaluates them on the held-out test split.
@@ -42,7 +41,6 @@ and op of the run.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import tempfile
@@ -127,7 +125,7 @@ def straggler_delays(cfg: TrainConfig) -> np.ndarray:
     rng = np.random.default_rng([cfg.seed, 7])
     if cfg.cosim_rank is None:
         who = rng.integers(0, cfg.world, cfg.steps)
-    else:  # the co-simulated NIC sends on its own socket: it cannot be delayed
+    else:  # the co-simulated rank is the slowest already; its socket is not impaired
         who = rng.integers(0, cfg.world - 1, cfg.steps)
         who += who >= cfg.cosim_rank
     d = spec.median_us * 1e-6 * np.exp(spec.sigma * rng.standard_normal(cfg.steps))
@@ -176,8 +174,7 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
 
     model = FlatMlp()
     ddp = DDP(model)
-    state = late_link = spec = None
-    extra_us = 0.0
+    state = None
     ops: list = []
     op_step: list[int] = []  # the training step of each recorded op
     step_now = [0]
@@ -195,11 +192,9 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
             control_floor_s=CONTROL_FLOOR_S if cfg.cosim_rank is None else COSIM_CONTROL_FLOOR_S,
         )  # fmt: skip
         ddp.register_comm_hook(state, optireduce_hook)
-        # Build the NIC now (every rank, same point) to put the step delay on its
-        # transport and to keep every op's statistics.
+        # Build the NIC now (every rank, same point) to keep every op's statistics.
         nic = state.nic
         dist.barrier()  # a co-simulated NIC may build its harness first: minutes, not t_B
-        late_link = None if sim else nic.transport.set_impairment  # the straggler's step
         # Op 0: a lossless check (no loss, t_B of the warm-up: every phase completes); the
         # parent compares every rank's result with simulate_allreduce bit for bit.
         with nic.transport.reliable():
@@ -239,11 +234,8 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
     t0 = time.perf_counter()
     for t in range(cfg.steps):
         step_now[0] = t
-        if method == "gloo":
-            time.sleep(delays[t])  # a straggler: its allreduce starts late, all wait
-        elif late_link is not None and delays[t] * 1e6 != extra_us:
-            extra_us = delays[t] * 1e6  # a late link: this step's datagrams
-            late_link(dataclasses.replace(spec, extra_us=extra_us))
+        if delays[t]:  # the straggler, any method: its step, data and control start late
+            time.sleep(delays[t])
         idx = batches[t]
         opt.zero_grad()
         torch.nn.functional.cross_entropy(ddp(xtr_t[idx]), ytr_t[idx]).backward()

@@ -21,6 +21,7 @@ import contextlib
 import struct
 import time
 
+from optireduce.host.model.impairment import ImpairmentSpec
 from optireduce.host.reliable import ReliableEndpoint
 from optireduce.host.transport import transport_from_store
 
@@ -33,10 +34,14 @@ _SEQ = struct.Struct("!Q")
 
 
 class ControlPlane:
-    def __init__(self, rank: int, world: int, store, timeout_s: float = 30.0) -> None:
+    def __init__(self, rank: int, world: int, store, timeout_s: float = 30.0, *,
+                 impairment: ImpairmentSpec | None = None, seed: int = 0) -> None:  # fmt: skip
+        """impairment: the same injected delay as the data path (an experiment's tail hits
+        control traffic too: a late rank's exponent or checksum is late as well)."""
         self.rank, self.world = rank, world
         self.timeout_s = timeout_s
-        self.transport = transport_from_store(store, rank, world, prefix=STORE_PREFIX)
+        self.transport = transport_from_store(store, rank, world, prefix=STORE_PREFIX,
+                                              impairment=impairment, seed=seed)  # fmt: skip
         self.ep = ReliableEndpoint(self.transport)
         self.seq = 0
         self.gone: set[int] = set()

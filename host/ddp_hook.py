@@ -148,7 +148,10 @@ class OptiReduceState:
         store = dist.distributed_c10d._get_default_store()
         transport = transport_from_store(store, rank, world, impairment=self.impairment,
                                          seed=self.seed * 1000 + rank)  # fmt: skip
-        self._control = ControlPlane(rank, world, store, timeout_s=WARMUP_T_B_US * 1e-6)
+        # the injected impairment hits control traffic as data (the reliable layer resends)
+        self._control = ControlPlane(rank, world, store, timeout_s=WARMUP_T_B_US * 1e-6,
+                                     impairment=self.impairment,
+                                     seed=self.seed * 1000 + world + rank)  # fmt: skip
 
         def agree(proposals: list[int]) -> list[int]:
             out = self._control.max_ints(proposals, self._bound())
