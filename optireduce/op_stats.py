@@ -30,7 +30,9 @@ class OpStats:
     sat_quantize: int = 0
     sat_transform: int = 0
     sat_output: int = 0
-    nonfinite: int = 0
+    nonfinite: int = 0  # non-finite elements of this rank's input
+    # 1 when the op's result is NaN: a non-finite input here, or flagged by a peer's frame
+    nonfinite_result: int = 0
     empty_blocks: int = 0
     late: int = 0
     duplicate: int = 0

@@ -7,11 +7,12 @@ local ubt = Proto("ubt", "OptiReduce UBT v1")
 local HEADER_LEN = 32
 local UBT_VERSION = 1
 local FLAG_LAST = 0x01
+local FLAG_NONFINITE = 0x02
 local msg_types = { [1] = "scatter", [2] = "gather" }
 
 local pf_version = ProtoField.uint8("ubt.version", "version", base.DEC, nil, nil, "protocol version, 1")
 local pf_msg_type = ProtoField.uint8("ubt.msg_type", "msg_type", base.DEC, msg_types, nil, "1 scatter (phase 1), 2 gather (phase 2)")
-local pf_flags = ProtoField.uint8("ubt.flags", "flags", base.HEX, nil, nil, "bit 0 LAST: one of the sender's last-percentile packets; others zero")
+local pf_flags = ProtoField.uint8("ubt.flags", "flags", base.HEX, nil, nil, "bit 0 LAST: one of the sender's last-percentile packets; bit 1 NONFINITE: the op holds a non-finite input; others zero")
 local pf_exponent = ProtoField.int8("ubt.exponent", "exponent", base.DEC, nil, nil, "shared exponent E of the op: value = integer * 2^E")
 local pf_job_id = ProtoField.uint16("ubt.job_id", "job_id", base.DEC, nil, nil, "job the frame belongs to")
 local pf_sender = ProtoField.uint16("ubt.sender", "sender", base.DEC, nil, nil, "rank of the sender")
@@ -23,7 +24,8 @@ local pf_t_c_us = ProtoField.uint32("ubt.t_c_us", "t_c_us", base.DEC, nil, nil, 
 local pf_op_len = ProtoField.uint32("ubt.op_len", "op_len", base.DEC, nil, nil, "elements of the op before padding")
 local pf_world = ProtoField.uint16("ubt.world", "world", base.DEC, nil, nil, "world size N")
 local pf_reserved = ProtoField.uint16("ubt.reserved", "reserved", base.HEX, nil, nil, "zero; with NicParams.exp_inband a proposal word (below)")
-local pf_flags_last = ProtoField.bool("ubt.flags.last", "LAST", 8, nil, FLAG_LAST, "bit 0 LAST: one of the sender's last-percentile packets; others zero")
+local pf_flags_last = ProtoField.bool("ubt.flags.last", "LAST", 8, nil, FLAG_LAST, "bit 0 LAST: one of the sender's last-percentile packets; bit 1 NONFINITE: the op holds a non-finite input; others zero")
+local pf_flags_nonfinite = ProtoField.bool("ubt.flags.nonfinite", "NONFINITE", 8, nil, FLAG_NONFINITE, "bit 0 LAST: one of the sender's last-percentile packets; bit 1 NONFINITE: the op holds a non-finite input; others zero")
 local pf_elements = ProtoField.uint32("ubt.elements", "elements", base.DEC, nil, nil, "int32 elements in the payload")
 local pf_element = ProtoField.int32("ubt.element", "element", base.DEC, nil, nil, "payload element (big-endian int32)")
 
@@ -43,6 +45,7 @@ ubt.fields = {
     pf_world,
     pf_reserved,
     pf_flags_last,
+    pf_flags_nonfinite,
     pf_elements,
     pf_element,
 }
@@ -65,6 +68,7 @@ function ubt.dissector(tvb, pinfo, tree)
     st:add(pf_msg_type, tvb(1, 1))
     local flags_item = st:add(pf_flags, tvb(2, 1))
     flags_item:add(pf_flags_last, tvb(2, 1))
+    flags_item:add(pf_flags_nonfinite, tvb(2, 1))
     st:add(pf_exponent, tvb(3, 1))
     st:add(pf_job_id, tvb(4, 2))
     st:add(pf_sender, tvb(6, 2))
@@ -103,6 +107,9 @@ function ubt.dissector(tvb, pinfo, tree)
         count)
     if math.floor(flags / FLAG_LAST) % 2 == 1 then
         info = info .. " LAST"
+    end
+    if math.floor(flags / FLAG_NONFINITE) % 2 == 1 then
+        info = info .. " NONFINITE"
     end
     if tvb(0, 1):uint() ~= UBT_VERSION then
         info = info .. " [bad version]"

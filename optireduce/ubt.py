@@ -25,7 +25,9 @@ MSG_GATHER = 2
 MSG_TYPES = {MSG_SCATTER: "scatter", MSG_GATHER: "gather"}
 
 FLAG_LAST = 0x01  # sender's last-percentile packet of this phase
-FLAGS_KNOWN = FLAG_LAST
+FLAG_NONFINITE = 0x02  # the op holds a non-finite input: its result is NaN on every rank
+FLAGS_KNOWN = FLAG_LAST | FLAG_NONFINITE
+FLAG_NAMES = {FLAG_LAST: "LAST", FLAG_NONFINITE: "NONFINITE"}  # dissectors: ubt.flags.<lower>
 
 
 class Field(NamedTuple):
@@ -38,7 +40,12 @@ class Field(NamedTuple):
 FIELDS: tuple[Field, ...] = (
     Field("version", "B", "protocol version, 1"),
     Field("msg_type", "B", "1 scatter (phase 1), 2 gather (phase 2)"),
-    Field("flags", "B", "bit 0 LAST: one of the sender's last-percentile packets; others zero"),
+    Field(
+        "flags",
+        "B",
+        "bit 0 LAST: one of the sender's last-percentile packets; "
+        "bit 1 NONFINITE: the op holds a non-finite input; others zero",
+    ),
     Field("exponent", "b", "shared exponent E of the op: value = integer * 2^E"),
     Field("job_id", "H", "job the frame belongs to"),
     Field("sender", "H", "rank of the sender"),

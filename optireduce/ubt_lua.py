@@ -55,7 +55,10 @@ def lua_dissector(port: int = DEFAULT_PORT, max_elements: int = DEFAULT_MAX_ELEM
         if f.name == "flags":
             adds += [
                 f"    local flags_item = st:add(pf_flags, tvb({o}, {size}))",
-                f"    flags_item:add(pf_flags_last, tvb({o}, {size}))",
+                *(
+                    f"    flags_item:add(pf_flags_{n.lower()}, tvb({o}, {size}))"
+                    for n in ubt.FLAG_NAMES.values()
+                ),
             ]
         else:
             adds.append(f"    st:add(pf_{f.name}, tvb({o}, {size}))")
@@ -68,12 +71,15 @@ def lua_dissector(port: int = DEFAULT_PORT, max_elements: int = DEFAULT_MAX_ELEM
         "",
         f"local HEADER_LEN = {ubt.HEADER_LEN}",
         f"local UBT_VERSION = {ubt.VERSION}",
-        f"local FLAG_LAST = 0x{ubt.FLAG_LAST:02x}",
+        *(f"local FLAG_{n} = 0x{v:02x}" for v, n in ubt.FLAG_NAMES.items()),
         f"local msg_types = {{ {msg_types} }}",
         "",
         *(_protofield(f) for f in ubt.FIELDS),
-        f'local pf_flags_last = ProtoField.bool("ubt.flags.last", "LAST", 8, nil, FLAG_LAST, '
-        f"{_lua_str(ubt.FIELDS[names.index('flags')].doc)})",
+        *(
+            f'local pf_flags_{n.lower()} = ProtoField.bool("ubt.flags.{n.lower()}", "{n}", 8, '
+            f"nil, FLAG_{n}, {_lua_str(ubt.FIELDS[names.index('flags')].doc)})"
+            for n in ubt.FLAG_NAMES.values()
+        ),
         'local pf_elements = ProtoField.uint32("ubt.elements", "elements", base.DEC, nil, nil, '
         '"int32 elements in the payload")',
         'local pf_element = ProtoField.int32("ubt.element", "element", base.DEC, nil, nil, '
@@ -81,7 +87,7 @@ def lua_dissector(port: int = DEFAULT_PORT, max_elements: int = DEFAULT_MAX_ELEM
         "",
         "ubt.fields = {",
         *(f"    pf_{n}," for n in names),
-        "    pf_flags_last,",
+        *(f"    pf_flags_{n.lower()}," for n in ubt.FLAG_NAMES.values()),
         "    pf_elements,",
         "    pf_element,",
         "}",
@@ -130,9 +136,15 @@ def lua_dissector(port: int = DEFAULT_PORT, max_elements: int = DEFAULT_MAX_ELEM
         f"        tvb({off['sender'][0]}, {off['sender'][1]}):uint(),",
         f"        tvb({off['world'][0]}, {off['world'][1]}):uint(),",
         "        count)",
-        "    if math.floor(flags / FLAG_LAST) % 2 == 1 then",
-        '        info = info .. " LAST"',
-        "    end",
+        *(
+            line
+            for n in ubt.FLAG_NAMES.values()
+            for line in (
+                f"    if math.floor(flags / FLAG_{n}) % 2 == 1 then",
+                f'        info = info .. " {n}"',
+                "    end",
+            )
+        ),
         f"    if tvb({off['version'][0]}, 1):uint() ~= UBT_VERSION then",
         '        info = info .. " [bad version]"',
         "    end",

@@ -36,7 +36,7 @@ from optireduce.params import NicParams
 DEFAULT_PORT = NicParams().udp_port
 
 _PLAIN_FIELDS = {"B": ByteField, "b": SignedByteField, "H": ShortField, "I": IntField}
-_FLAG_NAMES = {ubt.FLAG_LAST: "LAST"}
+_FLAG_NAMES = ubt.FLAG_NAMES
 _MAX_COUNT = 1 << ubt.field_bits(next(f for f in ubt.FIELDS if f.name == "count"))
 
 
@@ -70,7 +70,7 @@ class UBT(Packet):
     ]
 
     def mysummary(self) -> str:
-        last = " LAST" if int(self.flags) & ubt.FLAG_LAST else ""
+        last = "".join(f" {n}" for f, n in ubt.FLAG_NAMES.items() if int(self.flags) & f)
         return self.sprintf(
             f"UBT %msg_type% job=%job_id% op=%op_id% idx=%pkt_index% from=%sender%{last}"
         )

@@ -270,7 +270,7 @@ UBT_CASES = {
     "version 2": (header(version=2), "bad_version"),
     "type 0": (header(msg_type=0), "bad_type"),
     "type 3": (header(msg_type=3), "bad_type"),
-    "unknown flag": (header(flags=0x02), "malformed_header"),
+    "unknown flag": (header(flags=0x04), "malformed_header"),
     "all flags": (header(flags=0xFF), "malformed_header"),
     "reserved set": (header(reserved=1), "malformed_header"),
     "reserved high bit": (header(reserved=0x8000), "malformed_header"),
@@ -327,8 +327,8 @@ def test_first_failing_check_wins() -> None:
     assert parse(bad_hdr, port=PORT + 1) == "wrong_port"
     assert parse(bad_hdr, rank=SRC) == "wrong_address"
     assert parse(patch(bad_hdr, 24, "H", 0, fix_ip=False), rank=SRC) == "bad_ip_checksum"
-    assert parse(frame(header(msg_type=7, flags=2), np.zeros(3))) == "bad_type"
-    assert parse(frame(header(flags=2), np.zeros(3))) == "malformed_header"
+    assert parse(frame(header(msg_type=7, flags=4), np.zeros(3))) == "bad_type"
+    assert parse(frame(header(flags=4), np.zeros(3))) == "malformed_header"
     assert parse(patch(GOOD, 20, "H", 0x2000)[:-4]) == "truncated"
 
 

@@ -28,6 +28,9 @@ from optireduce.host.model.quantize import EXP_MAX, EXP_MIN
 from optireduce.op_stats import OpStats
 from optireduce.params import NicParams
 
+# The result of an op with a non-finite input anywhere: float32 quiet NaN, every element.
+NONFINITE_RESULT = 0x7FC00000
+
 
 @dataclass(frozen=True)
 class Tx:
@@ -85,6 +88,9 @@ class _Op:
         self.n_packets = p.packets_for(n)
         self.started = False
         self.done = False
+        # a non-finite input here or in a peer's accepted frame: every frame sent from
+        # then on carries FLAG_NONFINITE and the result is NaN (docs/numerics.md 2)
+        self.nonfinite = False
         self.agg = Aggregator(p, rank, world, self.n_packets)
         self.gather = GatherBuffer(p, self.n_packets)
         # packets expected from each rank: in phase 1 one per slot we own, in phase 2
@@ -210,6 +216,7 @@ class NicModel:
         st.sat_quantize, st.sat_transform, st.nonfinite = (
             enc.sat_quantize, enc.sat_transform, enc.nonfinite,
         )  # fmt: skip
+        op.nonfinite = op.nonfinite or enc.nonfinite > 0
         self.exp_counters[source] += 1
         self.exp_counters["exp_missing"] += len(missing)
         if source != "exp_given" and enc.sat_quantize:
@@ -217,7 +224,8 @@ class NicModel:
         packets = enc.y.reshape(op.n_packets, p.p)
         for i in op.agg.slots:
             op.agg.add(int(i), self.rank, packets[i])
-        for i, dst, frame in scatter_frames(packets, op.ctx, self.tc[0].tc):
+        ctx = dataclasses.replace(op.ctx, nonfinite=op.nonfinite)
+        for i, dst, frame in scatter_frames(packets, ctx, self.tc[0].tc):
             self._send(now, op, 1, dst, i, frame)
         op.p1.begin(now)
         self._progress(op, now)
@@ -375,6 +383,8 @@ class NicModel:
                 return self._drop("duplicate", op)
             op.p2.arrive(now, h.sender, last)
             self.counters["rx_gather"] += 1
+        if h.flags & ubt.FLAG_NONFINITE:
+            op.nonfinite = True
         self._progress(op, now)
         return None
 
@@ -415,7 +425,8 @@ class NicModel:
         means = op.agg.means()
         for row, i in enumerate(op.agg.slots):
             op.gather.place(int(i), means[row], int(op.agg.count[row]))
-        g = gather_frames(op.agg.slots, means, op.agg.count, op.ctx, self.tc[1].tc)
+        ctx = dataclasses.replace(op.ctx, nonfinite=op.nonfinite)
+        g = gather_frames(op.agg.slots, means, op.agg.count, ctx, self.tc[1].tc)
         for i, dst, frame in g:
             self._send(t, op, 2, dst, i, frame)
         op.p2.begin(t, anchor=op.p1.start + op.p1.timeout)
@@ -431,11 +442,15 @@ class NicModel:
         st.contributor_hist = op.gather.histogram(self.world).tolist()
         dec = decode(op.gather.z.ravel(), op.gather.have, op.n, op.exponent, op.op_id, p)
         st.sat_output, st.empty_blocks = dec.sat_output, dec.empty_blocks
+        x = dec.x
+        if op.nonfinite:  # never a number: the same NaN on every rank
+            x = np.full(op.n, NONFINITE_RESULT, dtype=np.uint32).view(np.float32)
+            st.nonfinite_result = 1
         st.t_c_us = (self.tc[0].tc, self.tc[1].tc)
         op.done = True
         op.agg = op.gather = None  # free the buffers; the context stays for late frames
         self.counters["ops_completed"] += 1
-        self._results.append(OpResult(op.op_id, dec.x, st))
+        self._results.append(OpResult(op.op_id, x, st))
         while (o := self.ops.get(self.base)) is not None and o.done:
             del self.ops[self.base]
             self.base += 1

@@ -30,13 +30,14 @@ class OpContext:
     op_len: int
     addressing: ubt.Addressing = ubt.DEFAULT_ADDRESSING
     reserved: int = 0  # with NicParams.exp_inband: the proposal word for op_id + K
+    nonfinite: bool = False  # FLAG_NONFINITE on every frame: the op's result is NaN
 
     def header(self, msg_type: int, pkt_index: int, contributors: int, last: bool,
                t_c_us: int) -> ubt.UbtHeader:  # fmt: skip
         return ubt.UbtHeader(
             version=ubt.VERSION,
             msg_type=msg_type,
-            flags=ubt.FLAG_LAST if last else 0,
+            flags=(ubt.FLAG_LAST if last else 0) | (ubt.FLAG_NONFINITE if self.nonfinite else 0),
             exponent=self.exponent,
             job_id=self.p.job_id,
             sender=self.rank,

@@ -141,6 +141,7 @@ nb::dict stats_dict(const OpStats& s) {
     d["sat_transform"] = s.sat_transform;
     d["sat_output"] = s.sat_output;
     d["nonfinite"] = s.nonfinite;
+    d["nonfinite_result"] = s.nonfinite_result;
     d["empty_blocks"] = s.empty_blocks;
     d["late"] = s.late;
     d["duplicate"] = s.duplicate;

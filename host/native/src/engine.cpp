@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -53,6 +54,9 @@ struct Engine::Op {
     int exponent = 0;
     uint16_t proposal_word = 0;  // the reserved field of its frames (exp_inband)
     bool started = false, done = false;
+    // a non-finite input here or a peer's accepted frame flagged so: every frame sent from
+    // then on carries FLAG_NONFINITE and the result is NaN (NicModel's _Op.nonfinite)
+    bool nonfinite = false;
     float* out = nullptr;  // the caller's result buffer, if start_op was given one
     // aggregator: slot row k is packet rank + k N; a row's acc is written by its first
     // contribution (count 0) and added to by the others, so it is never zeroed in full
@@ -211,6 +215,7 @@ void Engine::start_op(int64_t now, int64_t op_id, const float* data, size_t n,
     st.sat_quantize = ec.sat_quantize;
     st.sat_transform = ec.sat_transform;
     st.nonfinite = ec.nonfinite;
+    op->nonfinite = op->nonfinite || ec.nonfinite > 0;
     exp_counters_[source] += 1;
     exp_counters_[EXP_MISSING] += static_cast<int64_t>(n_missing);
     if (source != EXP_GIVEN && ec.sat_quantize) exp_counters_[EXP_SATURATED] += 1;
@@ -384,6 +389,7 @@ std::unique_ptr<Engine::Op> Engine::make_op(int64_t op_id, int64_t n, int expone
     op->n_packets = static_cast<int64_t>(p_.packets_for(static_cast<size_t>(n)));
     op->n_slots = owned(op->n_packets, rank_, world_);
     op->started = op->done = false;
+    op->nonfinite = false;
     op->out = nullptr;
     // acc and z: no zeroing (see add and place); a pooled op keeps its pages
     if (op->acc.size() < static_cast<size_t>(op->n_slots * P)) op->acc.resize(op->n_slots * P);
@@ -493,6 +499,7 @@ void Engine::accept(int64_t now, int code, const Parsed& r) {
         op->p2.arrive(now, h.sender, last);
         counters_[RX_GATHER] += 1;
     }
+    if (h.flags & FLAG_NONFINITE) op->nonfinite = true;
     progress(*op, now);
 }
 
@@ -610,6 +617,10 @@ void Engine::end_phase2(Op& op, int64_t t, Reason reason) {
                                    static_cast<uint32_t>(op.op_id), p_, out);
     st.sat_output = dc.sat_output;
     st.empty_blocks = dc.empty_blocks;
+    if (op.nonfinite) {  // never a number: the same quiet NaN on every rank
+        std::fill(out, out + op.n, std::numeric_limits<float>::quiet_NaN());
+        st.nonfinite_result = 1;
+    }
     st.t_c_us[0] = tc_[0].tc;
     st.t_c_us[1] = tc_[1].tc;
     op.done = true;
@@ -632,7 +643,7 @@ Header Engine::header(const Op& op, uint8_t msg_type, int64_t pkt_index, int con
     Header h;
     h.version = UBT_VERSION;
     h.msg_type = msg_type;
-    h.flags = last ? FLAG_LAST : 0;
+    h.flags = static_cast<uint8_t>((last ? FLAG_LAST : 0) | (op.nonfinite ? FLAG_NONFINITE : 0));
     h.exponent = static_cast<int8_t>(op.exponent);
     h.job_id = static_cast<uint16_t>(p_.job_id);
     h.sender = static_cast<uint16_t>(rank_);

@@ -67,6 +67,7 @@ struct OpStats {
     int64_t p1_expected = 0, p1_received = 0, p2_expected = 0, p2_received = 0;
     std::vector<int64_t> contributor_hist;  // [0] = reduced packets missing
     int64_t sat_quantize = 0, sat_transform = 0, sat_output = 0, nonfinite = 0;
+    int64_t nonfinite_result = 0;  // 1: the result is NaN (a non-finite input here or at a peer)
     int64_t empty_blocks = 0, late = 0, duplicate = 0;
     int64_t t_c_us[2] = {0, 0};
     std::vector<int64_t> p1_missing_from, p2_missing_from;  // per sender

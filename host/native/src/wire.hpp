@@ -16,7 +16,8 @@ constexpr size_t HEADER_LEN = 32;
 constexpr size_t ETH_LEN = 14, IP_LEN = 20, UDP_LEN = 8;
 constexpr size_t L2_L4_LEN = ETH_LEN + IP_LEN + UDP_LEN;
 constexpr uint8_t MSG_SCATTER = 1, MSG_GATHER = 2;
-constexpr uint8_t FLAG_LAST = 0x01, FLAGS_KNOWN = FLAG_LAST;
+constexpr uint8_t FLAG_LAST = 0x01, FLAG_NONFINITE = 0x02;
+constexpr uint8_t FLAGS_KNOWN = FLAG_LAST | FLAG_NONFINITE;
 
 // ubt.proposal_word: with NicParams.exp_inband the `reserved` field carries the sender's
 // exponent proposal for op_id + lead: bits 15..8 an int8, bit 0 set when there is one.
