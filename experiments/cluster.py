@@ -32,7 +32,16 @@ Algorithms:
   to rank i mod N; scatter to the owners, each owner waits for all of its slots, then
   sends the sums to every rank, which waits for all of them. Same retransmissions.
 - optireduce: N host/model/nic_model.NicModel instances driven as virtual_cluster does
-  (frames, timers at next_timer(), the exponent agreed as the max of the proposals).
+  (frames, timers at next_timer()). The shared exponent costs what the hook pays for it
+  (host/exponent_plan.py), on the same links: with `exponents="inband"` (the hook's
+  setting on host NICs) the first L = exp_lead_eff ops, and the L ops after an op that
+  saturated a rank's in-band prediction, start only once a reliable all-gather of the
+  proposals (one small control frame from every rank to every other, resent when lost,
+  serialized on the uplinks with the data) has reached the rank; every other op takes
+  its exponent from the proposals carried L ops ahead in the data packets, at no extra
+  cost. With `exponents="exchange"` (the co-simulated gateware's setting) every op waits
+  for that all-gather. Its frames draw their fate from their own key space, so the data
+  packets keep their keyed delays.
   t_B is calibrated as the driver does: `warmup` lossless ops on the same links (the
   first is not counted), t_B = 2 x P95 of each rank's phase durations, max over ranks.
 - optireduce_no_early: the same with alpha_q8 = 256 (alpha = 1): the idle gap equals T,
@@ -41,11 +50,12 @@ Algorithms:
   (a peer sent a later op), not a timeout. LAST flags are unchanged.
 - optireduce_no_rht: NicParams(rht=False).
 
-Ops run back to back: op k+1 starts on every worker at the same tick, compute_us after
-the last worker had op k's result. An op's latency is from its start to the last
-worker's result. entries_lost is the fraction of gradient entries whose reduced packet
-a worker missed (contributor count 0 in its gather buffer), averaged over workers and
-ops; the reliable baselines lose nothing.
+Ops run back to back: op k+1 is ready on every worker at the same tick, compute_us
+after the last worker had op k's result (an exchange, where one is needed, starts
+then). An op's latency is from that tick to the last worker's result. entries_lost is
+the fraction of gradient entries whose reduced packet a worker missed (contributor
+count 0 in its gather buffer), averaged over workers and ops; the reliable baselines
+lose nothing.
 """
 
 from __future__ import annotations
@@ -60,6 +70,7 @@ import numpy as np
 import simpy
 
 from optireduce import ubt
+from optireduce.host.exponent_plan import ExponentPlan
 from optireduce.host.model.deadline import calibrate_t_b, phase_times
 from optireduce.host.model.impairment import ImpairmentSpec
 from optireduce.host.model.nic_model import NicModel
@@ -84,6 +95,11 @@ TARGETS = {
 # payload, a jumbo frame), B = 4096, one op = one 1 MiB bucket (C = 262144 elements).
 DEFAULT_P, DEFAULT_B, DEFAULT_BUCKET = 1024, 4096, 1 << 20
 NIC_FIELDS = ("p", "b")  # the NicParams fields a ClusterConfig carries (c, n_max: derived)
+EXPONENTS = ("inband", "exchange")  # how OptiReduce agrees each op's exponent
+CONTROL_OP_KEY = -2_000_000  # control frames of op k draw from key CONTROL_OP_KEY - k
+# one control frame: L2-L4 headers, the reliable layer's 32-byte header, an 8-byte
+# exchange sequence number and one 8-byte value per agreed op (host/control.py)
+CONTROL_HEADER_BYTES = 32 + 8
 
 
 # ---- keyed randomness ----------------------------------------------------------------
@@ -212,6 +228,7 @@ class Network:
     def __init__(self, env: simpy.Environment, world: int, link: LinkSpec, draws: LinkDraws,
                  frame_bytes: int, rto_us: int) -> None:  # fmt: skip
         self.env, self.draws, self.rto_us = env, draws, rto_us
+        self.frame_bytes = frame_bytes
         self.ser = frame_bytes * 8 / (link.gbps * 1000.0)  # microseconds per frame
         self.up_free = [0.0] * world
         self.down_free = [0.0] * world
@@ -230,13 +247,16 @@ class Network:
 
     def send(self, src: int, dst: int, op: int, deliver: Callable[[int], None], *,
              when: float | None = None, lossless: bool = False, reliable: bool = False,
-             seq: int | None = None, attempt: int = 0) -> None:  # fmt: skip
+             seq: int | None = None, attempt: int = 0, nbytes: int | None = None
+             ) -> None:  # fmt: skip
         """Put one frame on src's uplink at `when` (default now). deliver(tick) runs at the
-        receiver. reliable: a lost frame is sent again rto_us * 2^attempt after it left."""
+        receiver. reliable: a lost frame is sent again rto_us * 2^attempt after it left.
+        nbytes: the frame's length when it is not a data frame's."""
         if seq is None:
             seq = self.next_seq(op, src, dst)
+        ser = self.ser if nbytes is None else nbytes * self.ser / self.frame_bytes
         start = max(self.env.now if when is None else when, self.up_free[src])
-        end = self.up_free[src] = start + self.ser
+        end = self.up_free[src] = start + ser
         self.sent += 1
         lost, d = self.draws.fate(op, src, dst, seq, attempt)
         if lost and not lossless:
@@ -254,14 +274,15 @@ class Network:
                         reliable=True,
                         seq=seq,
                         attempt=attempt + 1,
+                        nbytes=nbytes,
                     ),
                 )
             return
-        self.at(end + d, lambda: self._switch(dst, deliver))
+        self.at(end + d, lambda: self._switch(dst, deliver, ser))
 
-    def _switch(self, dst: int, deliver: Callable[[int], None]) -> None:
+    def _switch(self, dst: int, deliver: Callable[[int], None], ser: float) -> None:
         start = max(self.env.now, self.down_free[dst])
-        end = self.down_free[dst] = start + self.ser
+        end = self.down_free[dst] = start + ser
         tick = math.ceil(end - 1e-9)
         self.at(tick, lambda: deliver(tick))
 
@@ -279,6 +300,11 @@ class ClusterConfig:
     compute_us: int = 0  # compute time between ops
     rto_us: int = 1000  # reliable baselines' retransmission timeout
     seed: int = 0
+    exponents: str = "inband"  # OptiReduce's exponent agreement (EXPONENTS)
+
+    def __post_init__(self) -> None:
+        if self.exponents not in EXPONENTS:
+            raise ValueError(f"exponents={self.exponents!r}: one of {EXPONENTS}")
 
     @property
     def n(self) -> int:
@@ -286,7 +312,8 @@ class ClusterConfig:
 
     def params(self, algo: str = "optireduce") -> NicParams:
         c = -(-self.n // self.b) * self.b
-        p = NicParams(p=self.p, b=self.b, c=c, n_max=max(64, self.workers), t_b_us=10_000_000)
+        p = NicParams(p=self.p, b=self.b, c=c, n_max=max(64, self.workers), t_b_us=10_000_000,
+                      exp_inband=self.exponents == "inband")  # fmt: skip
         if algo == "optireduce_no_early":
             p = p.replace(alpha_q8=256)
         elif algo == "optireduce_no_rht":
@@ -314,6 +341,7 @@ class AlgoResult:
     contributions_lost: list[float] = field(default_factory=list)  # phase-1 share, OptiReduce
     rel_l2_error: list[float] = field(default_factory=list)  # vs the float64 mean, OptiReduce
     phases: dict[str, int] = field(default_factory=dict)  # complete/early/deadline counts
+    exchanges: int = 0  # measured ops that waited for an exponent all-gather
     t_b_us: int = 0
     sent: int = 0
     lost: int = 0
@@ -338,6 +366,7 @@ class AlgoResult:
         else:
             out.update(
                 t_b_us=self.t_b_us,
+                exponent_exchanges=self.exchanges,
                 contributions_lost=round(float(np.mean(self.contributions_lost)), 6),
                 rel_l2_error=float(f"{np.mean(self.rel_l2_error):.3e}"),
                 phases=self.phases,
@@ -493,6 +522,25 @@ def _run_optireduce(
             nic.set_t_b(t_b)
         return t_b
 
+    plans = [ExponentPlan(p, 0) for _ in range(world)]  # every rank's, as the hook's
+    control_bytes = ubt.L2_L4_LEN + CONTROL_HEADER_BYTES + 8
+
+    def exchange(k: int, begin: Callable[[int, int], None]) -> None:
+        """The proposals' reliable all-gather (host/control.py): every rank sends one
+        control frame to every other; rank r begins op k when it has all of them."""
+        heard = [0] * world
+
+        def arrive(q: int, tick: int) -> None:
+            heard[q] += 1
+            if heard[q] == world - 1:
+                begin(q, tick)
+
+        for r in range(world):
+            for q in range(world):
+                if q != r:
+                    net.send(r, q, CONTROL_OP_KEY - k, lambda t, q=q: arrive(q, t),
+                             reliable=True, nbytes=control_bytes)  # fmt: skip
+
     def controller():
         phase_us: list[list[int]] = [[] for _ in range(world)]
         for k in range(warm + n_ops):
@@ -502,15 +550,35 @@ def _run_optireduce(
                 data = [np.ascontiguousarray(x[a:b]) for x in inputs]
             else:
                 data = _gradients(cfg, k)
-            exp = agree_exponent([propose_exponent(x, p) for x in data])
+            props = [propose_exponent(x, p) for x in data]
+            # each rank's plan for this op (one op per call, as one bucket per op): the
+            # exponent from the exchange, or None (in-band), and the proposal it carries
+            agreed = agree_exponent(props)
+            planned = [pl.plan([props[r]], k, lambda _own, e=agreed: [e])
+                       for r, pl in enumerate(plans)]  # fmt: skip
+            exp = planned[0][0][0]
             cur.update(op=k, pending=world, done=env.event(), stats=[], out=[])
             draws.forget_before(key(k) - 1)
-            for r in range(world):
-                nics[r].start_op(start, k, data[r], exp)
-            for r in range(world):
-                settle(r, start)
+
+            def begin(r: int, tick: int, k=k, data=data, exp=exp, planned=planned) -> None:
+                nics[r].start_op(tick, k, data[r], exp, next_proposal=planned[r][1][0])
+                settle(r, tick)
+
+            if exp is None:  # in-band: every NIC agrees from what came in, now
+                for r in range(world):
+                    nics[r].start_op(start, k, data[r], None, next_proposal=planned[r][1][0])
+                for r in range(world):
+                    settle(r, start)
+            else:
+                exchange(k, begin)
+                res.exchanges += k >= warm
             yield cur["done"]
             stats = cur["stats"]
+            if exp is None and any(s.sat_quantize for s in stats):
+                # a prediction too small: the hook's decision exchange sends every rank
+                # back to the all-gather for the next L ops
+                for pl in plans:
+                    pl.resync(k + 1)
             if k < warm:
                 if k > 0:
                     for s in stats:

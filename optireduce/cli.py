@@ -364,7 +364,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         return ClusterConfig(
             workers=workers, link=link, ops=args.ops, bucket_bytes=args.bucket_kib * 1024,
             warmup=args.warmup, compute_us=args.compute_us, rto_us=args.rto_us, seed=args.seed,
-            **nic_fields(args),
+            exponents=args.exponents, **nic_fields(args),
         )  # fmt: skip
 
     if args.sweep_workers:
@@ -713,6 +713,9 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("--compute-us", type=int, default=0, help="compute time between ops")
     cl.add_argument("--rto-us", type=int, default=1000, help="reliable baselines' RTO")
     cl.add_argument("--seed", type=int, default=0)
+    cl.add_argument("--exponents", default="inband", choices=cluster.EXPONENTS,
+                    help="OptiReduce's exponent agreement: in-band after the first ops "
+                    "(the hook's), or an all-gather before every op")  # fmt: skip
     cl.add_argument("--algos", default="", help="comma-separated subset (default: all)")
     _jobs(cl)
     cl.add_argument("--plot", default="", help="PNG of the latency CDFs")

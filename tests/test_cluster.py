@@ -131,3 +131,29 @@ def test_summary_and_cli(tmp_path, capsys):
         assert set(out[algo]) >= {"p50_ms", "p99_ms", "entries_lost"}
     assert "ratios" in out and out["settings"]["workers"] == 4
     assert png.stat().st_size > 1000
+
+
+def test_exponent_exchange_is_charged_on_the_links():
+    """The all-gather of exponent proposals costs network time: in-band, only the first
+    L ops pay it (exp_lead_eff); with `exchange`, every op does, at least one link delay
+    more than the same op agreed in-band."""
+    d = 500  # a constant link delay (P99/P50 = 1), well above one op's serialization
+    small = {k: v for k, v in SMALL.items() if k != "warmup"}
+    runs = {
+        mode: run_algorithm(
+            "optireduce",
+            ClusterConfig(link=link_spec(1, median_us=d), ops=7, warmup=0, exponents=mode, **small),
+        )
+        for mode in ("inband", "exchange")
+    }
+    lead = ClusterConfig(**SMALL).params().replace(exp_inband=True).exp_lead_eff
+    assert runs["inband"].exchanges == lead < 7
+    assert runs["exchange"].exchanges == 7
+    inb, exc = runs["inband"].latency_us, runs["exchange"].latency_us
+    assert inb[:lead] == exc[:lead]  # the same exchange, then the same op
+    for k in range(lead, 7):
+        assert exc[k] - inb[k] >= d
+    for r in runs.values():
+        assert r.entries_lost == [0.0] * 7
+    with pytest.raises(ValueError, match="exponents"):
+        ClusterConfig(exponents="oracle")
