@@ -29,13 +29,47 @@ class StreamRun:
         n = len(self.out_cycles)
         return (self.out_cycles[-1] - self.out_cycles[0]) / max(1, n - 1)
 
+    def element_figures(self, lanes: int) -> dict:
+        """The figures of a stream block: output cycles per element, latency in cycles."""
+        return {
+            "cycles_per_element": self.cycles_per_beat() / lanes,
+            "latency_cycles": self.latency,
+        }
+
 
 def element_payload(values: Sequence[int], first: bool, last: bool) -> dict:
     return {"data": [int(v) for v in values], "first": int(first), "last": int(last)}
 
 
+def frame_payloads(values: Sequence[int], lanes: int, frame_beats: int | None = None) -> list:
+    """`values` as beats of `lanes` elements, in frames of `frame_beats` beats (one frame
+    if None): `first` and `last` mark each frame's ends."""
+    n = len(values) // lanes
+    fb = frame_beats or n
+    return [
+        element_payload(values[j * lanes : (j + 1) * lanes], j % fb == 0, j % fb == fb - 1)
+        for j in range(n)
+    ]
+
+
 def read_element(payload) -> tuple[list[int], int, int]:
     return [int(v) for v in payload.data], int(payload.first), int(payload.last)
+
+
+def set_ports(ctx, dut, **values: int) -> None:
+    """Drive `dut`'s configuration ports, by name."""
+    for name, value in values.items():
+        ctx.set(getattr(dut, name), value)
+
+
+def simulate(dut, bench: Callable, *background: Callable) -> None:
+    """Run testbench `bench` on `dut` to its end (10 ns clock), `background` ones beside it."""
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    for b in background:
+        sim.add_testbench(b, background=True)
+    sim.run()
 
 
 def run_stream(
@@ -89,10 +123,7 @@ def run_stream(
             f"{len(run.outputs)}/{n_out} outputs in {limit} cycles"
         )
 
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(bench)
-    sim.run()
+    simulate(dut, bench)
     return run
 
 
@@ -162,10 +193,7 @@ def run_ops(
         await ctx.tick().repeat(2)
         run.ports = {name: ctx.get(getattr(dut, name)) for name in read_ports}
 
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(bench)
-    sim.run()
+    simulate(dut, bench)
     return run
 
 
@@ -213,10 +241,7 @@ def run_registered_ready(
                 return
         raise TimeoutError(f"{len(got)} of {n_out} outputs after {max_cycles} cycles")
 
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(bench)
-    sim.run()
+    simulate(dut, bench)
     return got, stalls
 
 

@@ -16,13 +16,14 @@ NicParams:
 from __future__ import annotations
 
 import numpy as np
-from amaranth.sim import Simulator
 
 from optireduce.hw.aggregator import Aggregator, Kind
 from optireduce.params import NicParams
+from optireduce.sim.stream_sim import set_ports, simulate
 
 
-def _measure(p: NicParams) -> dict:
+def figures(p: NicParams | None = None) -> dict:
+    p = p or NicParams()
     dut = Aggregator(p)
     world, rank, n = 2, 0, p.c
     slots = list(range(rank, p.packets_for(n), world))
@@ -31,10 +32,7 @@ def _measure(p: NicParams) -> dict:
     res = {}
 
     async def bench(ctx):
-        ctx.set(dut.rank, rank)
-        ctx.set(dut.world, world)
-        ctx.set(dut.t_b, p.t_b_us)
-        ctx.set(dut.alpha_q8, p.alpha_q8)
+        set_ports(ctx, dut, rank=rank, world=world, t_b=p.t_b_us, alpha_q8=p.alpha_q8)
         ctx.set(dut.o.ready, 1)
         cycle = 0
         first_beat = last_beat = None
@@ -84,16 +82,9 @@ def _measure(p: NicParams) -> dict:
         res["latency_cycles"] = first_out - end_cycle
         res["readout_cycles_per_element"] = (cycle - first_out) / (len(slots) * p.p)
 
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(bench)
-    sim.run()
+    simulate(dut, bench)
     return res
 
 
-def figures(p: NicParams | None = None) -> dict:
-    return _measure(p or NicParams())
-
-
-def area_component():
+def area_component() -> tuple[Aggregator, str]:
     return Aggregator(NicParams()), "aggregator"

@@ -14,23 +14,20 @@ amaranth.sim testbench, with no idle, at the default NicParams (world 2):
 
 from __future__ import annotations
 
-from amaranth.sim import Simulator
-
 from optireduce.hw.gather_tracker import GatherTracker, Kind
 from optireduce.params import NicParams
+from optireduce.sim.stream_sim import set_ports, simulate
 
 
-def _measure(p: NicParams) -> dict:
+def figures(p: NicParams | None = None) -> dict:
+    p = p or NicParams()
     dut = GatherTracker(p)
     world, rank, n = 2, 0, p.c
     idx = list(range(1, p.packets_for(n), world))  # rank 1 owns the odd slots
     res = {}
 
     async def bench(ctx):
-        ctx.set(dut.rank, rank)
-        ctx.set(dut.world, world)
-        ctx.set(dut.t_b, p.t_b_us)
-        ctx.set(dut.alpha_q8, p.alpha_q8)
+        set_ports(ctx, dut, rank=rank, world=world, t_b=p.t_b_us, alpha_q8=p.alpha_q8)
         cycle = 0
         takes, verdicts = [], []
         k = 0
@@ -58,15 +55,8 @@ def _measure(p: NicParams) -> dict:
         res["latency_cycles"] = lat[-1]
         res["claim_cycles"] = lat[0]
 
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(bench)
-    sim.run()
+    simulate(dut, bench)
     return res
-
-
-def figures(p: NicParams | None = None) -> dict:
-    return _measure(p or NicParams())
 
 
 def area_component() -> tuple[GatherTracker, str]:
