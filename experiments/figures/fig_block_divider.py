@@ -41,10 +41,7 @@ def figures(p: NicParams | None = None, blocks: int = 2) -> dict:
     t = rng.integers(-(1 << 40), 1 << 40, (blocks * nb, p.lanes))
     beats = [element_payload(v, j % nb == 0, j % nb == nb - 1) for j, v in enumerate(t)]
     run = run_stream(_FullBlocks(p), beats, len(beats))
-    return {
-        "cycles_per_element": run.cycles_per_beat() / p.lanes,
-        "latency_cycles": run.latency,
-    }
+    return run.element_figures(p.lanes)
 
 
 def area_component() -> tuple[wiring.Component, str]:

@@ -10,7 +10,7 @@ import numpy as np
 
 from optireduce.hw.dequantizer import Dequantizer
 from optireduce.params import NicParams
-from optireduce.sim.stream_sim import element_payload, run_stream
+from optireduce.sim.stream_sim import frame_payloads, run_stream
 
 
 def figures() -> dict:
@@ -19,21 +19,14 @@ def figures() -> dict:
     rng = np.random.default_rng(0)
     top = 1 << (p.w_inv - 1)
     v = rng.integers(-top + 1, top, p.b)
-    beats = p.b // p.lanes
-    pl = [
-        element_payload(v[j * p.lanes : (j + 1) * p.lanes], j == 0, j == beats - 1)
-        for j in range(beats)
-    ]
+    pl = frame_payloads(v, p.lanes)
     dut = Dequantizer(p, p.w_inv)
 
     async def setup(ctx):
         ctx.set(dut.exponent, -40)
 
-    run = run_stream(dut, pl, beats, setup=setup)
-    return {
-        "cycles_per_element": run.cycles_per_beat() / p.lanes,
-        "latency_cycles": run.latency,
-    }
+    run = run_stream(dut, pl, len(pl), setup=setup)
+    return run.element_figures(p.lanes)
 
 
 def area_component() -> tuple[Dequantizer, str]:

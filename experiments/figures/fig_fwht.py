@@ -19,8 +19,7 @@ def figures(p: NicParams | None = None, blocks: int = 2) -> dict:
     pl = [element_payload(v, k == 0, k == len(x) - 1) for k, v in enumerate(x)]
     run = run_stream(dut, pl, len(pl))
     return {
-        "cycles_per_element": run.cycles_per_beat() / p.lanes,
-        "latency_cycles": run.latency,
+        **run.element_figures(p.lanes),
         "latency_model": dut.LATENCY,
         "b": p.b,
         "lanes": p.lanes,

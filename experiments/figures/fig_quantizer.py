@@ -6,7 +6,7 @@ import numpy as np
 
 from optireduce.hw.quantizer import Quantizer
 from optireduce.params import NicParams
-from optireduce.sim.stream_sim import element_payload, run_stream
+from optireduce.sim.stream_sim import frame_payloads, run_stream
 
 
 def figures() -> dict:
@@ -14,21 +14,14 @@ def figures() -> dict:
     p = NicParams()
     rng = np.random.default_rng(0)
     x = (rng.standard_normal(p.b) * 1e-3).astype(np.float32).view(np.uint32)
-    beats = p.b // p.lanes
-    pl = [
-        element_payload(x[j * p.lanes : (j + 1) * p.lanes], j == 0, j == beats - 1)
-        for j in range(beats)
-    ]
+    pl = frame_payloads(x, p.lanes)
     dut = Quantizer(p)
 
     async def setup(ctx):
         ctx.set(dut.exponent, -30)
 
-    run = run_stream(dut, pl, beats, setup=setup)
-    return {
-        "cycles_per_element": run.cycles_per_beat() / p.lanes,
-        "latency_cycles": run.latency,
-    }
+    run = run_stream(dut, pl, len(pl), setup=setup)
+    return run.element_figures(p.lanes)
 
 
 def area_component() -> tuple[Quantizer, str]:

@@ -18,8 +18,7 @@ def figures(p: NicParams | None = None, beats: int = 256) -> dict:
     pl = [element_payload(v, k == 0, k == beats - 1) for k, v in enumerate(x)]
     run = run_stream(dut, pl, len(pl))
     return {
-        "cycles_per_element": run.cycles_per_beat() / p.lanes,
-        "latency_cycles": run.latency,
+        **run.element_figures(p.lanes),
         "lanes": p.lanes,
     }
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from optireduce.hw.sign_flip import SignFlip
 from optireduce.params import NicParams
-from optireduce.sim.stream_sim import element_payload, run_stream
+from optireduce.sim.stream_sim import frame_payloads, run_stream
 
 
 def figures() -> dict:
@@ -20,22 +20,15 @@ def figures() -> dict:
     rng = np.random.default_rng(0)
     top = (1 << (p.w_wire - 1)) - 1
     v = rng.integers(-top, top + 1, 2 * p.b)
-    beats = p.b // p.lanes
-    pl = [
-        element_payload(v[j * p.lanes : (j + 1) * p.lanes], j % beats == 0, j % beats == beats - 1)
-        for j in range(2 * beats)
-    ]
+    pl = frame_payloads(v, p.lanes, p.b // p.lanes)
     dut = SignFlip(p, p.w_wire)
 
     async def setup(ctx):
         ctx.set(dut.seed, p.seed)
         ctx.set(dut.op_id, 1)
 
-    run = run_stream(dut, pl, 2 * beats, setup=setup)
-    return {
-        "cycles_per_element": run.cycles_per_beat() / p.lanes,
-        "latency_cycles": run.latency,
-    }
+    run = run_stream(dut, pl, len(pl), setup=setup)
+    return run.element_figures(p.lanes)
 
 
 def area_component() -> tuple[SignFlip, str]:
