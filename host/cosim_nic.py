@@ -24,10 +24,10 @@ from optireduce.host.driver import (
     BackendUnavailable,
     HostNic,
 )
-from optireduce.host.model.nic_model import OpResult
+from optireduce.host.model.nic_model import EXP_COUNTERS, OpResult
 from optireduce.op_stats import OpStats
-from optireduce.sim.replay import config_writes, counter_offsets, host_record
-from optireduce.ubt import DEFAULT_ADDRESSING
+from optireduce.sim.replay import cmd_bits, config_writes, counter_offsets, host_record
+from optireduce.ubt import DEFAULT_ADDRESSING, proposal_word
 
 log = logging.getLogger("optireduce")
 
@@ -58,11 +58,6 @@ class SimNic(HostNic):
 
         if self.transport.impairment is not None:
             raise BackendUnavailable("the sim NIC sends on the socket itself: no impairment")
-        if self.p.exp_inband:
-            raise BackendUnavailable(
-                "the gateware agrees exponents by the hosts' exchange only: NicParams.exp_inband "
-                "must be off for the sim NIC (docs/numerics.md)"
-            )
         try:
             self.exe = harness_path(self.p)
         except (ToolchainError, ImportError) as e:
@@ -147,7 +142,9 @@ class SimNic(HostNic):
         self.gone.add(rank)
 
     def counters(self) -> dict[str, int]:
-        return {k: self.csr_read(a) for k, a in counter_offsets(self.p).items()}
+        """The register bank's counters, the exponent counters (EXP_COUNTERS) included."""
+        offsets = {**counter_offsets(self.p), **counter_offsets(self.p, EXP_COUNTERS)}
+        return {k: self.csr_read(a) for k, a in offsets.items()}
 
     def info(self) -> dict[str, int]:
         """Cycles and ticks simulated; busy (not sleeping), wall and CPU time in ns;
@@ -170,7 +167,8 @@ class SimNic(HostNic):
     def _start(
         self, op_id: int, chunk: np.ndarray, exponent: int | None, ahead: int | None
     ) -> None:
-        head = struct.pack("<IIIi", MSG_START, op_id, len(chunk), exponent)
+        bits = cmd_bits(exponent, proposal_word(ahead))  # exponent None: the in-band one
+        head = struct.pack("<IIII", MSG_START, op_id, len(chunk), bits)
         self._send(head + chunk.astype("<f4").tobytes())
 
     def _poll(self, deadline: float) -> list[OpResult]:

@@ -1,7 +1,8 @@
 """The host port on Ethernet: host-port frames (optireduce/host_port.py) <-> the core's host port.
 
   i (bytes of frames from the host) -> 34-byte header + payload words into a frame buffer
-     -> checks at the end of the frame -> START: host_cmd {op_id, n, exponent}, then words
+     -> checks at the end of the frame -> START: host_cmd {op_id, n, exponent, inband,
+        proposal}, then words
      on host_i; DATA: more words of the open op; REG: register accesses on the CSR bus
   host_o (an op's n result words, then its STATS record) -> result buffer
      -> RESULT fragments of `tx_fragment` words, then one STATS frame -> o (bytes to the host)
@@ -78,7 +79,7 @@ def reg_request(accesses: list[tuple[int, int | None]]) -> bytes:
     for addr, value in accesses:
         words += [addr | WRITE, value] if value is not None else [addr, 0]
     payload = np.asarray(words, dtype=">u4").tobytes()
-    head = host_port.HEADER.pack(host_port.VERSION, REG, len(words), 0, 0, 0, 0)
+    head = host_port.HEADER.pack(host_port.VERSION, REG, len(words), 0, 0, 0, 0, 0, 0)
     eth = host_port.NIC_MAC + host_port.HOST_MAC + struct.pack("!H", host_port.ETHERTYPE)
     return eth + head + payload
 
@@ -278,6 +279,7 @@ class HostAdapter(wiring.Component):
 
         ethertype, version, kind = be(12, 2), byte(14), byte(15)
         count, op_id, offset, n, exponent = be(16, 2), be(18, 4), be(22, 4), be(26, 4), byte(30)
+        inband, proposal = byte(31)[0], be(32, 2)  # START: host_port.FLAG_INBAND, the word
 
         # the open op (its START was taken and it still owes words)
         open_ = Signal()
@@ -409,6 +411,8 @@ class HostAdapter(wiring.Component):
                 self.host_cmd.payload.op_id.eq(op_id),
                 self.host_cmd.payload.n.eq(n),
                 self.host_cmd.payload.exponent.eq(exponent),
+                self.host_cmd.payload.inband.eq(inband),
+                self.host_cmd.payload.proposal.eq(proposal),
             ]
             with m.State("CMD"):
                 m.d.comb += self.host_cmd.valid.eq(1)

@@ -32,29 +32,33 @@ made by the first accepted frame or START of its op; the receive window
 [base, base + 2K) guarantees that the op a context held before is complete, and a
 context whose op is still draining is not reused until its STATS record is out.
 
-Documented gaps (docs/nic_core.md): NicModel.exclude (no port), the start-time purge
-of an op whose peers used another exponent or length (the START uses the context the
-frames made), the CSR job_id / udp_port / mac_base / ip_base / estimator registers
-(the build-time NicParams and Addressing are used), sat_output counts the padding of
-an op whose n is not a whole number of blocks.
+In-band exponents (NicParams.exp_inband): the parser's notes fill the proposal table
+(hw/proposal_table.py); a START with `inband` takes its agreed value, or follows the
+context peers ahead made (NicModel.start_op); the op's proposal word rides in `reserved`.
+
+Documented gaps (docs/nic_core.md): NicModel.exclude and put_proposal (no port), the
+start-time purge of an op whose peers used another exponent or length (the START uses
+the context the frames made), an `inband` START with no in-band value (the model refuses
+it; here it runs at the START's exponent), the CSR job_id / udp_port / mac_base /
+ip_base / estimator registers (the build-time NicParams and Addressing are used),
+sat_output counts the padding of an op whose n is not a whole number of blocks.
 """
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from amaranth import Array, Cat, Const, Module, Mux, Signal, signed
+from amaranth import Array, Cat, Const, Module, Mux, Signal, Value, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
 from optireduce import host_port, ubt
-from optireduce.counters import COUNTERS
 from optireduce.host.model.nic_model import NicModel
 from optireduce.hw import gather_tracker as gt
 from optireduce.hw.aggregator import Aggregator
 from optireduce.hw.aggregator import Kind as AggKind
-from optireduce.hw.csr import Csr
+from optireduce.hw.csr import ALL_COUNTERS, Csr
 from optireduce.hw.deadline import TICK_BITS, settle_cycles
 from optireduce.hw.decoder import Decoder
 from optireduce.hw.encoder import Encoder
@@ -63,6 +67,7 @@ from optireduce.hw.gather_tracker import GatherTracker, Verdict
 from optireduce.hw.op_records import OpRecords
 from optireduce.hw.packetizer import Packetizer
 from optireduce.hw.parser import PARSER_REASONS, Parser
+from optireduce.hw.proposal_table import ProposalTable
 from optireduce.hw.streams import float_stream, frame_stream
 from optireduce.hw.tc_estimator import TC_BITS, TcEstimator
 from optireduce.params import NicParams
@@ -77,7 +82,12 @@ TRACKER_FIFO_DEPTH = 16
 
 
 def host_cmd_layout() -> data.StructLayout:
-    return data.StructLayout({"op_id": 32, "n": 32, "exponent": signed(8)})
+    """START: op id, length, the host's exponent; with NicParams.exp_inband, `inband` asks
+    for the NIC's agreed exponent instead, and `proposal` is this rank's proposal word for
+    op op_id + lead (ubt.proposal_word; 0: none)."""
+    return data.StructLayout(
+        {"op_id": 32, "n": 32, "exponent": signed(8), "inband": 1, "proposal": 16}
+    )
 
 
 def host_word_layout() -> data.StructLayout:
@@ -128,6 +138,7 @@ class NicCore(wiring.Component):
         self._contexts(m, s)
         self._aggregator_events(m, s)
         self._host_side(m, s)
+        self._exponent(m, s)
         self._host_fsm(m, s)
         self._aggregator_input(m, s)
         self._network_side(m, s)
@@ -163,6 +174,9 @@ class NicCore(wiring.Component):
         m.submodules.pk_scatter = pks = Packetizer(p, self.addressing)
         m.submodules.pk_gather = pkg = Packetizer(p, self.addressing)
         m.submodules.decoder = dec = Decoder(p, slots=n_ctx)
+        tbl = None
+        if p.exp_inband:
+            m.submodules.proposals = tbl = ProposalTable(p)
 
         # ---- configuration: the register bank -----------------------------------------------
         m.d.comb += [
@@ -206,6 +220,7 @@ class NicCore(wiring.Component):
             pks=pks,
             pkg=pkg,
             dec=dec,
+            tbl=tbl,
             rank=rank,
             world=world,
         )
@@ -234,6 +249,7 @@ class NicCore(wiring.Component):
         s.c_start = regs("ctx_start", TICK_BITS)
         s.c_gtc, s.c_gtc_ok = regs("ctx_gtc", TC_BITS), regs("ctx_gtc_ok", 1)
         s.c_means = regs("ctx_means", 1)  # the op's own means are in the gather buffer
+        s.c_word = regs("ctx_word", 16)  # the proposal word its frames carry (exp_inband)
 
         # STATS words kept per op until its record is out, by the moment they are written
         def ended(blk, n: int, tick_name: str) -> dict:
@@ -279,7 +295,7 @@ class NicCore(wiring.Component):
             s.rec.clear(m, s.mk_slot)
 
         # ---- counters: strobes merged per counter into the CSR bank ----------------------
-        s.incs = {name: [] for name in COUNTERS}
+        s.incs = {name: [] for name in ALL_COUNTERS}
 
     def _aggregator_events(self, m: Module, s: SimpleNamespace) -> None:
         """The aggregator's event port: host side (OWN, START) or network side."""
@@ -330,7 +346,8 @@ class NicCore(wiring.Component):
                 & (s.cmd.n <= p.c)
             ),
         ]
-        can_start = s.quiet & s.cmd_seen & cmd_ok & ~s.c_draining[c_slot]
+        s.exp_ready = Signal(init=1)  # exp_inband: the agreed value is the table's as it is
+        can_start = s.quiet & s.cmd_seen & cmd_ok & ~s.c_draining[c_slot] & s.exp_ready
         s.host_busy = Signal()
         m.d.comb += self.host_cmd.ready.eq(~s.host_busy & can_start)
         s.h_accept = self.host_cmd.valid & self.host_cmd.ready
@@ -349,6 +366,8 @@ class NicCore(wiring.Component):
             pks.t_c_us.eq(s.h_tc),
             pks.contributors.eq(0),
         ]
+        s.h_word = Signal(16)  # the proposal word of the op's frames (exp_inband)
+        m.d.comb += pks.reserved.eq(s.h_word)
         wiring.connect(m, enc.o, pks.i)
         s.enc_in_en = Signal()
         m.d.comb += [
@@ -372,6 +391,52 @@ class NicCore(wiring.Component):
         s.enc_done = Signal()
         m.d.sync += s.enc_done.eq(s.pk_beats == n_packets(s.h_n) * p.p)
 
+    def _exponent(self, m: Module, s: SimpleNamespace) -> None:
+        """The op's exponent: the host's, or with exp_inband and `inband` the agreed one
+        (the proposal table's max, then the context's if peers ahead made it with another:
+        NicModel.start_op); the exponent counters."""
+        p, tbl, cmd, parser = self.p, s.tbl, s.cmd, s.parser
+        s.h_inb = Signal()  # the op runs at an in-band exponent
+        s.h_missing = Signal(range(p.n_max))  # live peers' proposals missing at its start
+        s.sel_exp, s.sel_inb = Signal(signed(8)), Signal()  # a START taken now
+        s.sel_missing = Signal(range(p.n_max))
+        s.ctx_step = Signal()  # the cycle the host FSM leaves CTX
+        s.enc_step = Signal()  # the cycle the op's encoding is recorded
+        m.d.comb += s.sel_exp.eq(cmd.exponent)
+        if tbl is not None:
+            m.d.comb += [
+                tbl.rank.eq(s.rank),
+                tbl.world.eq(s.world),
+                tbl.next_op.eq(s.next_op),
+                tbl.note.eq(parser.note),
+                tbl.note_op.eq(parser.note_op),
+                tbl.note_sender.eq(parser.note_sender),
+                tbl.note_word.eq(parser.note_word),
+                tbl.start.eq(s.h_accept),
+                tbl.start_op.eq(cmd.op_id),
+                tbl.start_word.eq(cmd.proposal),
+                tbl.q_op.eq(cmd.op_id),
+                s.exp_ready.eq(tbl.fresh),
+                # no in-band value (a rank gave no proposal): the host's exponent is used
+                s.sel_inb.eq(cmd.inband & ~tbl.q_unknown),
+                s.sel_missing.eq(tbl.q_missing),
+            ]
+            with m.If(s.sel_inb):
+                m.d.comb += s.sel_exp.eq(tbl.q_exp)
+        held = s.c_exp[s.hs]
+        follow = s.h_inb & s.holds(s.h_op) & (held != s.h_exp)
+        with m.If(s.ctx_step):
+            m.d.sync += s.c_word[s.hs].eq(s.h_word)
+            with m.If(follow):  # the first rank to start an op fixes its exponent
+                m.d.sync += s.h_exp.eq(held)
+        agreed = s.ctx_step & s.h_inb & ~follow
+        s.incs["exp_given"].append(s.ctx_step & ~s.h_inb)
+        s.incs["exp_followed"].append(s.ctx_step & follow)
+        s.incs["exp_inband"].append(agreed & (s.h_missing == 0))
+        s.incs["exp_incomplete"].append(agreed & (s.h_missing != 0))
+        s.incs["exp_missing"].append(Mux(s.ctx_step & s.h_inb, s.h_missing, 0))
+        s.incs["exp_saturated"].append(s.enc_step & s.h_inb & (s.enc.sat_quantize != 0))
+
     def _host_fsm(self, m: Module, s: SimpleNamespace) -> None:
         """The host command's steps: its context, the encoding, the own packets, the
         START."""
@@ -385,7 +450,10 @@ class NicCore(wiring.Component):
                 m.d.sync += [
                     s.h_op.eq(s.cmd.op_id),
                     s.h_n.eq(s.cmd.n),
-                    s.h_exp.eq(s.cmd.exponent),
+                    s.h_exp.eq(s.sel_exp),
+                    s.h_inb.eq(s.sel_inb),
+                    s.h_missing.eq(s.sel_missing),
+                    s.h_word.eq(s.cmd.proposal if self.p.exp_inband else 0),
                     s.h_tc.eq(agg.own_tc),
                     s.next_op.eq(s.next_op + 1),
                     s.pk_beats.eq(0),
@@ -396,6 +464,7 @@ class NicCore(wiring.Component):
             with m.State("CTX"):
                 m.d.comb += s.host_busy.eq(1)
                 with m.If(~s.clr_req):
+                    m.d.comb += s.ctx_step.eq(1)
                     with m.If(~s.holds(s.h_op)):
                         m.d.comb += [
                             s.mk_go.eq(1), s.mk_slot.eq(s.hs), s.mk_op.eq(s.h_op), s.mk_n.eq(s.h_n),
@@ -410,6 +479,7 @@ class NicCore(wiring.Component):
                 m.d.comb += [s.host_busy.eq(1), s.enc_in_en.eq(1), s.ev_sel_host.eq(1)]
                 with m.If(s.enc_done & ~pks.own.valid & ~s.own_lock):
                     s.rec.write(m, "encode", s.hs, s.rec_words["encode"])
+                    m.d.comb += s.enc_step.eq(1)
                     m.next = "START"
             with m.State("START"):
                 m.d.comb += [s.host_busy.eq(1), s.ev_sel_host.eq(1), s.h_start_ev.eq(1)]
@@ -648,6 +718,7 @@ class NicCore(wiring.Component):
             pkg.op_len.eq(s.c_n[a_slot]),
             pkg.t_c_us.eq(s.c_gtc[a_slot]),
             pkg.contributors.eq(agg.o_count),
+            pkg.reserved.eq(s.c_word[a_slot]),
             pkg.i.payload.data[0].eq(s.ao.payload.data[0]),
             pkg.i.payload.first.eq(s.ao.payload.first),
             pkg.i.payload.last.eq(s.ao.payload.last),
@@ -822,10 +893,10 @@ class NicCore(wiring.Component):
         ]
         # every strobe is registered first: the events come from deep in the blocks, the
         # counters sit in one bank (125 MHz); a count lands one cycle later
-        for name in COUNTERS:
+        for name in ALL_COUNTERS:
             src = []
             for k, strobe in enumerate(s.incs[name]):
-                r = Signal(name=f"ev_{name}{k}")
+                r = Signal(len(Value.cast(strobe)), name=f"ev_{name}{k}")
                 m.d.sync += r.eq(strobe)
                 src.append(r)
             inc = getattr(csr, f"inc_{name}")

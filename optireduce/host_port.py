@@ -5,7 +5,11 @@ network frames, so one file holds a whole scenario (docs/protocol.md, "Host port
 EtherType 0x88B5 (IEEE local experimental), then a 20-byte header, network order:
 
     0 u8 version (1)   1 u8 kind   2 u16 count   4 u32 op_id   8 u32 offset
-    12 u32 n           16 i8 exponent            17..19 zero
+    12 u32 n           16 i8 exponent   17 u8 flags   18 u16 proposal
+
+flags bit 0 (START, NicParams.exp_inband): the op takes the NIC's in-band exponent, not
+`exponent`; proposal (START): this rank's proposal word for op op_id + lead
+(ubt.proposal_word; 0 says none). Both zero in every other frame.
 
 kinds: CONFIG (JSON: params, rank, world), START (first fragment of an op's float32
 chunk, n elements in all), DATA (a further fragment), RESULT (a fragment of the
@@ -22,6 +26,7 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -30,7 +35,8 @@ from optireduce.params import NicParams
 
 ETHERTYPE = 0x88B5
 VERSION = 1
-HEADER = struct.Struct("!BBHIIIb3x")
+HEADER = struct.Struct("!BBHIIIbBH")
+FLAG_INBAND = 0x01  # START: the exponent is the NIC's in-band agreed value
 CONFIG, START, DATA, RESULT, STATS, REG = 0, 1, 2, 3, 4, 5
 KINDS = {CONFIG: "config", START: "start", DATA: "data", RESULT: "result", STATS: "stats",
          REG: "reg"}  # fmt: skip
@@ -48,6 +54,8 @@ class HostFrame:
     n: int = 0
     exponent: int = 0
     payload: bytes = b""
+    flags: int = 0  # FLAG_INBAND
+    proposal: int = 0  # START: the proposal word for op op_id + lead
 
     @property
     def count(self) -> int:
@@ -56,7 +64,8 @@ class HostFrame:
 
 def build(f: HostFrame, *, to_nic: bool) -> bytes:
     dst, src = (NIC_MAC, HOST_MAC) if to_nic else (HOST_MAC, NIC_MAC)
-    head = HEADER.pack(VERSION, f.kind, f.count, f.op_id, f.offset, f.n, f.exponent)
+    head = HEADER.pack(VERSION, f.kind, f.count, f.op_id, f.offset, f.n, f.exponent, f.flags,
+                       f.proposal)  # fmt: skip
     return dst + src + struct.pack("!H", ETHERTYPE) + head + f.payload
 
 
@@ -68,13 +77,15 @@ def parse(frame: bytes) -> HostFrame:
     """A host frame, or ValueError saying what is wrong with it."""
     if not is_host_frame(frame) or len(frame) < 14 + HEADER.size:
         raise ValueError("not a host-port frame (EtherType 0x88B5, 20-byte header)")
-    version, kind, count, op_id, offset, n, exponent = HEADER.unpack_from(frame, 14)
+    version, kind, count, op_id, offset, n, exponent, flags, proposal = HEADER.unpack_from(
+        frame, 14
+    )
     if version != VERSION or kind not in KINDS:
         raise ValueError(f"host frame: version {version}, kind {kind} unknown")
     payload = frame[14 + HEADER.size :]
     if kind in WORD_KINDS and len(payload) != 4 * count:
         raise ValueError(f"host frame: {len(payload)} payload bytes for {count} words")
-    return HostFrame(kind, op_id, offset, n, exponent, payload)
+    return HostFrame(kind, op_id, offset, n, exponent, payload, flags, proposal)
 
 
 def config_frame(p: NicParams, rank: int, world: int) -> bytes:
@@ -82,13 +93,19 @@ def config_frame(p: NicParams, rank: int, world: int) -> bytes:
     return build(HostFrame(CONFIG, payload=json.dumps(cfg).encode()), to_nic=True)
 
 
-def chunk_frames(kind: int, op_id: int, data: np.ndarray, exponent: int) -> list[bytes]:
-    """An op's float32 chunk (START then DATA) or result (RESULT), in fragments."""
+def chunk_frames(
+    kind: int, op_id: int, data: np.ndarray, exponent: int | None, proposal: int = 0
+) -> list[bytes]:
+    """An op's float32 chunk (START then DATA) or result (RESULT), in fragments. A START
+    with exponent None takes the NIC's in-band exponent; `proposal` is its proposal word."""
     data = np.asarray(data, dtype=">f4")
+    flags = FLAG_INBAND if exponent is None else 0
     out = []
     for off in range(0, max(1, len(data)), FRAGMENT):
         k = kind if kind == RESULT or off == 0 else DATA
-        f = HostFrame(k, op_id, off, len(data), exponent, data[off : off + FRAGMENT].tobytes())
+        head = (flags, proposal) if k == START else (0, 0)
+        f = HostFrame(k, op_id, off, len(data), exponent or 0,
+                      data[off : off + FRAGMENT].tobytes(), *head)  # fmt: skip
         out.append(build(f, to_nic=kind != RESULT))
     return out
 
@@ -146,15 +163,26 @@ def stats_frame(words: list[int]) -> bytes:
     return build(f, to_nic=False)
 
 
+class Chunk(NamedTuple):
+    """A whole START chunk: exponent None asks for the NIC's in-band exponent."""
+
+    op_id: int
+    exponent: int | None
+    data: np.ndarray
+    proposal: int = 0  # the proposal word for op op_id + lead (0: none)
+
+
 class ChunkAssembler:
-    """Collects START/DATA fragments; returns (op_id, exponent, data) when a chunk is whole."""
+    """Collects START/DATA fragments; returns a Chunk when a chunk is whole."""
 
     def __init__(self) -> None:
         self.parts: dict[int, dict] = {}
 
-    def add(self, f: HostFrame) -> tuple[int, int, np.ndarray] | None:
+    def add(self, f: HostFrame) -> Chunk | None:
         if f.kind == START:
-            self.parts[f.op_id] = {"n": f.n, "e": f.exponent, "buf": np.zeros(f.n, ">f4"), "got": 0}
+            e = None if f.flags & FLAG_INBAND else f.exponent
+            self.parts[f.op_id] = {"n": f.n, "e": e, "w": f.proposal,
+                                   "buf": np.zeros(f.n, ">f4"), "got": 0}  # fmt: skip
         st = self.parts.get(f.op_id)
         if st is None or f.offset + f.count > st["n"]:
             raise ValueError(f"host frame: fragment of op {f.op_id} outside its chunk")
@@ -163,4 +191,4 @@ class ChunkAssembler:
         if st["got"] < st["n"]:
             return None
         del self.parts[f.op_id]
-        return f.op_id, st["e"], st["buf"].astype(np.float32)
+        return Chunk(f.op_id, st["e"], st["buf"].astype(np.float32), st["w"])

@@ -26,11 +26,12 @@ from amaranth import Module, ResetInserter, Signal
 from amaranth.sim import Simulator
 
 from optireduce import host_port
-from optireduce.counters import COUNTERS
+from optireduce.host.model.nic_model import EXP_COUNTERS
 from optireduce.hw.nic_core import NicCore
 from optireduce.sim.replay import (
     ReplayError,
     ReplayResult,
+    cmd_bits,
     config_writes,
     counter_offsets,
     events,
@@ -85,7 +86,7 @@ def replay_traces(
     top = Module()
     top.submodules.core = ResetInserter(soft_rst)(dut)
     bound = idle_bound or 200 * p.c + 20_000
-    offsets = counter_offsets(p)
+    offsets = {**counter_offsets(p), **counter_offsets(p, EXP_COUNTERS)}
     rng = random.Random(seed)
     out: list[ReplayResult] = []
     pending: deque = deque()  # STARTs handed to the host port, in order
@@ -161,13 +162,14 @@ def replay_traces(
                 raise CoreSimError(f"{cur['records']} of {n_starts} ops completed by tick "
                                    f"{limit}")  # fmt: skip
             await strobe()
-        for name in COUNTERS:
+        for name in offsets:
             ctx.set(dut.csr_addr, offsets[name])
             ctx.set(dut.csr_r_en, 1)
             await ctx.tick()
             ctx.set(dut.csr_r_en, 0)
             await ctx.tick()
-            res.counters[name] = ctx.get(dut.csr_r_data)
+            into = res.exp_counters if name in EXP_COUNTERS else res.counters
+            into[name] = ctx.get(dut.csr_r_data)
         res.counters["host_malformed"] = ev.host_malformed
         res.frames.sort(key=lambda e: (e[0], e[1]))
         res.sim = {"cycles": cur["cycles"], "ticks": cur["now"]}
@@ -194,11 +196,15 @@ def replay_traces(
             if not pending:
                 await ctx.tick()
                 continue
-            op_id, exponent, data = pending.popleft()
-            await push(ctx, dut.host_cmd, op_id | len(data) << 32 | (exponent & 0xFF) << 64)
+            c = pending.popleft()
+            await push(
+                ctx,
+                dut.host_cmd,
+                c.op_id | len(c.data) << 32 | cmd_bits(c.exponent, c.proposal) << 64,
+            )
             ctx.set(dut.host_cmd.valid, 0)
             cur["taken"] += 1
-            words = np.asarray(data, np.float32).view(np.uint32).tolist()
+            words = np.asarray(c.data, np.float32).view(np.uint32).tolist()
             for k, w in enumerate(words):
                 await push(ctx, dut.host_i, w | int(k == 0) << 32 | int(k == len(words) - 1) << 33)
             ctx.set(dut.host_i.valid, 0)

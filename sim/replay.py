@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from optireduce import host_port
+from optireduce import host_port, ubt
 from optireduce.counters import COUNTERS
-from optireduce.host.model.nic_model import NicModel
+from optireduce.host.model.nic_model import EXP_COUNTERS, NicModel
 from optireduce.params import NicParams
 from optireduce.sim.trace import Frame
 
@@ -47,12 +47,14 @@ class ReplayResult:
     counters: dict[str, int] = field(default_factory=dict)
     results: dict[int, np.ndarray] = field(default_factory=dict)
     sim: dict[str, int] = field(default_factory=dict)  # rtl: cycles and ticks simulated
+    exp_counters: dict[str, int] = field(default_factory=dict)  # EXP_COUNTERS
 
     def summary(self) -> dict:
         out = {
             "frames_out": len(self.frames),
             "ops_completed": len(self.results),
             "counters": self.counters,
+            "exp_counters": self.exp_counters,
         }
         if self.sim:
             out["sim"] = self.sim
@@ -62,7 +64,8 @@ class ReplayResult:
 @dataclass
 class Events:
     """A trace as NIC inputs: the configuration, then (tick, kind, what) in trace order,
-    kind "net" (a frame) or "start" ((op_id, exponent, float32 chunk))."""
+    kind "net" (a frame) or "start" (a host_port.Chunk: op_id, exponent or None for the
+    in-band one, float32 chunk, proposal word)."""
 
     params: NicParams
     rank: int
@@ -138,8 +141,9 @@ def _replay_model(ev: Events, model: type) -> ReplayResult:
                 res.frames += _host_frames(r.op_id, r.data, host_port.stats_words(r.stats), now)
             if not (pending and pending[0][0] < nic.base + nic.p.ops_in_flight):
                 return
-            op_id, exponent, data = pending.popleft()
-            nic.start_op(now, op_id, data, exponent)
+            c = pending.popleft()
+            kw = {"next_proposal": ubt.proposal_of(c.proposal)} if c.proposal else {}
+            nic.start_op(now, c.op_id, c.data, c.exponent, **kw)
 
     def timers_until(limit: float) -> None:
         """Fire each timer due at or before `limit` at its own tick, in order."""
@@ -160,6 +164,7 @@ def _replay_model(ev: Events, model: type) -> ReplayResult:
         step(tick)
     timers_until(float("inf"))
     res.counters = dict(nic.counters)
+    res.exp_counters = dict(nic.exp_counters)
     return res
 
 
@@ -193,11 +198,12 @@ def differences(a: ReplayResult, b: ReplayResult, limit: int = 8) -> list[str]:
     ][:limit]
     if len(a.frames) != len(b.frames):
         bad.append(f"{len(a.frames)} frames != {len(b.frames)}")
-    bad += [
-        f"counter {k}: {a.counters.get(k)} != {b.counters.get(k)}"
-        for k in sorted(set(a.counters) | set(b.counters))
-        if a.counters.get(k) != b.counters.get(k)
-    ]
+    for ca, cb in ((a.counters, b.counters), (a.exp_counters, b.exp_counters)):
+        bad += [
+            f"counter {k}: {ca.get(k)} != {cb.get(k)}"
+            for k in sorted(set(ca) | set(cb))
+            if ca.get(k) != cb.get(k)
+        ]
     if sorted(a.results) != sorted(b.results):
         bad.append(f"ops completed {sorted(a.results)} != {sorted(b.results)}")
     bad += [
@@ -221,11 +227,19 @@ def config_writes(p: NicParams, rank: int, world: int) -> list[tuple[int, int]]:
     return out
 
 
-def counter_offsets(p: NicParams) -> dict[str, int]:
+def counter_offsets(p: NicParams, names: tuple[str, ...] = COUNTERS) -> dict[str, int]:
+    """The register offset of each counter in `names` (COUNTERS, or EXP_COUNTERS)."""
     from optireduce.hw.csr import register_map
 
     regs = {r.name: r.offset for blk in register_map(p) for r in blk.regs if r.kind == "counter"}
-    return {name: regs[name] for name in COUNTERS}
+    return {name: regs[name] for name in names}
+
+
+def cmd_bits(exponent: int | None, proposal: int = 0) -> int:
+    """host_cmd's bits from 64 on (hw/nic_core.py host_cmd_layout): the exponent, inband
+    (exponent None: the NIC's agreed one), the proposal word. The harness's START carries
+    them as one u32."""
+    return ((exponent or 0) & 0xFF) | (exponent is None) << 8 | (proposal & 0xFFFF) << 9
 
 
 def write_records(path: Path, ev: Events, *, backpressure: int = 0) -> None:
@@ -243,10 +257,11 @@ def write_records(path: Path, ev: Events, *, backpressure: int = 0) -> None:
         if kind == "net":
             recs.append((REC_NET, tick, bytes(what)))
         else:
-            op_id, exponent, data = what
-            head = struct.pack("<IIi", op_id, len(data), exponent)
-            recs.append((REC_START, tick, head + np.asarray(data, "<f4").tobytes()))
-    recs += [(REC_CSR_READ, 0, struct.pack("<I", a)) for a in counter_offsets(p).values()]
+            bits = cmd_bits(what.exponent, what.proposal)
+            head = struct.pack("<III", what.op_id, len(what.data), bits)
+            recs.append((REC_START, tick, head + np.asarray(what.data, "<f4").tobytes()))
+    offsets = {**counter_offsets(p), **counter_offsets(p, EXP_COUNTERS)}
+    recs += [(REC_CSR_READ, 0, struct.pack("<I", a)) for a in offsets.values()]
     with open(path, "wb") as f:
         f.write(MAGIC + struct.pack("<I", 1))
         for typ, tick, data in recs:
@@ -288,7 +303,8 @@ def _replay_rtl(ev: Events, *, backpressure: int = 0, timeout_s: float = 600) ->
     except ToolchainError as e:
         raise ReplayError(f"the rtl backend needs Verilator: {e}") from e
     res = ReplayResult()
-    offsets = {v: k for k, v in counter_offsets(ev.params).items()}
+    both = {**counter_offsets(ev.params), **counter_offsets(ev.params, EXP_COUNTERS)}
+    offsets = {v: k for k, v in both.items()}
     with tempfile.TemporaryDirectory(prefix="optireduce-replay-") as tmp:
         rin, rout = Path(tmp) / "in.rec", Path(tmp) / "out.rec"
         write_records(rin, ev, backpressure=backpressure)
@@ -313,5 +329,6 @@ def _replay_rtl(ev: Events, *, backpressure: int = 0, timeout_s: float = 600) ->
             elif typ == REC_SUMMARY:
                 keys = ("cycles", "ticks", "core_now", "ops_started", "ops_done")
                 res.sim = dict(zip(keys, struct.unpack("<5Q", data), strict=True))
+    res.exp_counters = {k: res.counters[k] for k in EXP_COUNTERS}
     res.counters = {k: res.counters[k] for k in COUNTERS}
     return res

@@ -8,27 +8,44 @@ through the model or the RTL must give the same output frames and counters.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from optireduce import host_port, ubt
+from optireduce.host.model.quantize import propose_exponent
 from optireduce.host.model.virtual_cluster import _run
 from optireduce.params import NicParams
 
 TRACE_PARAMS = NicParams(p=16, b=64, c=256, n_max=8, t_b_us=400, t_c_min_us=50)
 WORLD, RANK, OP_LEN, OPS = 3, 0, 256, 3  # three ops of one whole chunk each
+# In-band exponents (docs/numerics.md 1): ops 0 and 1 take the host's exponent, ops 2..4
+# the agreed one; each rank's chunk is scaled by 2^0..2^3 per op, so the max moves, and
+# rank 2's chunk of op 3 by 2^6.
+INBAND_PARAMS = TRACE_PARAMS.replace(exp_inband=True, exp_lead=2)
+INBAND_OPS = 5
 
 Frame = tuple[int, bytes]  # (tick in microseconds, frame bytes)
 
 
-def _base(seed: int) -> tuple[list[tuple], list[tuple]]:
+def _base(seed: int, inband: bool = False) -> tuple[list[tuple], list[tuple]]:
     """(host, network) frames of rank 0 in a lossless run, as (tick, seq, frame): seq is
-    the order things happened in, which breaks ties between frames of the same tick."""
+    the order things happened in, which breaks ties between frames of the same tick.
+    inband: INBAND_PARAMS, INBAND_OPS ops; a START past the first lead ops asks for the
+    in-band exponent, and each carries rank 0's proposal for op + lead."""
+    p, ops = (INBAND_PARAMS, INBAND_OPS) if inband else (TRACE_PARAMS, OPS)
     rng = np.random.default_rng(seed)
-    xs = [rng.standard_normal(OPS * OP_LEN).astype(np.float32) for _ in range(WORLD)]
-    host: list[tuple] = [(0, 0.0, host_port.config_frame(TRACE_PARAMS, RANK, WORLD))]
+    xs = [rng.standard_normal(ops * OP_LEN).astype(np.float32) for _ in range(WORLD)]
+    if inband:  # rank 2 holds op 3's largest values, the others move between ranks
+        for r, x in enumerate(xs):
+            scale = 2.0 ** rng.integers(0, 4, ops)
+            scale[3] = 2.0**6 if r == 2 else scale[3]
+            x *= np.repeat(scale, OP_LEN).astype(np.float32)
+    props = [propose_exponent(xs[RANK][k * OP_LEN : (k + 1) * OP_LEN], p) for k in range(ops)]
+    lead = p.exp_lead_eff
+    host: list[tuple] = [(0, 0.0, host_port.config_frame(p, RANK, WORLD))]
     net: list[tuple] = []
 
     def tap(kind: str, tick: int, rank: int, what: object) -> None:
@@ -37,12 +54,17 @@ def _base(seed: int) -> tuple[list[tuple], list[tuple]]:
         seq = float(len(host) + len(net))
         if kind == "start":
             op_id, chunk, exp = what
-            for k, f in enumerate(host_port.chunk_frames(host_port.START, op_id, chunk, exp)):
+            word = 0
+            if inband:
+                exp = None if op_id >= lead else exp
+                word = ubt.proposal_word(props[op_id + lead] if op_id + lead < ops else None)
+            frames = host_port.chunk_frames(host_port.START, op_id, chunk, exp, word)
+            for k, f in enumerate(frames):
                 host.append((tick, seq + k / 1000, f))
         else:
             net.append((tick, seq, what))
 
-    _run(xs, OPS * OP_LEN, TRACE_PARAMS, 0.0, seed, set(), 5, 10.0, tap=tap)
+    _run(xs, ops * OP_LEN, p, 0.0, seed, set(), 5, 10.0, tap=tap)
     return host, net
 
 
@@ -116,14 +138,81 @@ def _scenarios() -> dict[str, Callable]:
 SCENARIOS = tuple(_scenarios())
 
 
-def make_trace(scenario: str, seed: int = 0) -> list[Frame]:
-    """The frames of a scenario, ordered by tick (stable)."""
-    table = _scenarios()
-    if scenario not in table:
-        raise ValueError(f"unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}")
-    host, net = _base(seed)
+def _inband_scenarios() -> dict[str, Callable]:
+    """Disturbances of in-band traces: (host, net, rng) -> (host, net)."""
+
+    def follow(host, net, rng):
+        """Rank 2's frames of op 1 are lost, so its proposal for op 3 (the largest) is
+        missing here; peers' frames of op 3, with the exponent they agreed, come before
+        rank 0 starts op 3, which it then follows."""
+        return host, [e for e in net if _hdr(e[2])[:2] != (2, 1)]
+
+    def silent(host, net, rng):
+        """That, and the peers' frames of ops 3 and 4 come late: rank 0 starts op 3 at
+        the smaller exponent it agreed (incomplete), and their frames disagree with it."""
+        net = follow(host, net, rng)[1]
+        return host, [(t + 100 if _hdr(f)[1] >= 3 else t, q, f) for t, q, f in net]
+
+    def words(host, net, rng):
+        """Proposal words malformed on some frames (dropped); "no proposal" on some frames
+        of the last ops (for ops past the trace: a START of those would need an exponent)."""
+        lead, out = INBAND_PARAMS.exp_lead_eff, []
+        for t, q, f in net:
+            r = rng.random()
+            if r < 0.1:
+                f = _rewrite(f, reserved=0x0003)
+            elif r < 0.4 and _hdr(f)[1] >= INBAND_OPS - lead:
+                f = _rewrite(f, reserved=0)  # the first word heard from a sender counts
+            out.append((t, q, f))
+        return host, out
+
+    def predicted(host, net, rng):
+        """Rank 0's host predicts too small (its proposals 3 below its need): an op agreed
+        from them saturates here, and its frames disagree with the peers'."""
+        out = []
+        for t, q, f in host:
+            h = host_port.parse(f) if host_port.is_host_frame(f) else None
+            if h is not None and h.kind == host_port.START and h.proposal & 1:
+                v = ubt.proposal_of(h.proposal) - 3
+                h = dataclasses.replace(h, proposal=ubt.proposal_word(max(v, -128)))
+                f = host_port.build(h, to_nic=True)
+            out.append((t, q, f))
+        return out, net
+
+    return {f.__name__: f for f in (follow, silent, words, predicted)}
+
+
+INBAND_SCENARIOS = tuple(_inband_scenarios())
+
+
+def _hdr(frame: bytes) -> tuple[int, int]:
+    """(sender, op_id) of a UBT frame, (-1, -1) if it is not one."""
+    if len(frame) < ubt.L2_L4_LEN + ubt.HEADER_LEN:
+        return -1, -1
+    h = ubt.UbtHeader.unpack(frame, ubt.L2_L4_LEN)
+    return h.sender, h.op_id
+
+
+def _op_of(frame: bytes) -> int:
+    """The op of a host frame (-1 for CONFIG)."""
+    h = host_port.parse(frame)
+    return -1 if h.kind == host_port.CONFIG else h.op_id
+
+
+def make_trace(scenario: str, seed: int = 0, *, inband: bool = False) -> list[Frame]:
+    """The frames of a scenario, ordered by tick (stable). inband: a trace of
+    INBAND_PARAMS, disturbed as any of SCENARIOS or INBAND_SCENARIOS says."""
+    table, extra = _scenarios(), _inband_scenarios() if inband else {}
+    if scenario not in table and scenario not in extra:
+        names = [*SCENARIOS, *(INBAND_SCENARIOS if inband else ())]
+        raise ValueError(f"unknown scenario {scenario!r}; choose from {', '.join(names)}")
+    host, net = _base(seed, inband)
     rng = np.random.default_rng(seed + 1)
-    frames = sorted(host + table[scenario](net, rng), key=lambda e: (e[0], e[1]))
+    if scenario in extra:
+        host, net = extra[scenario](host, net, rng)
+    else:
+        net = table[scenario](net, rng)
+    frames = sorted(host + net, key=lambda e: (e[0], e[1]))
     return [(t, f) for t, _, f in frames]
 
 

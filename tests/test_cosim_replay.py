@@ -12,7 +12,15 @@ import pytest
 
 from optireduce.sim.cosim_build import harness_path
 from optireduce.sim.replay import ReplayResult, differences, replay
-from optireduce.sim.trace import OPS, SCENARIOS, TRACE_PARAMS, make_trace
+from optireduce.sim.trace import (
+    INBAND_OPS,
+    INBAND_PARAMS,
+    INBAND_SCENARIOS,
+    OPS,
+    SCENARIOS,
+    TRACE_PARAMS,
+    make_trace,
+)
 from optireduce.sim.trace_mutate import mutate
 
 SEEDS = (0, 1, 2)
@@ -51,6 +59,36 @@ def test_rtl_equals_model_on_mutated_traces(seed):
     mutated = mutate(frames, seed=100 + seed, rate=0.15)
     assert mutated != frames
     check(mutated)
+
+
+# In-band exponents (INBAND_PARAMS, a second build): the in-band rules, and the disturbances
+# that meet them (a lost proposal, stale and late frames, malformed words)
+INBAND_CASES = (*INBAND_SCENARIOS, "loss", "reorder", "duplicates", "stale_future", "malformed")
+
+
+@pytest.mark.parametrize("seed", (0, 1))
+@pytest.mark.parametrize("scenario", INBAND_CASES)
+def test_rtl_equals_model_inband(scenario, seed):
+    model = check(make_trace(scenario, seed, inband=True))
+    assert len(model.results) == INBAND_OPS
+    assert model.exp_counters["exp_given"] == INBAND_PARAMS.exp_lead_eff
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_rtl_equals_model_inband_mutated(seed):
+    frames = make_trace(INBAND_CASES[seed % len(INBAND_CASES)], seed, inband=True)
+    mutated = mutate(frames, seed=200 + seed, rate=0.15)
+    assert mutated != frames
+    check(mutated)
+
+
+def test_inband_traces_exercise_every_rule():
+    """Across the in-band scenarios every way of choosing an exponent happens (model)."""
+    seen = dict.fromkeys(replay(make_trace("clean", 0, inband=True)).exp_counters, 0)
+    for scenario in INBAND_SCENARIOS:
+        for k, v in replay(make_trace(scenario, 0, inband=True)).exp_counters.items():
+            seen[k] += v
+    assert all(v > 0 for v in seen.values()), seen
 
 
 def test_rtl_equals_model_with_output_backpressure():

@@ -43,6 +43,31 @@ def test_stats_record_round_trip():
     assert np.frombuffer(f.payload, ">u4").tolist() == words
 
 
+def test_start_carries_the_inband_flag_and_the_proposal_word():
+    """A START with exponent None asks for the in-band exponent; its proposal word rides in
+    the header's last two bytes; DATA fragments and given exponents carry zeros."""
+    x = np.arange(2 * host_port.FRAGMENT + 3, dtype=np.float32)
+    word = 0x8101  # proposal -127
+    frames = host_port.chunk_frames(host_port.START, 9, x, None, word)
+    heads = [host_port.parse(f) for f in frames]
+    assert [(h.kind, h.flags, h.proposal) for h in heads] == [
+        (host_port.START, host_port.FLAG_INBAND, word), (host_port.DATA, 0, 0),
+        (host_port.DATA, 0, 0),
+    ]  # fmt: skip
+    assert frames[0][14 + 17 : 14 + 20] == bytes([1, 0x81, 0x01])
+    asm = host_port.ChunkAssembler()
+    done = [asm.add(h) for h in heads]
+    assert done[:2] == [None, None]
+    c = done[2]
+    assert (c.op_id, c.exponent, c.proposal) == (9, None, word)
+    np.testing.assert_equal(c.data, x)
+    given = host_port.ChunkAssembler().add(
+        host_port.parse(host_port.chunk_frames(host_port.START, 3, x[:5], -4)[0])
+    )
+    assert (given.exponent, given.proposal) == (-4, 0)
+    assert host_port.chunk_frames(host_port.START, 3, x[:5], -4)[0][14 + 17 : 14 + 20] == bytes(3)
+
+
 def test_bad_stats_records():
     words = host_port.stats_words(_stats())
     with pytest.raises(ValueError, match="world 3"):

@@ -10,7 +10,8 @@
 //
 // Port layouts are those of /hw/nic_core.py (packed structs, first field at bit 0):
 //   net_rx/net_tx payload: data[63:0] (byte k at bits 8k+7:8k), keep[71:64], last[72]
-//   host_cmd payload:      op_id[31:0], n[63:32], exponent[71:64]
+//   host_cmd payload:      op_id[31:0], n[63:32], exponent[71:64], inband[72],
+//                          proposal[88:73] (START's third word: sim/replay.py cmd_bits)
 //   host_i payload:        data[31:0], first[32], last[33]
 //   host_o payload:        data[31:0], last[32]
 // Amaranth names a stream member `<port>__valid`; Verilator escapes the double
@@ -137,7 +138,10 @@ class Core {
             const Cmd& c = cmdq.front();
             setb(t.host_cmd___05Fpayload, 0, 32, c.op_id);
             setb(t.host_cmd___05Fpayload, 32, 32, c.n);
-            setb(t.host_cmd___05Fpayload, 64, 8, static_cast<uint32_t>(c.exponent) & 0xFF);
+            // exponent[7:0], inband[8], proposal[24:9]; a sign-extended exponent alone
+            // (bits 31:8 all ones) carries neither
+            const uint32_t e = static_cast<uint32_t>(c.exponent);
+            setb(t.host_cmd___05Fpayload, 64, 25, (e >> 8) == 0xFFFFFFu ? e & 0xFF : e);
             t.host_cmd___05Fvalid = 1;  // blocked (window full) does not count as work
         }
         const bool rdy = backpressure == 0 || (lfsr() % (backpressure + 1)) == 0;
@@ -264,7 +268,7 @@ class Core {
 enum : uint8_t {
     REC_CSR_WRITE = 1,  // u32 addr, u32 data
     REC_NET = 2,        // an Ethernet frame (in: to net_rx; out: from net_tx)
-    REC_START = 3,      // u32 op_id, u32 n, i32 exponent, n x u32 float bits
+    REC_START = 3,      // u32 op_id, u32 n, u32 cmd_bits (or i32 exponent), n x u32 floats
     REC_CSR_READ = 4,   // in: u32 addr (read at the end); out: u32 addr, u32 data
     REC_HOST = 5,       // out: host_o words of one op (results then STATS), u32 each
     REC_LIMITS = 6,     // in: u64 extra ticks after the last record, u64 idle bound cycles,

@@ -65,7 +65,7 @@ def _run(
     last frame went in, if given); collect everything out."""
     rng = random.Random(seed)
     regs = dict(regs or {})
-    out = {"cmd": [], "words": [], "frames": [], "writes": [], "counters": {}}
+    out = {"cmd": [], "inband": [], "words": [], "frames": [], "writes": [], "counters": {}}
     done = {"in": False, "msg": False}
     sim = Simulator(dut)
     sim.add_clock(1e-8)
@@ -118,6 +118,7 @@ def _run(
             if ctx.get(dut.host_cmd.valid) and ctx.get(dut.host_cmd.ready):
                 c = ctx.get(dut.host_cmd.payload)
                 out["cmd"].append((c.op_id, c.n, c.exponent))
+                out["inband"].append((c.inband, c.proposal))
                 busy = True
             if ctx.get(dut.host_i.valid) and ctx.get(dut.host_i.ready):
                 pl = ctx.get(dut.host_i.payload)
@@ -154,14 +155,20 @@ def test_chunks_reach_the_core_as_the_model_assembles_them():
     ops = [(0, rng.standard_normal(250).astype(np.float32), -7), (1, np.float32([1.5]), 3),
            (2, rng.standard_normal(1024).astype(np.float32), 120)]  # fmt: skip
     frames = [f for op, x, e in ops for f in _chunk(op, x, e)]
+    # op 3 asks for the in-band exponent and carries a proposal word (docs/protocol.md)
+    x3 = rng.standard_normal(90).astype(np.float32)  # one frame of at most FRAG words
+    frames += host_port.chunk_frames(START, 3, x3, None, 0x8101)
     # the model: the assembler's chunks, and the commands in order
     asm = host_port.ChunkAssembler()
     done = [asm.add(host_port.parse(f)) for f in frames]
     chunks = [d for d in done if d is not None]
-    assert [c[0] for c in chunks] == [0, 1, 2]
+    assert [c[0] for c in chunks] == [0, 1, 2, 3]
     dut = HostAdapter(P, rx_words=FRAG, tx_fragment=FRAG)
     out = _run(dut, frames, [])
-    assert out["cmd"] == [(op, len(x), e) for op, x, e in ops]
+    assert out["cmd"] == [(op, len(x), e) for op, x, e in ops] + [(3, 90, 0)]
+    assert out["inband"] == [(int(c.exponent is None), c.proposal) for c in chunks]
+    assert out["inband"][-1] == (1, 0x8101)
+    ops.append((3, x3, None))
     want = np.concatenate([c[2] for c in chunks]).view(np.uint32).tolist()
     assert [w for w, _, _ in out["words"]] == want
     ends = np.cumsum([len(x) for _, x, _ in ops])

@@ -26,7 +26,7 @@ from optireduce.sim import verilog
 from optireduce.sim.core_sim import replay_traces
 from optireduce.sim.replay import differences, replay
 from optireduce.sim.toolchain import use_verilator
-from optireduce.sim.trace import TRACE_PARAMS, make_trace
+from optireduce.sim.trace import INBAND_PARAMS, TRACE_PARAMS, make_trace
 from optireduce.sim.trace_mutate import mutate
 
 # (scenario, seed, backpressure) replayed through amaranth.sim: a second simulator next
@@ -34,6 +34,10 @@ from optireduce.sim.trace_mutate import mutate
 # and mutated traces. "mutated" is `reorder` with random bit flips, truncations,
 # duplicates and shuffles (sim/trace_mutate.py), replayed with outputs stalled at random.
 CASES = (("loss", 0, 0.0), ("duplicates", 0, 0.0), ("mutated", 5, 0.3))
+# In-band exponents (INBAND_PARAMS, five ops): the largest proposal of op 3 lost and the
+# peers' frames late (incomplete, then exponent mismatches), a host predicting too small
+# (saturation); tests/test_cosim_replay.py runs every in-band scenario.
+INBAND_CASES = (("silent", 0), ("predicted", 0))
 SCENARIO_SEEDS = (("clean", 0), ("loss", 0), ("duplicates", 0), ("late", 0), ("malformed", 0),
                   ("stale_future", 0), ("unknown_rank", 0), ("mutated", 5))  # fmt: skip
 
@@ -77,6 +81,21 @@ def test_core_matches_model():
     assert not failures, failures
 
 
+def test_core_matches_model_inband():
+    """The same equality on in-band traces, the exponent counters included."""
+    traces = [make_trace(s, seed, inband=True) for s, seed in INBAND_CASES]
+    failures, seen = {}, {}
+    for (s, seed), trace, core in zip(INBAND_CASES, traces, replay_traces(traces), strict=True):
+        model = replay(trace, "model")
+        bad = differences(core, model)
+        if bad:
+            failures[f"{s}-{seed}"] = bad
+        seen.update({k: v + seen.get(k, 0) for k, v in core.exp_counters.items()})
+    assert not failures, failures
+    for k in ("exp_given", "exp_inband", "exp_incomplete", "exp_missing", "exp_saturated"):
+        assert seen[k] > 0, seen
+
+
 def test_scenarios_exercise_their_rules():
     """The traces are not all clean: each has the drops its scenario is about (model)."""
     c = {s: replay(_trace(s, seed), "model").counters for s, seed in SCENARIO_SEEDS}
@@ -102,11 +121,12 @@ def test_lanes_must_be_one():
         NicCore(TRACE_PARAMS.replace(lanes=2))
 
 
-def test_verilog_lints_clean():
+@pytest.mark.parametrize("p", [TRACE_PARAMS, INBAND_PARAMS], ids=["given", "inband"])
+def test_verilog_lints_clean(p):
     """`verilator --lint-only -Wall` on the core's Verilog: no error, and no warning
     outside the code generator's idioms listed in WAIVED."""
     root = use_verilator()
-    path = verilog.write(NicCore(TRACE_PARAMS), "nic_core", kind="lint")
+    path = verilog.write(NicCore(p), "nic_core", kind="lint")
     cmd = [str(root / "bin" / "verilator"), "--lint-only", "-Wall", "--top-module", "nic_core"]
     cmd += [f"-Wno-{w}" for w in WAIVED] + [path.name]
     r = subprocess.run(cmd, cwd=path.parent, capture_output=True, text=True, timeout=600)
