@@ -62,7 +62,10 @@ class AxisTB:
         if backpressure:
             self.sink.set_pause_generator(pauses(rng, backpressure))
 
-    async def reset(self) -> None:
+    async def reset(self, **ports: int) -> None:
+        """Reset, with the named configuration ports held at their values meanwhile."""
+        for name, value in ports.items():
+            getattr(self.dut, name).value = value
         self.dut.rst.value = 1
         for _ in range(4):
             await RisingEdge(self.dut.clk)
@@ -79,3 +82,17 @@ class AxisTB:
 
     async def recv(self) -> AxiStreamFrame:
         return await self.sink.recv()
+
+    async def op(self, data: bytes) -> AxiStreamFrame:
+        """One op: its frame in (first beat marked), its output frame out."""
+        await self.send(data, first=True)
+        return await self.recv()
+
+    async def ops(self, ops: list[dict], width: int, lanes: int, ports: tuple[str, ...]):
+        """Each op in turn ({"v": its values, port: value, ...}): its `ports` set, its
+        frame in and its output out; yields (op, values, output bytes)."""
+        for op in ops:
+            v = np.array(op["v"], dtype=np.int64)
+            for name in ports:
+                getattr(self.dut, name).value = op[name]
+            yield op, v, (await self.op(pack(v, width, lanes))).tdata

@@ -10,29 +10,22 @@ import numpy as np
 from cocotb.triggers import RisingEdge
 
 from optireduce.host.model.quantize import dequantize
-from optireduce.sim.axis_tb import AxisTB, pack, unpack
+from optireduce.sim.axis_tb import AxisTB, unpack
 from optireduce.sim.cocotb_run import bench_config
 
 
 @cocotb.test()
 async def dequantizer_ops_with_idle_and_backpressure(dut):
     cfg = bench_config()
-    width, lanes = cfg["width"], cfg["lanes"]
+    lanes = cfg["lanes"]
     tb = AxisTB(dut, seed=6, idle=0.3, backpressure=0.3)
-    dut.exponent.value = 0
-    dut.clear.value = 0
-    await tb.reset()
+    await tb.reset(exponent=0, clear=0)
     sat = 0
-    for op in cfg["ops"]:
-        v = np.array(op["v"], dtype=np.int64)
+    async for op, v, got in tb.ops(cfg["ops"], cfg["width"], lanes, ("exponent",)):
         model = dequantize(v, op["exponent"])
         sat += model.saturated
-        dut.exponent.value = op["exponent"]
-        await tb.send(pack(v, width, lanes), first=True)
-        got = await tb.recv()
-        np.testing.assert_equal(
-            unpack(got.tdata, 32, lanes, signed=False).astype(np.uint32), model.x.view(np.uint32)
-        )
+        got_bits = unpack(got, 32, lanes, signed=False).astype(np.uint32)
+        np.testing.assert_equal(got_bits, model.x.view(np.uint32))
     for _ in range(4):
         await RisingEdge(dut.clk)
     assert int(dut.saturated.value) == sat

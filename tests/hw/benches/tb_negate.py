@@ -17,7 +17,6 @@ async def negate_with_idle_and_backpressure(dut):
     lo, hi = -(1 << (w - 1)) + 1, (1 << (w - 1)) - 1
     for n in (2, 6, 100):
         vals = rng.integers(lo, hi + 1, n)
-        await tb.send(pack(vals, w, lanes), first=True)
-        got = await tb.recv()
+        got = await tb.op(pack(vals, w, lanes))
         np.testing.assert_array_equal(unpack(got.tdata, w, lanes), -vals)
         assert got.tuser in (1, [1] * (len(got.tdata) // (-(-w * lanes // 8)))) or got.tuser[0] == 1

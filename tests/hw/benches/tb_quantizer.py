@@ -20,9 +20,7 @@ async def quantizer_ops_with_idle_and_backpressure(dut):
     cfg = bench_config()
     p = NicParams(**cfg["params"])
     tb = AxisTB(dut, seed=4, idle=0.3, backpressure=0.3)
-    dut.exponent.value = 0
-    dut.clear.value = 0
-    await tb.reset()
+    await tb.reset(exponent=0, clear=0)
     sat = nf = 0
     for op in cfg["ops"]:
         bits = np.array(op["bits"], dtype=np.int64)
@@ -32,8 +30,7 @@ async def quantizer_ops_with_idle_and_backpressure(dut):
         want[: len(bits)] = model.q
         sat, nf = sat + model.saturated, nf + model.nonfinite
         dut.exponent.value = e
-        await tb.send(pack(bits, 32, p.lanes), first=True)
-        got = await tb.recv()
+        got = await tb.op(pack(bits, 32, p.lanes))
         np.testing.assert_equal(unpack(got.tdata, p.w_in, p.lanes), want)
     for _ in range(4):
         await RisingEdge(dut.clk)

@@ -27,8 +27,7 @@ async def saturate_ops_with_idle_and_backpressure(dut):
     tb = AxisTB(dut, seed=3, idle=0.3, backpressure=0.3)
     await tb.reset()
     for x in ops:  # one op at a time, so `count` is read before the next op starts
-        await tb.send(pack(x, w_in, lanes), first=True)
-        got = await tb.recv()
+        got = await tb.op(pack(x, w_in, lanes))
         await RisingEdge(dut.clk)
         want, n = saturate(x, lim)
         np.testing.assert_equal(unpack(got.tdata, w_out, lanes), want)

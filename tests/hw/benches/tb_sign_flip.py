@@ -9,7 +9,7 @@ import cocotb
 import numpy as np
 
 from optireduce.host.model.signs import apply_signs
-from optireduce.sim.axis_tb import AxisTB, pack, unpack
+from optireduce.sim.axis_tb import AxisTB, unpack
 from optireduce.sim.cocotb_run import bench_config
 
 
@@ -18,15 +18,7 @@ async def sign_flip_ops_with_idle_and_backpressure(dut):
     cfg = bench_config()
     width, lanes = cfg["width"], cfg["lanes"]
     tb = AxisTB(dut, seed=8, idle=0.3, backpressure=0.3)
-    dut.seed.value = 0
-    dut.op_id.value = 0
-    await tb.reset()
-    for op in cfg["ops"]:
-        v = np.array(op["v"], dtype=np.int64)
-        dut.seed.value = op["seed"]
-        dut.op_id.value = op["op_id"]
-        await tb.send(pack(v, width, lanes), first=True)
-        got = await tb.recv()
-        np.testing.assert_equal(
-            unpack(got.tdata, width, lanes), apply_signs(v, op["seed"], op["op_id"])
-        )
+    await tb.reset(seed=0, op_id=0)
+    async for op, v, got in tb.ops(cfg["ops"], width, lanes, ("seed", "op_id")):
+        want = apply_signs(v, op["seed"], op["op_id"])
+        np.testing.assert_equal(unpack(got, width, lanes), want)
