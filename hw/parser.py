@@ -335,7 +335,7 @@ class Parser(wiring.Component):
             ((h.msg_type != ubt.MSG_SCATTER) & (h.msg_type != ubt.MSG_GATHER), "bad_type"),
             (((h.flags & (0xFF & ~ubt.FLAGS_KNOWN)) != 0) | reserved_bad, "malformed_header"),
             ((h.msg_type == ubt.MSG_SCATTER) != (h.contributors == 0), "malformed_header"),
-            (h.world < h.contributors, "malformed_header"),
+            ((h.world < h.contributors) | (h.t_c_us == 0), "malformed_header"),  # t_C >= 1
             (
                 ip_len != ubt.IP_LEN + ubt.UDP_LEN + ubt.HEADER_LEN + h.count * 4,
                 "bad_length",

@@ -281,6 +281,7 @@ def ubt_cases(good: bytes, cfg: Cfg, p: NicParams) -> list[bytes]:
         dict(op_len=1, pkt_index=p.packets_per_block),
         dict(op_len=p.b + 1, pkt_index=2 * p.packets_per_block - 1),
         dict(version=9, msg_type=7, reserved=1), dict(msg_type=7, flags=2),
+        dict(t_c_us=0), dict(t_c_us=1), dict(t_c_us=0, count=0),
     ]  # fmt: skip
     out = []
     for f in cases:
