@@ -54,6 +54,9 @@ class BucketStats:
     early_timeouts: int = 0
     deadline_timeouts: int = 0
     saturations: int = 0
+    exponent: int | None = None  # largest exponent of the bucket's ops (value = int * 2^E)
+    nonfinite_inputs: int = 0  # non-finite elements in this rank's gradient
+    nonfinite_ops: int = 0  # ops whose result came back NaN (a non-finite input on any rank)
 
 
 @dataclass
@@ -161,6 +164,8 @@ class OptiReduceState:
         self._agree = agree
         p = self.params.replace(t_b_us=WARMUP_T_B_US)
         self._nic = select_nic(p, rank, world, transport=transport, agree=agree)
+        if self.iteration >= self.warmup_iters and self.t_b_us is not None:
+            self._nic.set_t_b(self.t_b_us)  # a state restored past its warm-up
         self._driver = _Driver()
         # a process that ends without close() (an exception, Ctrl-C) still stops the NIC's
         # threads before the interpreter goes
@@ -304,7 +309,11 @@ def optireduce_hook(
                 out, stats = nic.allreduce(x)
             if state.iteration > 0 or state.warmup_iters == 1:  # iteration 0 pays the JIT
                 state._warm_phases += phase_times(stats)
-            state.step.buckets.append(BucketStats(idx, tensor.numel(), "warmup"))
+            state.step.buckets.append(BucketStats(
+                idx, tensor.numel(), "warmup", exponent=max(s.exponent for s in stats),
+                nonfinite_inputs=sum(s.nonfinite for s in stats),
+                nonfinite_ops=sum(s.nonfinite_result for s in stats),
+            ))  # fmt: skip
             if last and state.iteration == state.warmup_iters - 1:
                 state._calibrate()
             _end_bucket(state, bucket)
@@ -328,7 +337,8 @@ def optireduce_hook(
             idx, tensor.numel(), "optireduce", ppm[0] / 1e6,
             sum((s.phase1_reason == "early") + (s.phase2_reason == "early") for s in stats),
             sum((s.phase1_reason == "deadline") + (s.phase2_reason == "deadline") for s in stats),
-            sum(s.saturations for s in stats),
+            sum(s.saturations for s in stats), max(s.exponent for s in stats),
+            sum(s.nonfinite for s in stats), sum(s.nonfinite_result for s in stats),
         )  # fmt: skip
         result = _to_bucket(out, tensor)
         if b.lost_fraction > state.loss_threshold:
@@ -364,7 +374,7 @@ def _check_replicas(state: OptiReduceState, params: list[torch.Tensor]) -> None:
     got = state._control.allgather(struct.pack("!d", _checksum(params)), state._bound())
     state._note_gone()
     every = [struct.unpack("!d", g)[0] for g in got if g is not None]
-    if all(e == every[0] for e in every):
+    if len({g for g in got if g is not None}) == 1:  # the bits: a NaN checksum equals itself
         return
     if not state.resync:
         raise RuntimeError(f"optireduce: replicas drifted apart (parameter checksums {every})")
@@ -375,7 +385,9 @@ def _check_replicas(state: OptiReduceState, params: list[torch.Tensor]) -> None:
     # would wait for a peer that died or stalled since the checksum exchange
     host = [p.detach().cpu().contiguous() for p in params]
     nbytes = sum(h.numel() * h.element_size() for h in host)
-    mine = b"".join(h.numpy().tobytes() for h in host) if dist.get_rank() == 0 else b""
+    # the bytes of any dtype (numpy has no bfloat16)
+    mine = (b"".join(h.reshape(-1).view(torch.uint8).numpy().tobytes() for h in host)
+            if dist.get_rank() == 0 else b"")  # fmt: skip
     got = state._control.broadcast(mine, 0, state._bound() + nbytes / RESYNC_FLOOR_BPS)
     state._note_gone()
     if got is None or len(got) != nbytes:
