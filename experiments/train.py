@@ -58,6 +58,9 @@ METHODS = ("gloo", "optireduce")
 SCHEDULES = ("cosine", "constant")
 # The NicParams fields a TrainConfig carries (n_max follows the world; the hook calibrates t_B).
 NIC_FIELDS = ("p", "b", "c", "t_c_min_us", "tc_dev_mult", "tc_gain_shift", "estimator")
+# OpStats fields kept per op: when each phase started and ended, and the T in force
+OP_FIELDS = ("op_id", "start_us", "phase1_end_us", "end_us", "phase1_timeout_us",
+             "phase2_timeout_us")  # fmt: skip
 # With a co-simulated rank, control exchanges wait at least this long: the simulator is
 # ~100x slower than its simulated time, and t_B would declare the rank dead.
 COSIM_CONTROL_FLOOR_S = 5.0
@@ -210,6 +213,8 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
             return res, st
 
         nic.allreduce = recording
+        if hasattr(nic, "set_trace"):  # the native engine: every datagram, for loss_split
+            nic.set_trace(True)
     else:
         # gloo's own allreduce, timed from the bucket's hand-off to its result (this rank)
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -266,6 +271,16 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
         res["p2_missing_from"] = np.array(
             [s.p2_missing_from or [-1] * cfg.world for s in ops], dtype=np.int64
         ).reshape(len(ops), cfg.world)
+        for f in OP_FIELDS:  # the deadlines in force, for the loss attribution
+            res[f] = np.array([getattr(s, f) for s in ops], dtype=np.int64)
+        res["p1_missing_from"] = np.array(
+            [s.p1_missing_from or [-1] * cfg.world for s in ops], dtype=np.int64
+        ).reshape(len(ops), cfg.world)
+        if hasattr(nic, "take_trace"):
+            tr = nic.take_trace()
+            res["trace_sent"], res["trace_arrived"] = tr["sent"], tr["arrived"]
+            res["trace_origin_us"] = np.array(tr["origin_us"])
+            res["trace_not_kept"] = np.array(tr["not_kept"])
         res["deadline_phases"] = np.array(
             [(s.phase1_reason == "deadline") + (s.phase2_reason == "deadline") for s in ops]
         )
@@ -380,11 +395,16 @@ def run_method(
 
 
 def loss_split(cfg: TrainConfig, ranks: list[dict]) -> dict:
-    """The entries lost, split by who was late: the step's straggler (its link was late by
-    design) or any other sender (a per-packet delay past the deadline, or our own processing
-    missing it: an upper bound on the latter). Per step and overall, as fractions of the
-    reduced packets, the same denominator as `entries_lost`; ops whose NIC cannot say by
-    sender (the gateware) are `unattributed`."""
+    """The entries lost, split two ways; per step and overall, as fractions of the reduced
+    packets (the denominator of `entries_lost`).
+
+    By cause (`loss_attribution`, exact; native engines, which trace their datagrams):
+    `straggler` (the step's late link alone made the packet late: by design), `delay` (the
+    injected per-packet delay alone did) and `processing` (in time but for our own
+    processing: ours), with the worst step of the last and the evidence (`loss_causes`).
+    By sender (every backend that says who sent what): `from_straggler`, the step's
+    straggler's packets, and `from_others`, an upper bound on processing losses; ops whose
+    NIC cannot say by sender (the gateware) are `unattributed_ops`."""
     delays = straggler_delays(cfg)
     straggler = np.where(delays.max(axis=1) > 0, delays.argmax(axis=1), -1)
     by_straggler = np.zeros(cfg.steps)
@@ -404,14 +424,33 @@ def loss_split(cfg: TrainConfig, ranks: list[dict]) -> dict:
     frac = np.divide(by_other, packets, out=np.zeros_like(packets), where=packets > 0)
     frac_s = np.divide(by_straggler, packets, out=np.zeros_like(packets), where=packets > 0)
     total = max(1.0, float(packets.sum()))
-    return {
-        "entries_lost_straggler": float(by_straggler.sum()) / total,
-        "entries_lost_other": float(by_other.sum()) / total,
-        "step_entries_lost_straggler": frac_s.tolist(),
-        "step_entries_lost_other": frac.tolist(),
-        "entries_lost_other_max_step": float(frac.max(initial=0.0)),
+    out = {
+        "entries_lost_from_straggler": float(by_straggler.sum()) / total,
+        "entries_lost_from_others": float(by_other.sum()) / total,
+        "step_entries_lost_from_straggler": frac_s.tolist(),
+        "step_entries_lost_from_others": frac.tolist(),
+        "entries_lost_from_others_max_step": float(frac.max(initial=0.0)),
         "unattributed_ops": unattributed,
     }
+    if not unattributed and all("trace_sent" in r for r in ranks):
+        from optireduce.experiments.loss_attribution import split_by_step
+
+        step = np.asarray(ranks[0]["op_step"])
+        sleep = (1e6 * delays[step].T).astype(np.int64)  # the straggler sleeps before its step
+        if any((r["trace_sent"][:, 6] > 0).any() for r in ranks):
+            sleep[:] = 0  # it does not: its delay is on its link (the trace's extra_us)
+        out.update(split_by_step(ranks, cfg.world, cfg.steps, sleep, synced_ops(cfg, step),
+                                 cfg.nic_params().rx_window))  # fmt: skip
+    return out
+
+
+def synced_ops(cfg: TrainConfig, op_step: np.ndarray) -> np.ndarray:
+    """Per op: every rank left a blocking exchange together before it: the warm-up's
+    reliable ops (each waits for every packet) and the replica checksum at the end of every
+    `checksum_every`-th step after the warm-up."""
+    prev = np.asarray(op_step) - 1
+    every = max(1, cfg.checksum_every)
+    return (prev < cfg.warmup_iters) | ((prev >= cfg.warmup_iters) & (prev % every == 0))
 
 
 def run_train(
@@ -514,14 +553,15 @@ def plot(summary: dict, curves: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     runs = list(curves.values()) if "per_seed" in summary else [curves]
-    split = "per_seed" not in summary and "step_entries_lost_other" in summary.get("optireduce", {})
-    if split:  # one run: its per-step losses, by who was late, below the curves
+    o = summary.get("optireduce", {})
+    split = "per_seed" not in summary and "step_entries_lost_processing" in o
+    if split:  # one run: its per-step losses, by cause, below the curves
         fig, (ax, lx) = plt.subplots(2, 1, figsize=(7, 6.4), height_ratios=(2.2, 1))
-        o = summary["optireduce"]
-        steps = np.arange(1, len(o["step_entries_lost_other"]) + 1)
+        steps = np.arange(1, len(o["step_entries_lost_processing"]) + 1)
         for key, color, label in (
-            ("straggler", "tab:red", "lost: the step's straggler was late (by design)"),
-            ("other", "tab:blue", "lost from the others (packet delay or our processing)"),
+            ("straggler", "tab:red", "lost: the straggler's late link (by design)"),
+            ("delay", "tab:orange", "lost: the per-packet delay (by design)"),
+            ("processing", "tab:blue", "lost: our processing missed the deadline"),
         ):
             lx.plot(steps, [100 * v for v in o[f"step_entries_lost_{key}"]], lw=0.8,
                     color=color, label=label)  # fmt: skip

@@ -134,7 +134,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         out = train_demo(cfg, usable, progress=lambda m, s: prog.update(tasks[m], completed=s))
     table = Table(title=f"time to {cfg.target_acc:.0%} test accuracy under the same tail")
     cols = ("method", "backend", "time to accuracy", "final acc.", "P99 op latency",
-            "entries lost", "by straggler", "by others (max step)",
+            "entries lost", "straggler (by design)", "packet delay (by design)",
+            "our processing (worst step)",
             "RTL check op bit-exact")  # fmt: skip
     for col in cols:
         table.add_column(col, justify="left" if col == "method" else "right",
@@ -148,12 +149,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
         exact = r.get("cosim_bit_exact")
         name = "optireduce, rank 0 RTL" if m == RTL else m
         backends = ",".join(sorted(set(r.get("backends", ["gloo"]))))
-        split = r.get("entries_lost_other") is not None
+        split = r.get("entries_lost_processing") is not None
         table.add_row(name, backends, tta, f"{r['final_acc']:.2%}", f"{r['op_p99_ms']:.1f} ms",
                       f"{r['entries_lost']:.3%}",
                       f"{r['entries_lost_straggler']:.3%}" if split else "n/a",
-                      f"{r['entries_lost_other']:.3%} ({r['entries_lost_other_max_step']:.2%})"
-                      if split else "n/a",
+                      f"{r['entries_lost_delay']:.3%}" if split else "n/a",
+                      f"{r['entries_lost_processing']:.3%} "
+                      f"({r['entries_lost_processing_max_step']:.2%})" if split else "n/a",
                       "n/a" if exact is None else ("yes" if exact else "NO"))  # fmt: skip
     console.print(table)
     if RTL in out and out[RTL].get("cosim_bit_exact") is None:

@@ -95,8 +95,14 @@ def test_entries_lost_is_what_the_nics_report(run):
     assert out["gloo"]["entries_lost"] == 0.0
     # the split by who was late adds up, and charges the straggler its own packets
     o = out["optireduce"]
-    assert o["entries_lost_straggler"] + o["entries_lost_other"] == pytest.approx(o["entries_lost"])
+    by_sender = o["entries_lost_from_straggler"] + o["entries_lost_from_others"]
+    assert by_sender == pytest.approx(o["entries_lost"])
     assert o["unattributed_ops"] == 0
+    # the split by cause (the engines' traces) adds up too, every loss explained
+    causes = ("straggler", "delay", "processing", "unattributed")
+    assert sum(o[f"entries_lost_{c}"] for c in causes) == pytest.approx(o["entries_lost"])
+    assert o["entries_lost_unattributed"] == 0.0
+    assert len(o["step_entries_lost_processing"]) == STEPS
     # the fixture's run: the stragglers depend on world, steps, seed, tail and median only
     cfg = TrainConfig(world=WORLD, steps=STEPS, straggler_median_ms=5)
     late = straggler_delays(cfg).argmax(axis=1)
@@ -107,7 +113,7 @@ def test_entries_lost_is_what_the_nics_report(run):
         by_straggler += sum(
             int(m[late[t]]) for t, m in zip(z["op_step"], z["p2_missing_from"], strict=True)
         )
-    assert o["entries_lost_straggler"] == by_straggler / packets
+    assert o["entries_lost_from_straggler"] == by_straggler / packets
 
 
 def test_gloo_replicas_are_identical(run):

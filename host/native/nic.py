@@ -44,6 +44,8 @@ Address = tuple[str, int]
 
 DEFAULT_BUFFER_BYTES = 64 << 20  # asked for SO_RCVBUF and SO_SNDBUF (root may pass rmem_max)
 CALL_TIMEOUT_S = 5.0  # the longest a control call waits for the engine thread
+TRACE_MAX_ENTRIES = 1 << 20  # per direction
+TRACE_FIELDS = ("op_id", "phase", "peer", "pkt_index", "tick_us", "delay_us", "extra_us")
 
 
 class NativeUnavailable(RuntimeError):
@@ -244,6 +246,35 @@ class NativeNic:
         res = np.empty(xa.size, np.float32) if out is None else out
         stats = self._run(xa, self._writable(res))
         return (res.reshape(np.shape(x)) if out is None else res), stats
+
+    def set_trace(self, on: bool = True) -> None:
+        """Keep (or stop keeping) a trace of every UBT datagram the engine sends and
+        receives: for loss attribution (take_trace)."""
+        self._live.set_trace(on, TRACE_MAX_ENTRIES, CALL_TIMEOUT_S)
+
+    def take_trace(self) -> dict[str, np.ndarray | int]:
+        """The trace so far (then emptied): `sent` and `arrived`, int64 [n, 7] rows of
+        TRACE_FIELDS (peer: the destination of a send, the sender of an arrival; delay_us of
+        a send: its first copy's injected delay, -1 if every copy was dropped, extra_us the
+        late link's share; delay_us of an arrival: the engine's verdict, the index of its drop
+        reason in ubt.DROP_REASONS or -1 if accepted), ticks of this engine's clock;
+        `origin_us`: its tick 0 on CLOCK_MONOTONIC (time.monotonic_ns() / 1000), so that
+        ranks on one host compare; `not_kept`: entries past TRACE_MAX_ENTRIES."""
+        sent, arrived, dropped = self._live.take_trace(CALL_TIMEOUT_S)
+        best = None
+        for _ in range(5):  # the read of both clocks with the shortest gap
+            a = time.monotonic_ns()
+            tick = self._live.now_us()
+            b = time.monotonic_ns()
+            if best is None or b - a < best[0]:
+                best = (b - a, (a + b) // 2000 - tick)
+        assert best is not None
+
+        def rows(v: list) -> np.ndarray:
+            return np.array(v, dtype=np.int64).reshape(len(v), len(TRACE_FIELDS))
+
+        return {"sent": rows(sent), "arrived": rows(arrived), "origin_us": int(best[1]),
+                "not_kept": int(dropped)}  # fmt: skip
 
     def close(self) -> None:
         self._live.stop()

@@ -104,6 +104,7 @@ def test_lossless_live_equals_the_virtual_cluster_bit_for_bit(world, n, params):
 
 def test_torch_tensors_in_and_out_in_place():
     import torch  # a dependency of the test extras: missing means a broken install
+
     world, p = 3, NicParams(t_b_us=5_000_000, t_c_min_us=5_000_000)
     xs = inputs(world, 20_000, seed=8)
     nics, trs = make_world(world, p)
@@ -304,3 +305,42 @@ def test_control_calls_and_bad_arguments():
         nics[0].allreduce(x)
     with pytest.raises(RuntimeError, match="engine thread has stopped"):
         nics[0].counters()
+
+
+def test_trace_has_every_datagram_its_delay_and_the_engines_verdict():
+    """The trace (loss attribution's input): every UBT datagram each engine sent, with the
+    delay the impairment drew for it (at least the late link's extra), and every one it
+    received with the verdict (accepted here: a lossless op); origins on CLOCK_MONOTONIC put
+    each arrival after its send plus its delay."""
+    world, n = 3, 5_000
+    spec = ImpairmentSpec(median_us=100, p99_ratio=3.0, extra_us=700)
+    p = NicParams(t_b_us=2_000_000)
+    xs = inputs(world, n, seed=9)
+    nics, trs = make_world(world, p, impairment=spec, seed=9)
+    try:
+        for nic in nics:
+            nic.set_trace(True)
+        got = run_all(nics, lambda r, nic: nic.allreduce(xs[r]))
+        traces = [nic.take_trace() for nic in nics]
+        again = nics[0].take_trace()
+        counters = [nic.counters() for nic in nics]
+    finally:
+        close_world(nics, trs)
+    assert again["sent"].shape == (0, 7) and again["arrived"].shape == (0, 7)  # taken
+    sends = {}
+    for r, tr in enumerate(traces):
+        assert tr["not_kept"] == 0
+        sent, arrived = tr["sent"], tr["arrived"]
+        assert len(sent) == counters[r]["tx_scatter"] + counters[r]["tx_gather"]
+        assert len(arrived) == counters[r]["rx_scatter"] + counters[r]["rx_gather"]
+        assert (sent[:, 6] == 700).all() and (sent[:, 5] >= 700).all()
+        assert (arrived[:, 5] == -1).all()  # every one accepted
+        for op, ph, dst, pkt, tick, delay, _ in sent.tolist():
+            sends[(op, ph, r, dst, pkt)] = tr["origin_us"] + tick + delay
+    for r, tr in enumerate(traces):
+        for op, ph, src, pkt, tick, _, _ in tr["arrived"].tolist():
+            due = sends.pop((op, ph, src, r, pkt))
+            assert due - 50 <= tr["origin_us"] + tick  # clocks read within a few us
+    assert not sends  # every send arrived once
+    for _, stats in got:
+        assert all(s.lost_phase1 == s.lost_phase2 == 0 for s in stats)

@@ -244,6 +244,36 @@ void bind_live(nb::module_& m) {
                 return d;
             },
             "timeout_s"_a = 5.0)
+        .def(
+            "set_trace",
+            [](LiveNic& n, bool on, size_t max_entries, double timeout_s) {
+                nb::gil_scoped_release unlocked;
+                n.set_trace(on, max_entries, to_us(timeout_s));
+            },
+            "on"_a, "max_entries"_a = 1 << 20, "timeout_s"_a = 5.0)
+        .def(
+            "take_trace",
+            [](LiveNic& n, double timeout_s) {
+                // (sends, arrivals, entries not kept); each entry (op_id, phase, peer,
+                // pkt_index, tick_us, delay_us, extra_us): delay -1 = every copy dropped
+                std::vector<TraceEntry> sent, arrived;
+                int64_t dropped = 0;
+                {
+                    nb::gil_scoped_release unlocked;
+                    n.take_trace(sent, arrived, dropped, to_us(timeout_s));
+                }
+                using Row = std::tuple<int64_t, int, int, int64_t, int64_t, int64_t, int64_t>;
+                auto rows = [](const std::vector<TraceEntry>& v) {
+                    std::vector<Row> out;
+                    out.reserve(v.size());
+                    for (const TraceEntry& e : v)
+                        out.emplace_back(e.op_id, e.phase, e.peer, e.pkt_index, e.tick_us,
+                                         e.delay_us, e.extra_us);
+                    return out;
+                };
+                return std::make_tuple(rows(sent), rows(arrived), dropped);
+            },
+            "timeout_s"_a = 5.0)
         .def("now_us", &LiveNic::now_us)
         .def(
             "stop",

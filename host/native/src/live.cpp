@@ -16,6 +16,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <system_error>
+#include <tuple>
 
 namespace optireduce {
 
@@ -133,6 +134,35 @@ int64_t LiveNic::cancel(int64_t timeout_us) {
     return *next;
 }
 
+void LiveNic::set_trace(bool on, size_t max_entries, int64_t timeout_us) {
+    loop_.call([this, on, max_entries] {
+        trace_on_ = on;
+        trace_max_ = max_entries;
+    }, timeout_us, "set_trace");
+}
+
+void LiveNic::take_trace(std::vector<TraceEntry>& sent, std::vector<TraceEntry>& arrived,
+                         int64_t& dropped, int64_t timeout_us) {
+    auto out = std::make_shared<std::tuple<std::vector<TraceEntry>, std::vector<TraceEntry>,
+                                           int64_t>>();
+    loop_.call([this, out] {
+        std::get<0>(*out).swap(trace_tx_);
+        std::get<1>(*out).swap(trace_rx_);
+        std::get<2>(*out) = trace_dropped_;
+        trace_dropped_ = 0;
+    }, timeout_us, "take_trace");
+    sent = std::move(std::get<0>(*out));
+    arrived = std::move(std::get<1>(*out));
+    dropped = std::get<2>(*out);
+}
+
+void LiveNic::trace(std::vector<TraceEntry>& log, const TraceEntry& e) {
+    if (log.size() < trace_max_)
+        log.push_back(e);
+    else
+        trace_dropped_ += 1;
+}
+
 void LiveNic::submit(int64_t op_id, const float* in, float* out, size_t n,
                      std::optional<int> exponent, std::optional<int> next_proposal) {
     if (!has_peers_.load())
@@ -215,7 +245,19 @@ void LiveNic::receive() {
             // the kernel's arrival time on our clock, within [last tick, now]
             int64_t t = now;
             if (d.arrival_ns != 0) t = std::min(now, (d.arrival_ns + to_mono - loop_.t0_ns()) / 1000);
+            if (!trace_on_ || d.len < HEADER_LEN) {
+                engine_->receive_datagram(tick(t), d.data, d.len);
+                continue;
+            }
+            int64_t before[N_DROPS];  // the engine's verdict: which drop counter moved
+            std::copy(engine_->counters(), engine_->counters() + N_DROPS, before);
             engine_->receive_datagram(tick(t), d.data, d.len);
+            int64_t verdict = -1;
+            for (int k = 0; k < N_DROPS && verdict < 0; ++k)
+                if (engine_->counters()[k] != before[k]) verdict = k;
+            const Header h = unpack_header(d.data);
+            trace(trace_rx_, TraceEntry{h.op_id, h.pkt_index, tick(t), h.msg_type, d.rank,
+                                        verdict, 0});
         }
         send_engine_tx(tick(now));
     }
@@ -250,6 +292,9 @@ void LiveNic::send_engine_tx(int64_t now) {
         out_.clear();
         for (const Tx& t : tx)
             out_.push_back(OutDatagram{t.dst, engine_->tx_frame(t) + L2_L4_LEN, t.len - L2_L4_LEN});
+        if (trace_on_)
+            for (const Tx& t : tx)
+                trace(trace_tx_, TraceEntry{t.op_id, t.pkt_index, now, t.phase, t.dst, 0, 0});
         const size_t sent = tr_->send_batch(out_.data(), out_.size());
         for (size_t i = sent; i < out_.size(); ++i)  // a full send buffer: retried in order
             queue_.push(now, out_[i].dst, out_[i].data, out_[i].len);
@@ -257,6 +302,10 @@ void LiveNic::send_engine_tx(int64_t now) {
         double delays[2];
         for (const Tx& t : tx) {
             const int k = imp_.fates(delays);
+            if (trace_on_)
+                trace(trace_tx_, TraceEntry{t.op_id, t.pkt_index, now, t.phase, t.dst,
+                                            k ? std::llround(delays[0]) : -1,
+                                            std::llround(imp_.spec().extra_us)});
             for (int j = 0; j < k; ++j)
                 queue_.push(now + std::llround(delays[j]), t.dst, engine_->tx_frame(t) + L2_L4_LEN,
                             t.len - L2_L4_LEN);

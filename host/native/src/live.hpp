@@ -50,6 +50,17 @@ struct LiveDone {
     OpStats stats;
 };
 
+// One datagram in the trace (set_trace): a send (the engine's tick when it left the engine,
+// the injected delay of its first copy, -1 if every copy was dropped, and the late link's
+// share of it) or an arrival (the tick the engine was given and, in delay_us, its verdict:
+// the drop reason's index, -1 when accepted). Loss attribution joins a sender's sends with a
+// receiver's arrivals on CLOCK_MONOTONIC (now_us() + origin).
+struct TraceEntry {
+    int64_t op_id, pkt_index, tick_us;
+    int32_t phase, peer;  // peer: the destination of a send, the sender of an arrival
+    int64_t delay_us, extra_us;  // sends; an arrival's verdict in delay_us
+};
+
 // Live counters beside the engine's and the transport's (LIVE_COUNTER_NAMES, in this order).
 enum LiveCounter : int {
     L_IMP_LOST,
@@ -87,6 +98,12 @@ public:
     // the engine thread touches none of the submitted pointers again. The ops already started
     // run to their end on the wire. Returns the next op id to submit.
     int64_t cancel(int64_t timeout_us);
+    // Keep (on) or stop keeping a trace of every UBT datagram sent and received, at most
+    // max_entries of each (later ones are counted, not kept); take_trace moves it out.
+    void set_trace(bool on, size_t max_entries, int64_t timeout_us);
+    // (sends, arrivals, entries not kept)
+    void take_trace(std::vector<TraceEntry>& sent, std::vector<TraceEntry>& arrived,
+                    int64_t& dropped, int64_t timeout_us);
 
     // Queue op `op_id` (the next id: next_op()); in and out hold n floats and must stay valid
     // until its result is handed back or cancel() returns. No exponent: the in-band one
@@ -149,6 +166,11 @@ private:
     std::vector<Datagram> rx_;
     std::vector<OutDatagram> out_;
     int64_t live_[N_LIVE_COUNTERS] = {};
+    bool trace_on_ = false;
+    size_t trace_max_ = 0;
+    std::vector<TraceEntry> trace_tx_, trace_rx_;
+    int64_t trace_dropped_ = 0;
+    void trace(std::vector<TraceEntry>& log, const TraceEntry& e);
 
     std::atomic<bool> has_peers_{false};  // connect() has run: submit may queue ops
 };
