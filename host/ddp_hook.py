@@ -19,6 +19,19 @@ decides nothing and skips that exchange). Control exchanges wait max(t_B,
 `checksum_every` iterations the replicas compare a parameter checksum over the
 control plane; on drift they resync from rank 0 over it too, bounded as every
 control exchange (or fail, with resync=False).
+
+Gradients of any floating dtype (bfloat16, float16, float64) run through the op as
+float32 and come back in the bucket's dtype. A non-finite entry in any rank's bucket makes
+its op's result NaN on every rank (docs/numerics.md 2), so that GradScaler skips the step
+on every rank as with gloo; BucketStats counts it (nonfinite_inputs, nonfinite_ops).
+
+The state pickles (checkpoints) as its configuration (params, policy, thresholds, seed,
+impairment, checksum_every, resync, control_floor_s), the calibrated t_B, the iteration
+count and the per-step history. The live parts (NIC, transports, control plane, driver
+thread) are rebuilt at the first hook call after a restore, with the saved t_B and no
+second warm-up. The new NIC numbers its ops from 0 and the random signs are keyed by op
+id, so the results agree with an uninterrupted run's within the numerics bound, and bit
+for bit only with rht=False.
 """
 
 import atexit
