@@ -335,13 +335,17 @@ def optireduce_hook(
         expected = sum(s.p1_expected + s.p2_expected for s in stats)
         lost = sum(s.lost_phase1 + s.lost_phase2 for s in stats)
         ppm = [lost * 1_000_000 // max(1, expected)]  # parts per million
+        nonfinite = int(any(s.nonfinite_result for s in stats))
         if state.policy != "accept":
             # one decision on every rank: the max of the loss fractions. `accept` decides
             # nothing, so it spares the step this exchange and keeps its own fraction.
             # With in-band exponents the same exchange says whether a rank saturated (a
             # prediction too small): then every rank goes back to the exchange at once.
+            # It also tells every rank whether some rank's result was non-finite (one that
+            # missed the flag under loss learns it here).
             saturated = sum(s.sat_quantize for s in stats)
-            ppm, saturated = state._control.max_ints([ppm[0], saturated], state._bound())
+            ppm, saturated, nonfinite = state._control.max_ints([ppm[0], saturated, nonfinite],
+                                                                state._bound())  # fmt: skip
             ppm = [ppm]
             state._note_gone()
             if saturated and nic.p.exp_inband:
@@ -354,7 +358,11 @@ def optireduce_hook(
             sum(s.nonfinite for s in stats), sum(s.nonfinite_result for s in stats),
         )  # fmt: skip
         result = _to_bucket(out, tensor)
-        if b.lost_fraction > state.loss_threshold:
+        if nonfinite:
+            # NaN throughout the bucket, whatever the loss: `skip` must not make it zeros,
+            # and every rank returns the same bits
+            result.fill_(float("nan"))
+        elif b.lost_fraction > state.loss_threshold:
             if state.policy == "skip":
                 result.zero_()
                 b.mode = "skipped"

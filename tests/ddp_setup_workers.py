@@ -131,6 +131,7 @@ def run_setup(rank: int, world: int, tmp: str, cfg: dict) -> dict:
     else:
         state = OptiReduceState(params, warmup_iters=cfg.get("warmup", 2),
                                 t_b_us=cfg.get("t_b_us", 3_000_000),
+                                policy=cfg.get("policy", "accept"),
                                 checksum_every=cfg.get("checksum_every", 0))  # fmt: skip
     hk.register_comm_hook(state, optireduce_hook)
     lr = cfg.get("lr", 0.05)
@@ -140,9 +141,22 @@ def run_setup(rank: int, world: int, tmp: str, cfg: dict) -> dict:
     scalers = [torch.amp.GradScaler("cpu", init_scale=2.0**12, growth_interval=3)
                for _ in range(2)] if amp else None  # fmt: skip
     accum = cfg.get("accumulate", 1)
+    now = {"it": -1}
+    if rank == cfg.get("overflow_rank") and cfg.get("inject_inf_at"):
+        # one gradient entry of one rank becomes inf, before DDP reduces it
+        def poison(g):
+            if now["it"] not in cfg["inject_inf_at"]:
+                return g
+            g = g.clone()
+            g.view(-1)[7] = float("inf")
+            return g
+
+        for m in (ref_m, hk_m):
+            m.body[0].weight.register_hook(poison)
     first = state.iteration if restore else 0
     steps = []
     for it in range(first, cfg["iters"]):
+        now["it"] = it
         with torch.no_grad():
             for ph, pr in zip(hk.parameters(), ref.parameters(), strict=True):
                 ph.copy_(pr)

@@ -144,3 +144,30 @@ def test_state_saved_and_restored_mid_training_continues_identically(tmp_path):
             assert sa["ref_digest"] == sb["ref_digest"]  # gloo: the same starting point
             assert sa["hk_digest"] == sb["hk_digest"], sa["it"]  # the hook: the same bits
             assert sb["replicas_equal"] and sb["worst"] <= 1.0
+
+
+def test_one_inf_entry_in_one_bucket_skips_the_step_everywhere(tmp_path):
+    """fp16 autocast with GradScaler, 2 ranks, 5 buckets, policy `skip` (the bucket's loss
+    decision is a collective). At step 3 rank 1's first-layer gradient gets one inf entry:
+    gloo's average has exactly that entry non-finite; the hook's has that bucket NaN and
+    every other bucket within the bound. Every scaler skips that step, as with gloo."""
+    iters = 6
+    cfg = {"amp": True, "iters": iters, "inject_inf_at": [3], "overflow_rank": 1,
+           "layers": "varied", "bucket_cap_mb": 0.02, "policy": "skip"}  # fmt: skip
+    ranks = run(tmp_path, cfg)
+    for rank, out in enumerate(ranks):
+        steps = out["steps"]
+        assert [s["scale0"] for s in steps] == [s["scale1"] for s in steps]
+        assert [s["ref_stepped"] for s in steps] == [i != 3 for i in range(iters)]
+        assert [s["hk_stepped"] for s in steps] == [i != 3 for i in range(iters)]
+        for s in steps:
+            assert s["replicas_equal"] and s["worst"] <= 1.0, s  # finite entries: the bound
+            bad = [b for b in s["buckets"] if b["nonfinite_ops"]]
+            if s["it"] != 3:
+                assert not bad and s["nonfinite_ref"] == s["nonfinite_hk"] == 0, s
+                continue
+            assert s["nonfinite_ref"] == 1  # gloo: the one entry
+            assert len(bad) == 1 and len(s["buckets"]) >= 4, s  # the hook: its bucket
+            assert s["nonfinite_hk"] == bad[0]["elements"], s
+            assert bad[0]["nonfinite_inputs"] == (1 if rank == 1 else 0)
+            assert all(b["mode"] == "optireduce" for b in s["buckets"])  # not zeroed
