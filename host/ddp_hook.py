@@ -22,8 +22,10 @@ control exchange (or fail, with resync=False).
 
 Gradients of any floating dtype (bfloat16, float16, float64) run through the op as
 float32 and come back in the bucket's dtype. A non-finite entry in any rank's bucket makes
-its op's result NaN on every rank (docs/numerics.md 2), so that GradScaler skips the step
-on every rank as with gloo; BucketStats counts it (nonfinite_inputs, nonfinite_ops).
+its op's result NaN on every rank (docs/numerics.md 2) and the hook returns the whole bucket
+as NaN, so that GradScaler skips the step on every rank as with gloo; BucketStats counts it
+(nonfinite_inputs, nonfinite_ops). With a policy other than `accept` the loss decision's
+exchange also carries it, so a rank that missed the flag under loss learns it there.
 
 The state pickles (checkpoints) as its configuration (params, policy, thresholds, seed,
 impairment, checksum_every, resync, control_floor_s), the calibrated t_B, the iteration
