@@ -41,6 +41,7 @@ and op of the run.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -56,6 +57,7 @@ from optireduce.host.model.impairment import ImpairmentSpec
 
 METHODS = ("gloo", "optireduce")
 SCHEDULES = ("cosine", "constant")
+MODELS = ("digits", "large")  # the digits MLP, or experiments/large_model.py's 10 M MLP
 # The NicParams fields a TrainConfig carries (n_max follows the world; the hook calibrates t_B).
 NIC_FIELDS = ("p", "b", "c", "t_c_min_us", "tc_dev_mult", "tc_gain_shift", "estimator")
 # OpStats fields kept per op: when each phase started and ended, and the T in force
@@ -77,6 +79,8 @@ class TrainConfig:
     eval_every: int = 5
     target_acc: float = 0.93
     seed: int = 0
+    model: str = "digits"  # MODELS; large_config() gives "large" its own defaults
+    large_width: int = 3072  # the large model's hidden width (3072: 10.3 M parameters)
     tail: float = 3.0  # P99/P50 of both the straggler and the per-packet delays
     straggler_median_ms: float = 20.0
     packet_median_us: float = 200.0
@@ -108,6 +112,8 @@ class TrainConfig:
         self.nic_params()  # its own checks, before any process starts
         if self.schedule not in SCHEDULES:
             raise ValueError(f"train: schedule {self.schedule!r} is not one of {SCHEDULES}")
+        if self.model not in MODELS:
+            raise ValueError(f"train: model {self.model!r} is not one of {MODELS}")
         for m in self.methods:
             if m not in METHODS:
                 raise ValueError(f"train: method {m!r} is not one of {','.join(METHODS)}")
@@ -137,10 +143,63 @@ def straggler_delays(cfg: TrainConfig) -> np.ndarray:
     return out
 
 
+# `--model large`: 10.3 M parameters, communication-bound at 4 workers (docs/results.md).
+# Packets of 1024 elements (4 KiB datagrams on loopback) and 64 K-element ops; a deadline
+# floor above the shared host's scheduling tail (host/ddp_hook.py HOST_T_C_MIN_US) and a
+# straggler of the step's own scale (median 100 ms against a lossless step of ~0.2-0.4 s).
+LARGE = {
+    "model": "large", "steps": 150, "batch": 16, "lr": 0.1, "target_acc": 0.75,
+    "eval_every": 15, "straggler_median_ms": 100.0, "p": 1024, "b": 16384, "c": 65536,
+    "t_c_min_us": 10_000, "checksum_every": 25,
+}  # fmt: skip
+
+
+def large_config(**overrides) -> TrainConfig:
+    """The large model's TrainConfig: LARGE, then `overrides`."""
+    return TrainConfig(**{**LARGE, **overrides})
+
+
+def _large_task(cfg: TrainConfig):
+    from optireduce.experiments.large_model import LargeTask
+
+    return LargeTask(width=cfg.large_width)
+
+
+def n_params(cfg: TrainConfig) -> int:
+    return _large_task(cfg).n_params() if cfg.model == "large" else lt.n_params()
+
+
 def verification_inputs(cfg: TrainConfig) -> list[np.ndarray]:
-    """One gradient-sized vector per rank for the lossless check op run before training."""
+    """One vector per rank for the lossless check op run before training: the gradient's
+    size (the digits MLP), or one op's (the large model: the NIC's first op runs at
+    t_C's initial value, the warm-up bound, so nothing is cut)."""
     rng = np.random.default_rng([cfg.seed, 11])
-    return [rng.standard_normal(lt.n_params()).astype(np.float32) for _ in range(cfg.world)]
+    n = min(n_params(cfg), cfg.c) if cfg.model == "large" else lt.n_params()
+    return [rng.standard_normal(n).astype(np.float32) for _ in range(cfg.world)]
+
+
+def _model_and_data(cfg: TrainConfig, rank: int) -> tuple:
+    """(the torch model, [(x, y) of each step] of this rank), made before the timed loop."""
+    import torch
+
+    if cfg.model == "large":
+        task = _large_task(cfg)
+        data = [task.batch(cfg.seed, t, rank, cfg.batch) for t in range(cfg.steps)]
+        return task.model(cfg.seed), [tuple(map(torch.from_numpy, d)) for d in data]
+    xtr, ytr, _, _ = lt.load_data(cfg.test_size)
+    xtr_t, ytr_t = torch.from_numpy(xtr), torch.from_numpy(ytr)
+    batches = torch.from_numpy(_batches(cfg)[:, rank])
+    _, logits = lt._model()
+
+    class FlatMlp(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.theta = torch.nn.Parameter(torch.from_numpy(lt._init(cfg.seed)))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return logits(self.theta, x)
+
+    return FlatMlp(), [(xtr_t[i], ytr_t[i]) for i in batches]
 
 
 def _batches(cfg: TrainConfig) -> np.ndarray:
@@ -161,21 +220,10 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
     dist.init_process_group(
         "gloo", init_method=f"file://{out}/store", rank=rank, world_size=cfg.world
     )
-    xtr, ytr, _, _ = lt.load_data(cfg.test_size)
-    xtr_t, ytr_t = torch.from_numpy(xtr), torch.from_numpy(ytr)
-    batches = torch.from_numpy(_batches(cfg)[:, rank])
+    from optireduce.experiments.large_model import flat
+
     delays = straggler_delays(cfg)[:, rank]
-    _, logits = lt._model()
-
-    class FlatMlp(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.theta = torch.nn.Parameter(torch.from_numpy(lt._init(cfg.seed)))
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return logits(self.theta, x)
-
-    model = FlatMlp()
+    model, data = _model_and_data(cfg, rank)
     ddp = DDP(model)
     state = None
     ops: list = []
@@ -234,28 +282,44 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
         torch.optim.lr_scheduler.CosineAnnealingLR(opt, cfg.steps)
         if cfg.schedule == "cosine" else torch.optim.lr_scheduler.LambdaLR(opt, lambda t: 1.0)
     )  # fmt: skip
-    kept_steps, kept_times, kept_theta = [0], [0.0], [model.theta.detach().numpy().copy()]
+    # the large model's copies (41 MB each) are kept by rank 0 only
+    keep = cfg.model == "digits" or rank == 0
+    kept_steps, kept_times, kept_theta = [0], [0.0], [flat(model)]
     dist.barrier()
     t0 = time.perf_counter()
     for t in range(cfg.steps):
         step_now[0] = t
         if delays[t]:  # the straggler, any method: its step, data and control start late
             time.sleep(delays[t])
-        idx = batches[t]
+        x, y = data[t]
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(ddp(xtr_t[idx]), ytr_t[idx]).backward()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
         opt.step()
         sched.step()
         if (t + 1) % cfg.eval_every == 0 or t + 1 == cfg.steps:
             kept_times.append(time.perf_counter() - t0)
             kept_steps.append(t + 1)
-            kept_theta.append(model.theta.detach().numpy().copy())
+            if keep:
+                kept_theta.append(flat(model))
             if rank == 0:
                 Path(out, "progress").write_text(str(t + 1))
-    res = {
-        "steps": kept_steps, "times": kept_times, "theta": np.stack(kept_theta),
-        "final_theta": kept_theta[-1],
-    }  # fmt: skip
+    final = flat(model)
+    res = {"steps": kept_steps, "times": kept_times,
+           "final_sha": np.array(hashlib.sha256(final.tobytes()).hexdigest())}  # fmt: skip
+    if cfg.model == "digits":
+        res["theta"], res["final_theta"] = np.stack(kept_theta), final
+    else:  # evaluated here, after the timed loop: no 41 MB copies on disk
+        from optireduce.experiments.large_model import accuracy as large_accuracy
+        from optireduce.experiments.large_model import load_flat
+
+        xte, yte = _large_task(cfg).test_set()
+        res["final_acc"] = np.array(large_accuracy(model, xte, yte))
+        if rank == 0:
+            accs = []
+            for th in kept_theta:
+                load_flat(model, th)
+                accs.append(large_accuracy(model, xte, yte))
+            res["acc"] = np.array(accs)
     if state is None:
         res["op_ms"] = 1e3 * np.array(ops)
     else:
@@ -348,10 +412,16 @@ def run_method(
     ranks = [dict(np.load(out / f"rank{r}.npz")) for r in range(cfg.world)]
     _, _, xte, yte = lt.load_data(cfg.test_size)
     r0 = ranks[0]
-    accs = [accuracy(th, xte, yte) for th in r0["theta"]]
+    if cfg.model == "large":  # evaluated by the workers (experiments/large_model.py)
+        accs = [float(a) for a in r0["acc"]]
+    else:
+        accs = [accuracy(th, xte, yte) for th in r0["theta"]]
     times = [float(v) for v in r0["times"]]
     tta = next((tm for tm, a in zip(times, accs, strict=True) if a >= cfg.target_acc), None)
     summary: dict = {"tta_s": tta, "final_acc": accs[-1], "entries_lost": 0.0}
+    summary["params"] = n_params(cfg)
+    # every rank ends with the same parameters, bit for bit
+    summary["replicas_equal"] = len({str(r["final_sha"]) for r in ranks}) == 1
     summary["wall_s"] = times[-1]
     summary["step_ms"] = 1e3 * times[-1] / cfg.steps
     if method == "optireduce":
@@ -389,7 +459,10 @@ def run_method(
     op_ms = np.concatenate([r["op_ms"] for r in ranks])  # every rank's ops
     summary["op_p50_ms"] = float(np.percentile(op_ms, 50))
     summary["op_p99_ms"] = float(np.percentile(op_ms, 99))
-    summary["final_acc_per_rank"] = [accuracy(r["final_theta"], xte, yte) for r in ranks]
+    summary["final_acc_per_rank"] = [
+        float(r["final_acc"]) if cfg.model == "large" else accuracy(r["final_theta"], xte, yte)
+        for r in ranks
+    ]
     curve = {"steps": [int(s) for s in r0["steps"]], "times": times, "acc": accs}
     return {"summary": summary, "curve": curve, "ranks": ranks}
 
@@ -481,7 +554,7 @@ def run_train(
             "final_acc_gap_target": 0.5,
         }
     settings = asdict(cfg)
-    settings["n_params"] = lt.n_params()
+    settings["n_params"] = n_params(cfg)
     settings["straggler_mean_ms"] = float(1e3 * straggler_delays(cfg).max(axis=1).mean())
     out["settings"] = settings
     return out, curves

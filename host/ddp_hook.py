@@ -6,7 +6,10 @@
 In the style of PowerSGD's hook: a picklable state object keyed by
 bucket.index(); reliable warm-up iterations (the same NIC path with the
 transport's loss switched off and a generous bound, whose phase times calibrate
-t_B = 2 x P95, max over ranks); then bounded OptiReduce ops. Every op runs on one
+t_B = 2 x P95, max over ranks, never below the deadline floor t_c_min_us); then
+bounded OptiReduce ops. Default NicParams: t_c_min_us = HOST_T_C_MIN_US, the floor of every
+phase's timeout on a host that also computes (docs/results.md, "Lossless on a shared
+host"). Every op runs on one
 ordered driver thread per process so that the ranks issue them in the same order. The hook
 never raises on loss: above `loss_threshold` it follows `policy`:
   accept  use the estimate as it is;
@@ -57,6 +60,11 @@ log = logging.getLogger("optireduce")
 POLICIES = ("accept", "skip", "redo", "stop")
 WARMUP_T_B_US = 30_000_000  # the bound of warm-up phases: only a dead peer reaches it
 CONTROL_FLOOR_S = 1.0  # least wait of a control exchange: exclusion must mean dead
+# Default floor of a phase's timeout (NicParams.t_c_min_us). t_C tracks a phase's typical
+# length (~0.3 ms for a 64 KiB op on loopback), far below how long the peers' engine threads
+# wait for a core when autograd and other jobs share it: 2-13 % of a 10 M-parameter model's
+# entries were cut each step at a 1 us floor, at most 1 % at 10 ms (2 processes, 2 cores).
+HOST_T_C_MIN_US = 10_000
 RESYNC_FLOOR_BPS = 10e6  # a resync's bound grows by its bytes at this slowest rate
 
 
@@ -130,7 +138,7 @@ class OptiReduceState:
             raise ValueError("OptiReduceState.warmup_iters must be >= 1 (it calibrates t_B)")
         if not 0 <= loss_threshold <= 1:
             raise ValueError(f"OptiReduceState.loss_threshold={loss_threshold}: not in [0, 1]")
-        self.params = params or NicParams()
+        self.params = params or NicParams(t_c_min_us=HOST_T_C_MIN_US)
         self.warmup_iters, self.loss_threshold, self.policy = warmup_iters, loss_threshold, policy
         self.checksum_every, self.resync = checksum_every, resync
         self.impairment, self.seed = impairment, seed
@@ -202,8 +210,9 @@ class OptiReduceState:
     def _calibrate(self) -> None:
         """End of warm-up: t_B = configured, or calibrate_t_b of the warm-up phases (max of
         the ranks)."""
-        if self.t_b_us is None:
-            self.t_b_us = self._agree([calibrate_t_b(self._warm_phases)])[0]
+        if self.t_b_us is None:  # at least the floor: T lies in [t_c_min, t_B]
+            cal = self._agree([calibrate_t_b(self._warm_phases)])[0]
+            self.t_b_us = max(cal, self.params.t_c_min_us)
         self._nic.set_t_b(self.t_b_us)
 
     def _bound(self) -> float:

@@ -238,7 +238,7 @@ BENCH_GROUPS: dict[str, tuple[str, str]] = {
 # documented commands does this). What it shrinks, per command:
 QUICK = {
     "demo": "2 processes, 4 steps, no co-simulated run; --numerics: 4 workers",
-    "train": "2 processes, 4 steps, the first seed of --seeds",
+    "train": "2 processes, 4 steps, the first seed of --seeds; --model large: width 256",
     "simulate": "at most 16384 elements",
     "cluster": "5 ops after 2 warm-up ops, 64 KiB buckets, the smallest world of --sweep-workers",
     "loss-tolerance": "4 workers, 4 steps, the first seed, the first two loss rates",
@@ -459,19 +459,34 @@ def cmd_loss_tolerance(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from dataclasses import replace
     from pathlib import Path
 
     from rich.console import Console
     from rich.progress import Progress
 
-    from optireduce.experiments.train import TrainConfig, run_seeds, run_train, write_outputs
+    from optireduce.experiments.train import (
+        TrainConfig,
+        large_config,
+        run_seeds,
+        run_train,
+        write_outputs,
+    )
 
-    cfg = TrainConfig(
+    given = dict(
         world=args.world, steps=args.steps, target_acc=args.target, seed=args.seed,
         tail=args.tail, straggler_median_ms=args.straggler_ms,
         packet_median_us=args.packet_delay_us, schedule=args.schedule,
         methods=tuple(args.methods.split(",")), **nic_fields(args),
     )  # fmt: skip
+    if args.model == "large":  # a flag left at the digits default takes the large default
+        digits = TrainConfig()
+        cfg = replace(large_config(), **{k: v for k, v in given.items()
+                                         if v != getattr(digits, k)})  # fmt: skip
+        if args.quick:
+            cfg = replace(cfg, large_width=256)  # the plumbing, not the size
+    else:
+        cfg = TrainConfig(**given)
     seeds = args.seeds or [args.seed]
     err = Console(stderr=True)
     work = str(Path(args.output) / "raw")
@@ -756,6 +771,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--schedule", default="cosine", choices=SCHEDULES,
                     help="learning rate over the steps")  # fmt: skip
     tr.add_argument("--methods", default="gloo,optireduce", help="comma-separated")
+    tr.add_argument("--model", default="digits", choices=train.MODELS,
+                    help="digits: the 2410-parameter MLP; large: a 10.3 M-parameter MLP "
+                    "on a generated task (its own defaults: train.LARGE)")  # fmt: skip
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--seeds", type=_sizes, default=None,
                     help="e.g. 0,1,2,3,4: one run each, means and ranges (not --seed)")  # fmt: skip
