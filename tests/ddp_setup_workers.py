@@ -101,6 +101,33 @@ def setup_worker(rank: int, world: int, tmp: str, cfg: dict) -> None:
         json.dump(out, f)
 
 
+def scenarios_worker(rank: int, world: int, tmp: str, cfgs: dict[str, dict]) -> None:
+    """Several set-ups one after the other in one pair of processes (spawning costs more
+    than a set-up): each in its own process group on its own store, so that its hook
+    state publishes its addresses afresh. A set-up that raises records the traceback."""
+    import os
+    import traceback
+
+    import torch.distributed as dist
+
+    join_world(rank, world, tmp)
+    dist.destroy_process_group()
+    for k, (name, cfg) in enumerate(cfgs.items()):
+        sub = f"{tmp}/{name}"
+        os.makedirs(sub, exist_ok=True)
+        dist.init_process_group("gloo", init_method=f"file://{tmp}/store{k}", rank=rank,
+                                world_size=world)  # fmt: skip
+        try:
+            out = run_setup(rank, world, sub, cfg)
+        except Exception:
+            out = {"error": traceback.format_exc()}
+        with open(f"{sub}/setup{rank}.json", "w") as f:
+            json.dump(out, f)
+        dist.destroy_process_group()
+        if "error" in out:
+            return  # the peer may be waiting in a collective: the spawn's bound ends it
+
+
 def run_setup(rank: int, world: int, tmp: str, cfg: dict) -> dict:
     import torch
     import torch.distributed as dist

@@ -10,19 +10,53 @@ counters. No loss is injected; t_B is generous (this is about the arithmetic pat
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from tests.ddp_setup_workers import setup_worker
+from tests.ddp_setup_workers import scenarios_worker, setup_worker
 from tests.live_workers import spawn_world
 
 LOSSLESS = {"t_b_us": 3_000_000, "params": {"t_b_us": 3_000_000, "t_c_min_us": 2_000_000}}
+
+
+# The two-rank set-ups, run one after the other in one spawned world (shared_world).
+SCENARIOS = {
+    "bfloat16": {"dtype": "bfloat16", "iters": 6},
+    "float16": {"dtype": "float16", "iters": 6},
+    "find_unused": {"find_unused": True, "iters": 6},
+    "bucket_view": {"bucket_view": True, "iters": 5, "bucket_cap_mb": 0.01},
+    "no_sync": {"accumulate": 3, "iters": 5},
+    "many_buckets": {"layers": "varied", "bucket_cap_mb": 0.02, "iters": 5},
+    "drift_bf16": {"dtype": "bfloat16", "iters": 5, "checksum_every": 1, "perturb_at": 3},
+    "one_inf": {"amp": True, "iters": 6, "inject_inf_at": [3], "overflow_rank": 1,
+                "layers": "varied", "bucket_cap_mb": 0.02, "policy": "skip"},
+}  # fmt: skip
 
 
 def run(tmp_path, cfg: dict, world: int = 2, timeout_s: float = 240) -> list[dict]:
     tmp_path.mkdir(parents=True, exist_ok=True)
     spawn_world(setup_worker, (world, str(tmp_path), {**LOSSLESS, **cfg}), world, timeout_s)
     return [json.loads((tmp_path / f"setup{r}.json").read_text()) for r in range(world)]
+
+
+@pytest.fixture(scope="module")
+def shared_world(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("setups")
+    cfgs = {k: {**LOSSLESS, **v} for k, v in SCENARIOS.items()}
+    spawn_world(scenarios_worker, (2, str(tmp), cfgs), 2, 600)
+    return tmp
+
+
+def scenario(tmp: Path, name: str) -> list[dict]:
+    outs = []
+    for r in range(2):
+        f = tmp / name / f"setup{r}.json"
+        assert f.exists(), f"{name}: did not run (an earlier set-up failed)"
+        out = json.loads(f.read_text())
+        assert "error" not in out, out["error"]
+        outs.append(out)
+    return outs
 
 
 def check_common(ranks: list[dict], iters: int, warmup: int = 2) -> None:
@@ -45,40 +79,40 @@ def check_common(ranks: list[dict], iters: int, warmup: int = 2) -> None:
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_half_precision_gradients(tmp_path, dtype):
+def test_half_precision_gradients(shared_world, dtype):
     """The whole model in bfloat16 / float16: buckets of that dtype, converted to float32
     for the op and back; results within gloo's rounding of the same sum."""
-    ranks = run(tmp_path, {"dtype": dtype, "iters": 6})
+    ranks = scenario(shared_world, dtype)
     check_common(ranks, 6)
     assert any(s["worst"] > 0 for s in ranks[0]["steps"])  # the comparison saw differences
 
 
-def test_find_unused_parameters(tmp_path):
+def test_find_unused_parameters(shared_world):
     """Odd steps use the `other` head, even steps `head`: DDP marks the unused ones ready
     and their gradients stay None on both sides."""
-    ranks = run(tmp_path, {"find_unused": True, "iters": 6})
+    ranks = scenario(shared_world, "find_unused")
     check_common(ranks, 6)
 
 
-def test_gradient_as_bucket_view(tmp_path):
-    ranks = run(tmp_path, {"bucket_view": True, "iters": 5, "bucket_cap_mb": 0.01})
+def test_gradient_as_bucket_view(shared_world):
+    ranks = scenario(shared_world, "bucket_view")
     check_common(ranks, 5)
     assert all(s["grad_is_view"] for s in ranks[0]["steps"])
 
 
-def test_no_sync_accumulation(tmp_path):
+def test_no_sync_accumulation(shared_world):
     """Three micro-batches per step, the first two under no_sync(): one hook call per bucket
     per step, on the accumulated gradient."""
-    ranks = run(tmp_path, {"accumulate": 3, "iters": 5})
+    ranks = scenario(shared_world, "no_sync")
     check_common(ranks, 5)
     for s in ranks[0]["steps"]:
         assert len({b["index"] for b in s["buckets"]}) == len(s["buckets"])  # once each
 
 
-def test_many_buckets_of_different_sizes(tmp_path):
-    """bucket_cap_mb = 0.02 on layers of 4.2k to 15.4k parameters: several buckets, sizes
-    apart by more than 3x, each its own op sequence."""
-    ranks = run(tmp_path, {"layers": "varied", "bucket_cap_mb": 0.02, "iters": 5})
+def test_many_buckets_of_different_sizes(shared_world):
+    """bucket_cap_mb = 0.02 on layers of 0.2k to 15.4k parameters: 4 buckets (measured: 19395,
+    14464, 9900 and 4248 elements), sizes apart by more than 3x, each its own ops."""
+    ranks = scenario(shared_world, "many_buckets")
     check_common(ranks, 5)
     sizes = [b["elements"] for b in ranks[0]["steps"][-1]["buckets"]]
     assert len(sizes) >= 4 and max(sizes) >= 3 * min(sizes), sizes
@@ -113,11 +147,10 @@ def test_amp_overflow_on_one_rank_skips_the_step_everywhere(tmp_path):
     assert len({out["steps"][-1]["hk_digest"] for out in ranks}) == 1
 
 
-def test_a_drifted_replica_is_resynced_in_bfloat16(tmp_path):
+def test_a_drifted_replica_is_resynced_in_bfloat16(shared_world):
     """bfloat16 parameters (numpy has no such dtype): rank 1's copy drifts at step 3, the
     replica check (every step here) finds it and copies rank 0's parameters."""
-    ranks = run(tmp_path, {"dtype": "bfloat16", "iters": 5, "checksum_every": 1,
-                           "perturb_at": 3})  # fmt: skip
+    ranks = scenario(shared_world, "drift_bf16")
     for out in ranks:
         assert [s["resynced"] for s in out["steps"]] == [False, False, False, True, False]
         assert all(s["replicas_equal"] for s in out["steps"])
@@ -146,15 +179,13 @@ def test_state_saved_and_restored_mid_training_continues_identically(tmp_path):
             assert sb["replicas_equal"] and sb["worst"] <= 1.0
 
 
-def test_one_inf_entry_in_one_bucket_skips_the_step_everywhere(tmp_path):
+def test_one_inf_entry_in_one_bucket_skips_the_step_everywhere(shared_world):
     """fp16 autocast with GradScaler, 2 ranks, 5 buckets, policy `skip` (the bucket's loss
     decision is a collective). At step 3 rank 1's first-layer gradient gets one inf entry:
     gloo's average has exactly that entry non-finite; the hook's has that bucket NaN and
     every other bucket within the bound. Every scaler skips that step, as with gloo."""
     iters = 6
-    cfg = {"amp": True, "iters": iters, "inject_inf_at": [3], "overflow_rank": 1,
-           "layers": "varied", "bucket_cap_mb": 0.02, "policy": "skip"}  # fmt: skip
-    ranks = run(tmp_path, cfg)
+    ranks = scenario(shared_world, "one_inf")
     for rank, out in enumerate(ranks):
         steps = out["steps"]
         assert [s["scale0"] for s in steps] == [s["scale1"] for s in steps]
