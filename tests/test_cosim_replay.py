@@ -74,7 +74,7 @@ def test_rtl_equals_model_inband(scenario, seed):
     assert model.exp_counters["exp_given"] == INBAND_PARAMS.exp_lead_eff
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(10))
 def test_rtl_equals_model_inband_mutated(seed):
     frames = make_trace(INBAND_CASES[seed % len(INBAND_CASES)], seed, inband=True)
     mutated = mutate(frames, seed=200 + seed, rate=0.15)
