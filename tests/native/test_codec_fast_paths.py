@@ -24,6 +24,7 @@ import optireduce.host.native as native
 from optireduce.host.model import codec, quantize, signs
 from optireduce.host.model.fwht import fwht_blocks
 from optireduce.params import NicParams
+from tests.native.codec_checks import assert_codec_with_flush_to_zero, assert_same_floats
 
 E = native._engine
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -31,12 +32,6 @@ SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[Healt
 
 def f32(bits: list[int] | np.ndarray) -> np.ndarray:
     return np.asarray(bits, dtype=np.uint32).view(np.float32)
-
-
-def assert_same_floats(a: np.ndarray, b: np.ndarray) -> None:
-    np.testing.assert_array_equal(
-        np.asarray(a, dtype=np.float32).view(np.uint32), np.asarray(b).view(np.uint32)
-    )
 
 
 def assert_quantize_equal(x: np.ndarray, e: int, p: NicParams) -> None:
@@ -293,8 +288,6 @@ def test_decode_power_of_two_with_flush_to_zero():
 def test_split_encoder_and_large_block_decoder_with_flush_to_zero_and_far_exponents(est):
     # FTZ/DAZ and exponents outside the float32 / double ranges take the fallbacks inside the
     # split encoder and the large-block decoder: the same bits
-    import torch  # a dependency of the test extras: missing means a broken install
-
     p = NicParams(p=4096, b=16384, c=65536, estimator=est)
     rng = np.random.default_rng(11)
     n = p.b + 3000
@@ -303,18 +296,6 @@ def test_split_encoder_and_large_block_decoder_with_flush_to_zero_and_far_expone
     have = rng.random(p.packets_for(n)) < 0.8
     have[:4] = True  # one whole block: a power-of-two divisor
     for e in (quantize.propose_exponent(x, p), -140, 130, -600, 600):
-        ref = codec.encode(x, e, 4, p)
-        z = np.where(np.repeat(have, p.p), ref.y, 0)
-        ref_d = codec.decode(z, have, n, e, 4, p)
-        assert torch.set_flush_denormal(True), "this CPU cannot flush denormals"
-        try:
-            y, sat_q, sat_t, nonfinite = E.encode(x, e, 4, p)
-            out, sat_out, empty = E.decode(z.astype(np.int32), have, n, e, 4, p)
-        finally:
-            torch.set_flush_denormal(False)
-        np.testing.assert_array_equal(y, ref.y)
-        assert (sat_q, sat_t, nonfinite) == (ref.sat_quantize, ref.sat_transform, ref.nonfinite)
-        assert_same_floats(out, ref_d.x)
-        assert (sat_out, empty) == (ref_d.sat_output, ref_d.empty_blocks)
+        ref = assert_codec_with_flush_to_zero(x, have, n, e, 4, p)
         y2, *_ = E.encode(x, e, 4, p)  # and without FTZ/DAZ: the fast paths, same bits
         np.testing.assert_array_equal(y2, ref.y)

@@ -18,6 +18,7 @@ import optireduce.host.native as native
 from optireduce.host.model import codec, quantize, signs
 from optireduce.host.model.fwht import fwht_blocks
 from optireduce.params import NicParams
+from tests.native.codec_checks import assert_codec_with_flush_to_zero, assert_same_floats
 
 
 def test_extension_is_built():
@@ -84,12 +85,6 @@ def exponents_for(x: np.ndarray, p: NicParams) -> st.SearchStrategy[int]:
     e = quantize.propose_exponent(x, p)
     near = [max(-128, min(127, e + d)) for d in (-12, -1, 0, 1)]  # below: saturates
     return st.sampled_from(near + EXPONENT_EDGES)
-
-
-def assert_same_floats(a: np.ndarray, b: np.ndarray) -> None:
-    np.testing.assert_array_equal(
-        np.asarray(a, dtype=np.float32).view(np.uint32), np.asarray(b).view(np.uint32)
-    )
 
 
 # --------------------------------------------------------------------------- quantize
@@ -159,6 +154,7 @@ def test_dequantize_rejects_53_bit_values():
 def test_dequantize_with_flush_to_zero_still_exact():
     # torch.set_flush_denormal sets FTZ/DAZ in this thread; the codec must not change
     import torch  # a dependency of the test extras: missing means a broken install
+
     v = np.array([1, -1, 3, 2**23 + 1, 5 << 20], dtype=np.int64)
     e = -149  # subnormal outputs
     p = NicParams()
@@ -319,26 +315,13 @@ def test_encode_decode_equal_the_model(op, data):
 @pytest.mark.parametrize("est", ["unbiased", "plain"])
 def test_encode_decode_with_flush_to_zero_and_far_exponents(est):
     # FTZ/DAZ (torch.set_flush_denormal) and |E| > 512 take the integer loops: same bits
-    import torch  # a dependency of the test extras: missing means a broken install
     p = NicParams(p=16, b=512, c=1024, estimator=est)
     rng = np.random.default_rng(5)
     x = (rng.standard_normal(3000) * 1e-38).astype(np.float32)  # subnormals among them
     x[:4] = [np.inf, np.nan, -np.inf, 1e-45]
     have = rng.random(p.packets_for(3000)) < 0.8
     for e in (quantize.propose_exponent(x, p), -600, 600):
-        ref = codec.encode(x, e, 4, p)
-        z = np.where(np.repeat(have, p.p), ref.y, 0)
-        ref_d = codec.decode(z, have, 3000, e, 4, p)
-        assert torch.set_flush_denormal(True), "this CPU cannot flush denormals"
-        try:
-            y, sat_q, sat_t, nonfinite = E.encode(x, e, 4, p)
-            out, sat_out, empty = E.decode(z.astype(np.int32), have, 3000, e, 4, p)
-        finally:
-            torch.set_flush_denormal(False)
-        np.testing.assert_array_equal(y, ref.y)
-        assert (sat_q, sat_t, nonfinite) == (ref.sat_quantize, ref.sat_transform, ref.nonfinite)
-        assert_same_floats(out, ref_d.x)
-        assert (sat_out, empty) == (ref_d.sat_output, ref_d.empty_blocks)
+        assert_codec_with_flush_to_zero(x, have, 3000, e, 4, p)
 
 
 def test_encode_saturates_the_transform_like_the_model():
@@ -353,6 +336,7 @@ def test_encode_saturates_the_transform_like_the_model():
 
 def test_encode_decode_write_torch_tensors_in_place():
     import torch  # a dependency of the test extras: missing means a broken install
+
     p = NicParams()
     x = torch.randn(5000)
     e = quantize.propose_exponent(x.numpy(), p)
