@@ -230,3 +230,17 @@ def run_cluster(plan: Plan, max_steps: int = 200_000) -> list[Twin]:
         else:
             return nodes
     raise AssertionError(f"the cluster did not settle in {max_steps} steps")
+
+
+def allreduce_on_model_and_engine(monkeypatch, xs: list, **kw) -> tuple:
+    """virtual_cluster.simulate_allreduce(xs, **kw) on NicModel ranks, then on the engine's
+    (NativeNicModel in its place): every rank's result has the same bits. Returns (model
+    results, model stats, engine results, engine stats)."""
+    import optireduce.host.model.virtual_cluster as vc
+
+    want, ws = vc.simulate_allreduce(xs, **kw)
+    monkeypatch.setattr(vc, "NicModel", NativeNicModel)
+    got, gs = vc.simulate_allreduce(xs, **kw)
+    for a, b in zip(want, got, strict=True):
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+    return want, ws, got, gs
