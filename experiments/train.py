@@ -228,6 +228,8 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
     state = None
     ops: list = []
     op_step: list[int] = []  # the training step of each recorded op
+    hand_off: list[tuple[int, int]] = []
+    step_begin: list[int] = []
     step_now = [0]
     if method == "optireduce":
         from optireduce import OptiReduceState, optireduce_hook
@@ -255,9 +257,12 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
         allreduce = nic.allreduce
 
         def recording(x):
+            t_call = time.monotonic_ns() // 1000
             res, st = allreduce(x)
             ops.extend(st)
             op_step.extend([step_now[0]] * len(st))
+            # the hand-off on CLOCK_MONOTONIC: the hook's thread calls, gets the result back
+            hand_off.extend([(t_call, time.monotonic_ns() // 1000)] * len(st))
             return res, st
 
         nic.allreduce = recording
@@ -291,6 +296,7 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
         step_now[0] = t
         if delays[t]:  # the straggler, any method: its step, data and control start late
             time.sleep(delays[t])
+        step_begin.append(time.monotonic_ns() // 1000)  # its compute starts
         x, y = data[t]
         opt.zero_grad()
         torch.nn.functional.cross_entropy(ddp(x), y).backward()
@@ -331,6 +337,8 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
         res["n_packets"] = np.array([cfg.nic_params().packets_for(s.n) for s in ops])  # padded
         res["op_ms"] = np.array([s.elapsed_us / 1e3 for s in ops])
         res["op_step"] = np.array(op_step, dtype=np.int64)
+        res["op_hand_off_us"] = np.array(hand_off, dtype=np.int64).reshape(len(ops), 2)
+        res["step_begin_us"] = np.array(step_begin, dtype=np.int64)
         # per op and sender: reduced packets missing ([] from the gateware: -1, unknown)
         res["p2_missing_from"] = np.array(
             [s.p2_missing_from or [-1] * cfg.world for s in ops], dtype=np.int64
