@@ -354,7 +354,7 @@ def optireduce_hook(
             # prediction too small): then every rank goes back to the exchange at once.
             # It also tells every rank whether some rank's result was non-finite (one that
             # missed the flag under loss learns it here).
-            saturated = sum(s.sat_quantize for s in stats)
+            saturated = sum(s.sat_quantize for s in stats if not s.nonfinite)  # inf: no
             ppm, saturated, nonfinite = state._control.max_ints([ppm[0], saturated, nonfinite],
                                                                 state._bound())  # fmt: skip
             ppm = [ppm]

@@ -139,3 +139,20 @@ def test_a_dropped_flagged_frame_changes_nothing():
     (res,) = a.poll_results()
     np.testing.assert_array_equal(res.data, x)
     assert res.stats.nonfinite_result == 0
+
+
+def test_an_inf_in_an_inband_op_is_not_a_saturated_prediction():
+    """exp_saturated tells the host its in-band prediction was too small; an inf clamps
+    (counted in sat_quantize) but says nothing about the prediction."""
+    p = P.replace(exp_inband=True)
+    rng = np.random.default_rng(1)
+    n = 8 * p.c  # 8 ops: the first exp_lead_eff take the exchange, the rest are in-band
+    xs = [rng.standard_normal(n).astype(np.float32) for _ in range(3)]
+    xs[0][7 * p.c + 1] = np.inf  # the last op: in-band
+    outs, st = simulate_allreduce(xs, params=p)
+    assert st.per_worker[0][7].sat_quantize == 1 and st.per_worker[0][7].nonfinite == 1
+    assert [c["exp_saturated"] for c in st.exp_counters] == [0, 0, 0]
+    assert sum(c["exp_inband"] + c["exp_incomplete"] for c in st.exp_counters) > 0
+    for out in outs:
+        assert (out[7 * p.c :].view(np.uint32) == NONFINITE_RESULT).all()
+        assert np.isfinite(out[: 7 * p.c]).all()

@@ -219,8 +219,8 @@ class NicModel:
         op.nonfinite = op.nonfinite or enc.nonfinite > 0
         self.exp_counters[source] += 1
         self.exp_counters["exp_missing"] += len(missing)
-        if source != "exp_given" and enc.sat_quantize:
-            self.exp_counters["exp_saturated"] += 1
+        if source != "exp_given" and enc.sat_quantize and not enc.nonfinite:
+            self.exp_counters["exp_saturated"] += 1  # an inf is not a prediction too small
         packets = enc.y.reshape(op.n_packets, p.p)
         for i in op.agg.slots:
             op.agg.add(int(i), self.rank, packets[i])

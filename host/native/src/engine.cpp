@@ -218,7 +218,9 @@ void Engine::start_op(int64_t now, int64_t op_id, const float* data, size_t n,
     op->nonfinite = op->nonfinite || ec.nonfinite > 0;
     exp_counters_[source] += 1;
     exp_counters_[EXP_MISSING] += static_cast<int64_t>(n_missing);
-    if (source != EXP_GIVEN && ec.sat_quantize) exp_counters_[EXP_SATURATED] += 1;
+    // an inf (counted as a saturation) is not a prediction too small
+    if (source != EXP_GIVEN && ec.sat_quantize && !ec.nonfinite)
+        exp_counters_[EXP_SATURATED] += 1;
     const int P = p_.p;
     for (int64_t row = 0; row < op->n_slots; ++row) {
         const int64_t i = rank_ + row * world_;
