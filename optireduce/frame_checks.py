@@ -40,13 +40,53 @@ def check_op(h: ubt.UbtHeader, p: NicParams, rank: int, world: int, base: int) -
     return None
 
 
+# Admission (docs/security.md): the transports' rule, and the gateware parser's with its
+# peer table on. Not in ubt.DROP_REASONS: the NIC model sees only admitted datagrams.
+ADMISSION_REASONS = ("not_member", "wrong_sender")
+Peer = tuple[int, int]  # (IPv4 address as an integer, UDP port)
+_L2_L4 = ubt.DROP_REASONS[: ubt.DROP_CODE["bad_udp_length"] + 1]
+
+
+def default_peers(p: NicParams, world: int,
+                  addressing: ubt.Addressing = ubt.DEFAULT_ADDRESSING) -> list[Peer]:  # fmt: skip
+    """The peers table of a job on `addressing`: rank r at its IP and the job's port."""
+    return [(int.from_bytes(addressing.ip(r), "big"), p.udp_port) for r in range(world)]
+
+
+def admit(frame: bytes, parsed: ubt.ParsedFrame | str, peers: list[Peer]) -> str | None:
+    """Admission of a frame whose L2-L4 checks passed (`parsed`: ubt.parse_frame's answer;
+    None when they failed, which then names the drop): its source (IP, port) must be a
+    peer's, the first in the table (`not_member`), and the rank its UBT header names, if
+    the datagram is long enough to name one, that peer's (`wrong_sender`), as
+    host/transport.py admits datagrams."""
+    if isinstance(parsed, str) and parsed != "truncated" and parsed in _L2_L4:
+        return None
+    n = len(frame)
+    if n < ubt.L2_L4_LEN:
+        return None
+    ip_len = int.from_bytes(frame[ubt.ETH_LEN + 2 : ubt.ETH_LEN + 4], "big")
+    if ip_len < ubt.IP_LEN + ubt.UDP_LEN or ubt.ETH_LEN + ip_len > n:
+        return None  # truncated at L2-L4
+    src = (int.from_bytes(frame[26:30], "big"), int.from_bytes(frame[34:36], "big"))
+    member = next((r for r, peer in enumerate(peers) if peer == src), None)
+    if member is None:
+        return "not_member"
+    datagram = frame[ubt.L2_L4_LEN : ubt.ETH_LEN + ip_len]
+    if len(datagram) >= 8 and int.from_bytes(datagram[6:8], "big") != member:
+        return "wrong_sender"
+    return None
+
+
 def classify(
     frame: bytes, p: NicParams, rank: int, world: int, base: int,
-    addressing: ubt.Addressing = ubt.DEFAULT_ADDRESSING,
+    addressing: ubt.Addressing = ubt.DEFAULT_ADDRESSING, peers: list[Peer] | None = None,
 ) -> ubt.ParsedFrame | str:  # fmt: skip
-    """Everything the parser decides about one frame: the parsed frame or a drop reason."""
+    """Everything the parser decides about one frame: the parsed frame or a drop reason.
+    peers: the admission table (None: admission off)."""
     r = ubt.parse_frame(frame, port=p.udp_port, rank=rank, addressing=addressing,
                         inband=p.exp_inband)  # fmt: skip
+    if peers is not None and (a := admit(frame, r, peers)):
+        return a
     if isinstance(r, str):
         return r
     return check_peer(r.header, p, rank, world) or check_op(r.header, p, rank, world, base) or r

@@ -88,8 +88,14 @@ def parse(frame: bytes) -> HostFrame:
     return HostFrame(kind, op_id, offset, n, exponent, payload, flags, proposal)
 
 
-def config_frame(p: NicParams, rank: int, world: int) -> bytes:
+def config_frame(
+    p: NicParams, rank: int, world: int, peers: list[tuple[int, int]] | None = None
+) -> bytes:
+    """CONFIG: the NIC's parameters and place; `peers` ((IPv4, port) by rank) turns
+    admission on (frame_checks.admit)."""
     cfg = {"params": p.__dict__, "rank": rank, "world": world}
+    if peers is not None:
+        cfg["peers"] = [list(x) for x in peers]
     return build(HostFrame(CONFIG, payload=json.dumps(cfg).encode()), to_nic=True)
 
 

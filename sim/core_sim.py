@@ -29,6 +29,7 @@ from optireduce import host_port
 from optireduce.host.model.nic_model import EXP_COUNTERS
 from optireduce.hw.nic_core import NicCore
 from optireduce.sim.replay import (
+    ALL_NIC_COUNTERS,
     ReplayError,
     ReplayResult,
     cmd_bits,
@@ -86,7 +87,7 @@ def replay_traces(
     top = Module()
     top.submodules.core = ResetInserter(soft_rst)(dut)
     bound = idle_bound or 200 * p.c + 20_000
-    offsets = {**counter_offsets(p), **counter_offsets(p, EXP_COUNTERS)}
+    offsets = {**counter_offsets(p, ALL_NIC_COUNTERS), **counter_offsets(p, EXP_COUNTERS)}
     rng = random.Random(seed)
     out: list[ReplayResult] = []
     pending: deque = deque()  # STARTs handed to the host port, in order
@@ -108,7 +109,7 @@ def replay_traces(
         n_starts = len(starts)
         res = ReplayResult()
         cur.update(res=res, now=0, records=0, taken=0, world=ev.world, cycles=0, reset=True)
-        for addr, value in config_writes(p, ev.rank, ev.world):
+        for addr, value in config_writes(p, ev.rank, ev.world, ev.peers):
             ctx.set(dut.csr_addr, addr)
             ctx.set(dut.csr_w_data, value)
             ctx.set(dut.csr_w_en, 1)

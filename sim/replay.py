@@ -30,11 +30,13 @@ import numpy as np
 
 from optireduce import host_port, ubt
 from optireduce.counters import COUNTERS
+from optireduce.frame_checks import ADMISSION_REASONS, admit
 from optireduce.host.model.nic_model import EXP_COUNTERS, NicModel
 from optireduce.params import NicParams
 from optireduce.sim.trace import Frame
 
 _TIMER_STEPS = 1_000_000  # bound on timer firings after the last frame
+ALL_NIC_COUNTERS = (*COUNTERS, *ADMISSION_REASONS)  # a replay's `counters`
 
 
 class ReplayError(RuntimeError):
@@ -72,11 +74,12 @@ class Events:
     world: int
     inputs: list[tuple[int, str, object]]
     host_malformed: int
+    peers: list[tuple[int, int]] | None = None  # CONFIG's admission table (None: off)
 
 
 def events(frames: list[Frame]) -> Events:
     """Parse the host frames of a trace (ReplayError if it has no usable CONFIG)."""
-    cfg = None
+    cfg, peers = None, None
     chunks = host_port.ChunkAssembler()
     inputs: list[tuple[int, str, object]] = []
     host_drops = 0
@@ -87,6 +90,8 @@ def events(frames: list[Frame]) -> Events:
                 if f.kind == host_port.CONFIG:
                     c = json.loads(f.payload)
                     cfg = (NicParams(**c["params"]), int(c["rank"]), int(c["world"]))
+                    peers = c.get("peers")
+                    peers = None if peers is None else [(int(a), int(b)) for a, b in peers]
                 elif f.kind in (host_port.START, host_port.DATA):
                     if cfg is None:
                         raise ReplayError("the trace starts an op before its CONFIG frame")
@@ -103,7 +108,7 @@ def events(frames: list[Frame]) -> Events:
             inputs.append((tick, "net", frame))
     if cfg is None:
         raise ReplayError("the trace has no CONFIG frame")
-    return Events(*cfg, inputs, host_drops)
+    return Events(*cfg, inputs, host_drops, peers)
 
 
 def replay(
@@ -155,15 +160,22 @@ def _replay_model(ev: Events, model: type) -> ReplayResult:
             step(t)
         raise ReplayError(f"the model's timers did not run out in {_TIMER_STEPS} steps")
 
+    admitted = dict.fromkeys(ADMISSION_REASONS, 0)
     for tick, kind, what in ev.inputs:
         timers_until(tick)
+        if kind == "net" and ev.peers is not None:
+            parsed = ubt.parse_frame(what, port=ev.params.udp_port, rank=ev.rank,
+                                     inband=ev.params.exp_inband)  # fmt: skip
+            if reason := admit(what, parsed, ev.peers):
+                admitted[reason] += 1  # the transport's drop: the NIC never sees it
+                continue
         if kind == "net":
             nic.receive(tick, what)
         else:
             pending.append(what)
         step(tick)
     timers_until(float("inf"))
-    res.counters = dict(nic.counters)
+    res.counters = {**nic.counters, **admitted}
     res.exp_counters = dict(nic.exp_counters)
     return res
 
@@ -214,15 +226,23 @@ def differences(a: ReplayResult, b: ReplayResult, limit: int = 8) -> list[str]:
     return bad
 
 
-def config_writes(p: NicParams, rank: int, world: int) -> list[tuple[int, int]]:
-    """(offset, value) of every configuration register for this NIC, from hw/csr.py."""
+def config_writes(
+    p: NicParams, rank: int, world: int, peers: list[tuple[int, int]] | None = None
+) -> list[tuple[int, int]]:
+    """(offset, value) of every configuration register for this NIC, from hw/csr.py;
+    `peers` turns admission on with that table."""
     from optireduce.hw.csr import register_map
 
+    given: dict[str, int] = {"rank": rank, "world": world}
+    if peers is not None:
+        given["admit"] = 1
+        for r, (ip, port) in enumerate(peers):
+            given[f"peer_ip{r}"], given[f"peer_port{r}"] = ip, port
     out = []
     for blk in register_map(p):
         for r in blk.regs:
             if r.kind == "config":
-                v = {"rank": rank, "world": world}.get(r.name, r.reset)
+                v = given.get(r.name, r.reset)
                 out.append((r.offset, int(v) & 0xFFFF_FFFF))
     return out
 
@@ -252,7 +272,7 @@ def write_records(path: Path, ev: Events, *, backpressure: int = 0) -> None:
     idle_bound = 200 * p.c + 200_000  # cycles: an op's whole datapath, many times over
     recs.append((REC_LIMITS, 0, struct.pack("<QQI", extra, idle_bound, backpressure)))
     recs += [(REC_CSR_WRITE, 0, struct.pack("<II", a, v)) for a, v in
-             config_writes(p, ev.rank, ev.world)]  # fmt: skip
+             config_writes(p, ev.rank, ev.world, ev.peers)]  # fmt: skip
     for tick, kind, what in ev.inputs:
         if kind == "net":
             recs.append((REC_NET, tick, bytes(what)))
@@ -260,7 +280,7 @@ def write_records(path: Path, ev: Events, *, backpressure: int = 0) -> None:
             bits = cmd_bits(what.exponent, what.proposal)
             head = struct.pack("<III", what.op_id, len(what.data), bits)
             recs.append((REC_START, tick, head + np.asarray(what.data, "<f4").tobytes()))
-    offsets = {**counter_offsets(p), **counter_offsets(p, EXP_COUNTERS)}
+    offsets = {**counter_offsets(p, ALL_NIC_COUNTERS), **counter_offsets(p, EXP_COUNTERS)}
     recs += [(REC_CSR_READ, 0, struct.pack("<I", a)) for a in offsets.values()]
     with open(path, "wb") as f:
         f.write(MAGIC + struct.pack("<I", 1))
@@ -303,7 +323,10 @@ def _replay_rtl(ev: Events, *, backpressure: int = 0, timeout_s: float = 600) ->
     except ToolchainError as e:
         raise ReplayError(f"the rtl backend needs Verilator: {e}") from e
     res = ReplayResult()
-    both = {**counter_offsets(ev.params), **counter_offsets(ev.params, EXP_COUNTERS)}
+    both = {
+        **counter_offsets(ev.params, ALL_NIC_COUNTERS),
+        **counter_offsets(ev.params, EXP_COUNTERS),
+    }
     offsets = {v: k for k, v in both.items()}
     with tempfile.TemporaryDirectory(prefix="optireduce-replay-") as tmp:
         rin, rout = Path(tmp) / "in.rec", Path(tmp) / "out.rec"
@@ -330,5 +353,5 @@ def _replay_rtl(ev: Events, *, backpressure: int = 0, timeout_s: float = 600) ->
                 keys = ("cycles", "ticks", "core_now", "ops_started", "ops_done")
                 res.sim = dict(zip(keys, struct.unpack("<5Q", data), strict=True))
     res.exp_counters = {k: res.counters[k] for k in EXP_COUNTERS}
-    res.counters = {k: res.counters[k] for k in COUNTERS}
+    res.counters = {k: res.counters[k] for k in ALL_NIC_COUNTERS}
     return res

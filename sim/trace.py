@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from optireduce import host_port, ubt
+from optireduce.frame_checks import default_peers
 from optireduce.host.model.quantize import propose_exponent
 from optireduce.host.model.virtual_cluster import _run
 from optireduce.params import NicParams
@@ -30,11 +31,12 @@ INBAND_OPS = 5
 Frame = tuple[int, bytes]  # (tick in microseconds, frame bytes)
 
 
-def _base(seed: int, inband: bool = False) -> tuple[list[tuple], list[tuple]]:
+def _base(seed: int, inband: bool = False, admit: bool = False) -> tuple[list[tuple], list[tuple]]:
     """(host, network) frames of rank 0 in a lossless run, as (tick, seq, frame): seq is
     the order things happened in, which breaks ties between frames of the same tick.
     inband: INBAND_PARAMS, INBAND_OPS ops; a START past the first lead ops asks for the
-    in-band exponent, and each carries rank 0's proposal for op + lead."""
+    in-band exponent, and each carries rank 0's proposal for op + lead. admit: the CONFIG
+    carries the peers table (admission on)."""
     p, ops = (INBAND_PARAMS, INBAND_OPS) if inband else (TRACE_PARAMS, OPS)
     rng = np.random.default_rng(seed)
     xs = [rng.standard_normal(ops * OP_LEN).astype(np.float32) for _ in range(WORLD)]
@@ -45,7 +47,8 @@ def _base(seed: int, inband: bool = False) -> tuple[list[tuple], list[tuple]]:
             x *= np.repeat(scale, OP_LEN).astype(np.float32)
     props = [propose_exponent(xs[RANK][k * OP_LEN : (k + 1) * OP_LEN], p) for k in range(ops)]
     lead = p.exp_lead_eff
-    host: list[tuple] = [(0, 0.0, host_port.config_frame(p, RANK, WORLD))]
+    peers = default_peers(p, WORLD) if admit else None
+    host: list[tuple] = [(0, 0.0, host_port.config_frame(p, RANK, WORLD, peers))]
     net: list[tuple] = []
 
     def tap(kind: str, tick: int, rank: int, what: object) -> None:
@@ -185,6 +188,55 @@ def _inband_scenarios() -> dict[str, Callable]:
 INBAND_SCENARIOS = tuple(_inband_scenarios())
 
 
+def _from(frame: bytes, ip: int | None = None, port: int | None = None) -> bytes:
+    """The frame from another source address or port (the IPv4 checksum fixed)."""
+    b = bytearray(frame)
+    if ip is not None:
+        b[26:30] = ip.to_bytes(4, "big")
+        b[24:26] = b"\0\0"
+        b[24:26] = ubt.ipv4_checksum(bytes(b[14:34])).to_bytes(2, "big")
+    if port is not None:
+        b[34:36] = port.to_bytes(2, "big")
+    return bytes(b)
+
+
+def _admission_scenarios() -> dict[str, Callable]:
+    """Traces with the peers table on (admission, frame_checks.admit)."""
+
+    def strangers(net, rng):
+        """Copies of peers' frames from an outsider's address, from a peer's address and
+        another port, from a peer's address naming another sender, from this NIC's own
+        address (admitted, then own_rank), and a peer's datagram too short to name a
+        sender (admitted, then truncated)."""
+        ip = int.from_bytes(ubt.DEFAULT_ADDRESSING.ip(1), "big")
+        port = TRACE_PARAMS.udp_port
+        out = list(net)
+        for k, (t, q, f) in enumerate(net):
+            if rng.random() >= 0.25:
+                continue
+            kind = k % 5
+            if kind == 0:
+                g = _from(f, ip=ip + 50)
+            elif kind == 1:
+                g = _from(_rewrite(f, sender=1), ip=ip, port=port + 1)
+            elif kind == 2:
+                g = _from(_rewrite(f, sender=2), ip=ip)
+            elif kind == 3:
+                g = _rewrite(f, sender=RANK)
+            else:
+                g = bytearray(f[: ubt.L2_L4_LEN + 4])
+                g[16:18] = (ubt.IP_LEN + ubt.UDP_LEN + 4).to_bytes(2, "big")
+                g[38:40] = (ubt.UDP_LEN + 4).to_bytes(2, "big")
+                g = _from(bytes(g), ip=int.from_bytes(g[26:30], "big"))  # checksum again
+            out.append((t + 1, q + 0.5, g))
+        return out
+
+    return {f.__name__: f for f in (strangers,)}
+
+
+ADMISSION_SCENARIOS = tuple(_admission_scenarios())
+
+
 def _hdr(frame: bytes) -> tuple[int, int]:
     """(sender, op_id) of a UBT frame, (-1, -1) if it is not one."""
     if len(frame) < ubt.L2_L4_LEN + ubt.HEADER_LEN:
@@ -201,12 +253,13 @@ def _op_of(frame: bytes) -> int:
 
 def make_trace(scenario: str, seed: int = 0, *, inband: bool = False) -> list[Frame]:
     """The frames of a scenario, ordered by tick (stable). inband: a trace of
-    INBAND_PARAMS, disturbed as any of SCENARIOS or INBAND_SCENARIOS says."""
-    table, extra = _scenarios(), _inband_scenarios() if inband else {}
+    INBAND_PARAMS, disturbed as any of SCENARIOS or INBAND_SCENARIOS says.
+    ADMISSION_SCENARIOS turn the peers table on."""
+    table, extra = {**_scenarios(), **_admission_scenarios()}, _inband_scenarios() if inband else {}
     if scenario not in table and scenario not in extra:
-        names = [*SCENARIOS, *(INBAND_SCENARIOS if inband else ())]
+        names = [*SCENARIOS, *ADMISSION_SCENARIOS, *(INBAND_SCENARIOS if inband else ())]
         raise ValueError(f"unknown scenario {scenario!r}; choose from {', '.join(names)}")
-    host, net = _base(seed, inband)
+    host, net = _base(seed, inband, admit=scenario in ADMISSION_SCENARIOS)
     rng = np.random.default_rng(seed + 1)
     if scenario in extra:
         host, net = extra[scenario](host, net, rng)

@@ -13,6 +13,7 @@ import pytest
 from optireduce.sim.cosim_build import harness_path
 from optireduce.sim.replay import ReplayResult, differences, replay
 from optireduce.sim.trace import (
+    ADMISSION_SCENARIOS,
     INBAND_OPS,
     INBAND_PARAMS,
     INBAND_SCENARIOS,
@@ -89,6 +90,23 @@ def test_inband_traces_exercise_every_rule():
         for k, v in replay(make_trace(scenario, 0, inband=True)).exp_counters.items():
             seen[k] += v
     assert all(v > 0 for v in seen.values()), seen
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("scenario", ADMISSION_SCENARIOS)
+def test_rtl_equals_model_with_admission(scenario, seed):
+    """The peers table on: outsiders, other ports and wrong senders dropped by reason."""
+    model = check(make_trace(scenario, seed))
+    assert model.counters["not_member"] > 0 and model.counters["wrong_sender"] > 0
+    assert len(model.results) == OPS
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_rtl_equals_model_with_admission_mutated(seed):
+    frames = make_trace(ADMISSION_SCENARIOS[seed % len(ADMISSION_SCENARIOS)], seed)
+    mutated = mutate(frames, seed=300 + seed, rate=0.2)
+    assert mutated != frames
+    check(mutated)
 
 
 def test_rtl_equals_model_with_output_backpressure():

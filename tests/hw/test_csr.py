@@ -12,8 +12,10 @@ from amaranth.sim import Simulator
 from optireduce.hw.csr import (
     ALL_COUNTERS,
     COUNTER_BASE,
+    PEERS_BASE,
     TYPE_COUNTERS,
     TYPE_NIC,
+    TYPE_PEERS,
     VERSION,
     Csr,
     counter_step,
@@ -70,8 +72,8 @@ PUBLISHED = {
     0x050: ("t_b_us", "RW", 32, 20_000),
     0x058: ("seed", "RW", 32, 0x5EED0001),
     0x100: ("type", "RO", 32, TYPE_COUNTERS),
-    0x108: ("next", "RO", 32, 0),
-    0x10C: ("count", "RO", 32, 35),
+    0x108: ("next", "RO", 32, 0x200),
+    0x10C: ("count", "RO", 32, 37),
     0x110: ("truncated", "RO", 32, 0),
     0x140: ("wrong_job", "RO", 32, 0),
     0x168: ("duplicate", "RO", 32, 0),
@@ -83,6 +85,14 @@ PUBLISHED = {
     0x184: ("exp_given", "RO", 32, 0),
     0x194: ("exp_missing", "RO", 32, 0),
     0x198: ("exp_saturated", "RO", 32, 0),
+    0x19C: ("not_member", "RO", 32, 0),
+    0x1A0: ("wrong_sender", "RO", 32, 0),
+    0x200: ("type", "RO", 32, TYPE_PEERS),
+    0x208: ("next", "RO", 32, 0),
+    0x20C: ("admit", "RW", 1, 0),
+    0x210: ("peer_ip0", "RW", 32, 0xC6120001),
+    0x214: ("peer_port0", "RW", 16, 17017),
+    0x218: ("peer_ip1", "RW", 32, 0xC6120002),
 }
 
 
@@ -95,7 +105,7 @@ def test_table_is_consistent():
     for offset, want in PUBLISHED.items():
         assert at.get(offset) == want, hex(offset)
     counters = [r for r in regs if r.kind == "counter"]
-    assert counters[-1].offset == 0x198 and len(counters) == 35  # the count register's value
+    assert counters[-1].offset == 0x1A0 and len(counters) == 37  # the count register's value
     # every drop reason the wire spec names has a counter, named as the reason
     assert set(DROP_REASONS) <= {r.name for r in counters}
 
@@ -115,6 +125,7 @@ def test_reset_discovery_and_read_only(p):
         assert walk(image.__getitem__) == [
             (0, TYPE_NIC, VERSION),
             (COUNTER_BASE, TYPE_COUNTERS, VERSION),
+            (PEERS_BASE, TYPE_PEERS, VERSION),
         ]
         for r in regs:
             assert image[r.offset] == (0 if r.access == "WO" else r.reset), r.name

@@ -33,7 +33,7 @@ from optireduce.sim.trace_mutate import mutate
 # to the Verilated core of tests/test_cosim_replay.py, which runs every scenario, seeds
 # and mutated traces. "mutated" is `reorder` with random bit flips, truncations,
 # duplicates and shuffles (sim/trace_mutate.py), replayed with outputs stalled at random.
-CASES = (("loss", 0, 0.0), ("duplicates", 0, 0.0), ("mutated", 5, 0.3))
+CASES = (("loss", 0, 0.0), ("duplicates", 0, 0.0), ("mutated", 5, 0.3), ("strangers", 1, 0.0))
 # In-band exponents (INBAND_PARAMS, five ops): the largest proposal of op 3 lost and the
 # peers' frames late (incomplete, then exponent mismatches), a host predicting too small
 # (saturation); tests/test_cosim_replay.py runs every in-band scenario.

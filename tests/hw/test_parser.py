@@ -13,9 +13,9 @@ from amaranth import Module, Signal
 from amaranth.sim import Simulator
 
 from optireduce import ubt
-from optireduce.frame_checks import classify
+from optireduce.frame_checks import ADMISSION_REASONS, classify, default_peers
 from optireduce.hw.axis import AxisWrapper
-from optireduce.hw.parser import PARSER_REASONS, Parser
+from optireduce.hw.parser import PARSER_CODES, PARSER_REASONS, Parser
 from optireduce.hw.ubt_layout import HEADER_LAYOUT, header_to_wire, header_value, wire_to_header
 from optireduce.params import NicParams
 from optireduce.sim.cocotb_run import run_bench
@@ -32,6 +32,7 @@ class Cfg:
     world: int = 3
     base: int = 0
     addressing: ubt.Addressing = ubt.DEFAULT_ADDRESSING
+    peers: tuple[tuple[int, int], ...] | None = None  # the admission table (None: off)
 
 
 @dataclass
@@ -44,9 +45,10 @@ class Expect:
 def expect(frames: list[bytes], p: NicParams, cfg: Cfg) -> Expect:
     e = Expect()
     for f in frames:
-        r = classify(f, p, cfg.rank, cfg.world, cfg.base, cfg.addressing)
+        peers = None if cfg.peers is None else list(cfg.peers[: cfg.world])
+        r = classify(f, p, cfg.rank, cfg.world, cfg.base, cfg.addressing, peers)
         if isinstance(r, str):
-            e.verdicts.append(ubt.DROP_CODE[r])
+            e.verdicts.append(PARSER_CODES[r])
             e.counts[r] += 1
         else:
             e.verdicts.append(-1)
@@ -103,6 +105,10 @@ def simulate(
         ctx.set(dut.base, cfg.base)
         ctx.set(dut.mac, int.from_bytes(cfg.addressing.mac(cfg.rank), "big"))
         ctx.set(dut.ip, int.from_bytes(cfg.addressing.ip(cfg.rank), "big"))
+        table = cfg.peers or ()
+        ctx.set(dut.admit, cfg.peers is not None)
+        ctx.set(dut.peer_ip, sum(ip << (32 * r) for r, (ip, _) in enumerate(table)))
+        ctx.set(dut.peer_port, sum(pt << (16 * r) for r, (_, pt) in enumerate(table)))
         k, tail = 0, 0
         limit = 40 * (len(beats) + n_out_beats) + 1000
         for cycle in range(limit):
@@ -354,7 +360,8 @@ def test_every_malformed_class_and_valid_frames(base):
     frames.append(good_frame(p, cfg, rng, values=np.zeros(p.p, np.int64)))
     e, _ = check(p, frames, cfg, idle=0.3, backpressure=0.3, seed=2 + base)
     # the vectors reach every reason the parser owns (none is stale below base 0)
-    assert set(e.counts) == set(PARSER_REASONS) - ({"stale_op"} if base == 0 else set())
+    off = set(ADMISSION_REASONS) | ({"stale_op"} if base == 0 else set())  # admission off
+    assert set(e.counts) == set(PARSER_REASONS) - off
     assert len(e.packets) >= 20
 
 
@@ -425,6 +432,50 @@ def test_inband_proposal_words_and_notes():
     # off: the same frames, but a proposal word is malformed and nothing is noted
     e_off, run_off = check(SMALL, frames, cfg)
     assert run_off.notes == [] and e_off.counts["malformed_header"] > e.counts["malformed_header"]
+
+
+def test_admission_by_the_peer_table():
+    """With the peer table on (frame_checks.admit): a source that is no peer of the world
+    (address, port, or a table entry past the world) is not_member, a peer naming another
+    sender wrong_sender, both after the L2-L4 checks and before the UBT header's; the
+    first entry with an address wins; a datagram too short to name a sender is only
+    checked for membership."""
+    p = SMALL
+    world, rank = 4, 1
+    table = default_peers(p, 8)
+    table[2] = (0x0A000009, 5000)  # rank 2 elsewhere
+    table[3] = table[0]  # two entries with one address: rank 0 (the first) owns it
+    table[6] = (0x0A000006, p.udp_port)  # past the world: no member
+    cfg = Cfg(rank=rank, world=world, peers=tuple(table))
+    rng = np.random.default_rng(21)
+
+    def from_addr(f: bytes, ip: int, port: int) -> bytes:
+        return patch(patch(f, 26, "I", ip), 34, "H", port, fix_ip=False)
+
+    frames = []
+    for _ in range(60):
+        sender = int(rng.choice([0, 2, 3]))
+        f = good_frame(p, cfg, rng, sender=sender, msg_type=ubt.MSG_SCATTER)
+        src = int(rng.choice([0, 2, 3, 6, 7]))  # 7: an outsider
+        ip, port = table[src] if src != 7 else (0x0B000001, p.udp_port)
+        if rng.random() < 0.15:
+            port += 1  # a member's address, another port
+        g = from_addr(f, ip, port)
+        kind = rng.random()
+        if kind < 0.1:
+            g = patch(g, 24, "H", 0, fix_ip=False)  # bad IP checksum: counted before admission
+        elif kind < 0.2:  # a datagram of 4 (no sender field) or 8 bytes
+            cut = ubt.L2_L4_LEN + int(rng.choice([4, 8]))
+            g = patch(g[:cut], 16, "H", cut - ubt.ETH_LEN)
+            g = patch(g, 38, "H", cut - ubt.ETH_LEN - ubt.IP_LEN, fix_ip=False)
+        frames.append(g)
+    e, _ = check(p, frames, cfg, idle=0.2, backpressure=0.3, seed=21)
+    assert e.counts["not_member"] >= 15 and e.counts["wrong_sender"] >= 8
+    assert e.counts["bad_ip_checksum"] >= 3 and e.counts["truncated"] >= 1
+    assert len(e.packets) >= 8
+    # off: the same frames are judged by the protocol's checks alone
+    e_off, _ = check(p, frames, Cfg(rank=rank, world=world))
+    assert e_off.counts["not_member"] == e_off.counts["wrong_sender"] == 0
 
 
 @pytest.mark.parametrize("lanes", [4, 16])
