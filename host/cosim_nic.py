@@ -11,11 +11,13 @@ as SoftwareNic (host/driver.py), bit for bit.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import select
 import struct
 import subprocess
 import time
+from collections import deque
 
 import numpy as np
 
@@ -50,7 +52,8 @@ class SimNic(HostNic):
     """One rank's NIC as the co-simulated RTL (same API as SoftwareNic)."""
 
     backend = "sim"
-    wait_slack_s = 10.0  # the first op may also wait for the harness to start
+    probe_s = 1.0  # with a result awaited, how often the core's clock is read
+    stall_s = 10.0  # an op in flight and the core's clock still this long: the harness is stuck
 
     def _open(self) -> None:
         from optireduce.sim.cosim_build import harness_path
@@ -65,6 +68,10 @@ class SimNic(HostNic):
         self.gone: set[int] = set()
         self.proc: subprocess.Popen | None = None
         self._buf = b""
+        self._host: deque[bytes] = deque()  # result records that came while awaiting a reply
+        self._tick_limit = 0  # this call's bound on the core's clock (_limit)
+        self._clock = (0, 0.0)  # the core's clock when last read, and when (monotonic)
+        self._why = ""  # why the call was found late
         if len(self.transport.peers) == self.world:
             self._ensure()  # start now: the first op should not pay for it
 
@@ -94,8 +101,9 @@ class SimNic(HostNic):
     def _send(self, msg: bytes) -> None:
         self._ensure().stdin.write(msg)
 
-    def _read(self, n: int, deadline: float) -> bytes:
-        """n bytes from the harness, or TimeoutError past `deadline` (monotonic)."""
+    def _fill(self, n: int, deadline: float) -> None:
+        """At least n bytes from the harness buffered, or TimeoutError past `deadline`
+        (monotonic); nothing is consumed, so a timeout never splits a message."""
         proc = self._ensure()
         fd = proc.stdout.fileno()
         while len(self._buf) < n:
@@ -108,28 +116,39 @@ class SimNic(HostNic):
                 if not chunk:
                     raise RuntimeError(f"the sim NIC harness exited ({proc.wait(5)})")
                 self._buf += chunk
-        out, self._buf = self._buf[:n], self._buf[n:]
-        return out
 
     def _message(self, deadline: float) -> tuple[int, bytes]:
-        (typ,) = struct.unpack("<I", self._read(4, deadline))
+        """The next whole message: its type and body (HOST: the words, without tick and
+        count)."""
+        self._fill(4, deadline)
+        (typ,) = struct.unpack_from("<I", self._buf)
         if typ == MSG_HOST:
-            _, count = struct.unpack("<QI", self._read(12, deadline))
-            return typ, self._read(4 * count, deadline)
-        if typ == MSG_CSR_READ:
-            return typ, self._read(8, deadline)
-        if typ == MSG_INFO:
-            return typ, self._read(8 * len(INFO_KEYS), deadline)
-        raise RuntimeError(f"sim NIC: unknown message {typ} from the harness")
+            self._fill(16, deadline)
+            (count,) = struct.unpack_from("<I", self._buf, 12)
+            head, size = 16, 16 + 4 * count
+        elif typ == MSG_CSR_READ:
+            head, size = 4, 12
+        elif typ == MSG_INFO:
+            head, size = 4, 4 + 8 * len(INFO_KEYS)
+        else:
+            raise RuntimeError(f"sim NIC: unknown message {typ} from the harness")
+        self._fill(size, deadline)
+        body, self._buf = self._buf[head:size], self._buf[size:]
+        return typ, body
 
     def _request(self, msg: bytes, want: int, timeout_s: float = 10.0) -> bytes:
+        """Send `msg` and return the reply's body (within timeout_s: the first request
+        may wait for the harness to start); result records that come first are kept
+        for _poll (a reply can be asked for with ops in flight)."""
         self._send(msg)
         deadline = time.monotonic() + timeout_s
         while True:
             typ, data = self._message(deadline)
             if typ == want:
                 return data
-            raise RuntimeError(f"sim NIC: message {typ} while waiting for {want}")
+            if typ != MSG_HOST:
+                raise RuntimeError(f"sim NIC: message {typ} while waiting for {want}")
+            self._host.append(data)
 
     # ---- the Nic API --------------------------------------------------------------------
     def csr_read(self, offset: int) -> int:
@@ -159,6 +178,42 @@ class SimNic(HostNic):
             self._send(struct.pack("<III", MSG_CSR_WRITE, a, v))
 
     # ---- the op loop's primitives (HostNic._allreduce) ------------------------------
+    def _limit(self, ops: int) -> float:
+        """HostNic's bound on the clock the core's deadlines run on, its ticks. While it
+        waits for a deadline the core gets a tick only once it is idle again (about 40
+        cycles), so at 2-3e5 cycles/s its clock runs 150-200 times slower than the wall
+        clock (docs/cosim.md): the bound read in seconds cut every phase that ended by its
+        deadline. Each phase ends by t_B ticks after it starts; outside the phases the core
+        takes in, encodes, decodes and reads out at most C elements, a few cycles each
+        (4.2 for a whole op, measured), and the harness strobes at most one tick a cycle:
+        8 C ticks per op cover it. Ops queued behind the window start when one ends, so
+        the call's bound is ops x (2 t_B + 8 C) ticks from now; time stands still until
+        the first START. No wall-clock limit: _poll raises past the tick bound, or when
+        the clock stands still for stall_s with an op in flight (the harness is stuck)."""
+        ticks = self.info()["ticks"]
+        self._tick_limit = ticks + ops * (2 * self.p.t_b_us + 8 * self.p.c)
+        self._clock = (ticks, time.monotonic())
+        self._why = ""
+        return math.inf
+
+    def _late(self, got: int, ops: int) -> TimeoutError:
+        e = super()._late(got, ops)
+        return TimeoutError(f"{e} ({self._why})") if self._why else e
+
+    def _check_clock(self) -> None:
+        """TimeoutError if the core's clock passed this call's bound or stands still."""
+        ticks, now = self.info()["ticks"], time.monotonic()
+        if self._host:
+            return  # a result came meanwhile
+        if ticks > self._tick_limit:
+            self._why = f"the core's clock at tick {ticks}, past the bound, tick {self._tick_limit}"
+            raise TimeoutError(self._why)
+        if ticks != self._clock[0]:
+            self._clock = (ticks, now)
+        elif now - self._clock[1] > self.stall_s:
+            self._why = f"the core's clock stood still at tick {ticks} for {self.stall_s} s"
+            raise TimeoutError(self._why)
+
     def _room(self, op_id: int, done: int) -> bool:
         # The harness queues commands and the core takes each when its window has
         # room; one more than the window is queued, so the pipes never both fill.
@@ -172,10 +227,20 @@ class SimNic(HostNic):
         self._send(head + chunk.astype("<f4").tobytes())
 
     def _poll(self, deadline: float) -> list[OpResult]:
-        """The next result record (the harness sends nothing else unasked)."""
-        typ, data = self._message(deadline)
-        if typ != MSG_HOST:
-            raise RuntimeError(f"sim NIC: unexpected message {typ}")
+        """The next result record (the harness sends nothing else unasked); the core's
+        clock is read every probe_s without one (_check_clock)."""
+        while not self._host:
+            try:
+                typ, data = self._message(min(deadline, time.monotonic() + self.probe_s))
+            except TimeoutError:
+                if time.monotonic() >= deadline:
+                    raise
+                self._check_clock()
+                continue
+            if typ != MSG_HOST:
+                raise RuntimeError(f"sim NIC: unexpected message {typ}")
+            self._host.append(data)
+        data = self._host.popleft()
         op_id, res, words = host_record(np.frombuffer(data, "<u4").tolist(), self.world)
         return [OpResult(op_id, res, op_stats(host_port.stats_from_words(words), self.rank))]
 

@@ -120,9 +120,7 @@ class HostNic:
         results: dict[int, np.ndarray] = {}
         stats: list[OpStats] = []
         started = 0
-        # Every phase ends by its deadline, so an op takes at most 2 t_B plus skew;
-        # past this bound something outside the protocol is wrong: fail, never hang.
-        limit = time.monotonic() + ops * (2 * p.t_b_us * 1e-6 + 1.0) + self.wait_slack_s
+        limit = self._limit(ops)
         while len(results) < ops:
             while started < ops and self._room(first + started, first + len(results)):
                 a, b = bounds[started]
@@ -140,6 +138,13 @@ class HostNic:
         self.next_op = first + ops
         stats.sort(key=lambda s: s.op_id)
         return np.concatenate([results[k] for k in range(ops)]), stats
+
+    def _limit(self, ops: int) -> float:
+        """When (time.monotonic()) a call of `ops` ops is late. Every phase ends by its
+        deadline, so an op takes at most 2 t_B plus skew; past this bound something
+        outside the protocol is wrong: fail, never hang. A backend whose deadlines run
+        on another clock bounds the call on that clock (SimNic)."""
+        return time.monotonic() + ops * (2 * self.p.t_b_us * 1e-6 + 1.0) + self.wait_slack_s
 
     def _late(self, got: int, ops: int) -> TimeoutError:
         return TimeoutError(

@@ -1,0 +1,81 @@
+"""The sim NIC waits out its phase deadlines in the core's clock.
+
+The co-simulated core's time runs far slower than the wall clock: waiting for a
+deadline, the harness strobes a tick only once the core is idle again, about 40 cycles
+a tick, at 2-3e5 cycles per second: 5-7e3 ticks per second, 150-200 times slower than
+real time (docs/cosim.md). A phase cut by its deadline t_B therefore takes t_B ticks,
+150-200 t_B in seconds. The driver's bound of 2 t_B + 1 s per op is in the deadlines'
+own clock; read on the wall clock it failed the demo's co-simulated run whenever a
+peer's datagrams did not come (its last step: a peer closes its NIC while its delayed
+gather packets are still queued, then rank 0 waits out t_B = 67 ms in ticks, 11 s).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from optireduce.experiments.demo import demo_config, rtl_config
+from optireduce.host.cosim_nic import SimNic
+from optireduce.host.ddp_hook import WARMUP_T_B_US
+from optireduce.host.driver import SoftwareNic
+from optireduce.host.transport import UdpTransport
+from optireduce.sim.cosim_build import harness_path
+
+# The demo's co-simulated NIC (its harness is the demo's, cached under build/cosim/),
+# started as the DDP hook starts it: with the warm-up t_B.
+PARAMS = rtl_config(demo_config()).nic_params().replace(t_b_us=WARMUP_T_B_US)
+T_B_US = 10_000  # two deadlines: 20 000 ticks, 3-10 s of co-simulation on 2 loaded cores
+
+
+def pair() -> list[UdpTransport]:
+    tr = [UdpTransport(r) for r in range(2)]
+    for t in tr:
+        t.connect([u.address for u in tr])
+    return tr
+
+
+def test_a_silent_peer_ends_both_phases_by_their_deadlines_in_ticks(monkeypatch):
+    harness_path(PARAMS)  # a first build takes minutes (cosim_status, `optireduce demo`)
+    x = np.random.default_rng(5).standard_normal(200).astype(np.float32)
+    sim_tr, soft_tr = pair(), pair()
+    # rank 1 never sends: a peer gone mid-run, its datagrams lost
+    sim = SimNic(PARAMS, 0, 2, sim_tr[0], agree=lambda e: e)
+    soft = SoftwareNic(PARAMS, 0, 2, soft_tr[0], agree=lambda e: e)
+    try:
+        sim.set_t_b(T_B_US)
+        soft.set_t_b(T_B_US)
+        # HostNic's bound in seconds is then 2 t_B + 1 s = 1.02 s (it raised TimeoutError
+        # here); the harness is up, so no start-up slack is needed
+        sim.wait_slack_s = 0.0
+        before = sim.info()["ticks"]
+        t0 = time.monotonic()
+        got, st = sim.allreduce(x)
+        wall = time.monotonic() - t0
+        ticks = sim.info()["ticks"] - before
+        want, st_soft = soft.allreduce(x)
+
+        # the bound still holds: an op that the core's clock has not ended by it fails
+        def tight(ops: int) -> float:
+            bound = SimNic._limit(sim, ops)
+            sim._tick_limit = sim._clock[0] + T_B_US  # one deadline: short of the op's two
+            return bound
+
+        monkeypatch.setattr(sim, "_limit", tight)
+        with pytest.raises(TimeoutError, match="past the bound"):
+            sim.allreduce(x)
+    finally:
+        sim.close()
+        soft.close()
+        for t in (sim_tr[1], soft_tr[1]):
+            t.close()
+    assert [(s.phase1_reason, s.phase2_reason) for s in st] == [("deadline", "deadline")]
+    assert [(s.p1_received, s.p2_received) for s in st_soft] == [
+        (s.p1_received, s.p2_received) for s in st
+    ]
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    # both deadlines ran on the core's clock, within the bound SimNic._limit derives
+    assert 2 * T_B_US <= ticks <= 2 * T_B_US + 8 * PARAMS.c
+    print(f"2 deadlines: {ticks} ticks in {wall:.1f} s ({ticks / wall:.0f} ticks/s)")
