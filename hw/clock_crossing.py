@@ -52,6 +52,24 @@ class StreamCrossing(wiring.Component):
         return m
 
 
+CSR_BUS = ("addr", "w_en", "w_data", "r_en")  # an access, to the bank; `r_data` comes back
+
+
+def csr_bus_ports(addr_bits: int, prefix: str = "", flow=In) -> dict:
+    """The register bus's ports (`prefix` before each name) as the bank's side sees them
+    (flow In) or the side that makes the accesses (flow Out)."""
+    back = Out if flow is In else In
+    widths = {"addr": addr_bits, "w_en": 1, "w_data": 32, "r_en": 1}
+    return {prefix + n: flow(w) for n, w in widths.items()} | {prefix + "r_data": back(32)}
+
+
+def csr_bus(master, slave, slave_prefix: str = "") -> list:
+    """Statements that carry the register bus from `master`'s csr_* ports to `slave`'s
+    ports `<slave_prefix>addr`, ... and r_data back."""
+    out = [getattr(slave, slave_prefix + n).eq(getattr(master, "csr_" + n)) for n in CSR_BUS]
+    return [*out, master.csr_r_data.eq(getattr(slave, slave_prefix + "r_data"))]
+
+
 class CsrCrossing(wiring.Component):
     """The register bus from the host adapter (`domain`, usually sync) to the core's bank
     (`core_domain`). An access (one cycle of `r_en` or `w_en` with addr and data) is
@@ -65,19 +83,9 @@ class CsrCrossing(wiring.Component):
         self.domain, self.core_domain = domain, core_domain
         super().__init__(
             {
-                # the host adapter's side
-                "addr": In(addr_bits),
-                "w_en": In(1),
-                "w_data": In(32),
-                "r_en": In(1),
-                "r_data": Out(32),
+                **csr_bus_ports(addr_bits),  # the host adapter's side
                 "done": Out(1),
-                # the core's side
-                "csr_addr": Out(addr_bits),
-                "csr_w_en": Out(1),
-                "csr_w_data": Out(32),
-                "csr_r_en": Out(1),
-                "csr_r_data": In(32),
+                **csr_bus_ports(addr_bits, "csr_", Out),  # the core's side
             }
         )
 

@@ -24,7 +24,7 @@ from amaranth.lib.cdc import PulseSynchronizer
 from amaranth.lib.wiring import In, Out
 
 from optireduce.hw.board_frames import Narrow, Widen
-from optireduce.hw.clock_crossing import CsrCrossing, StreamCrossing
+from optireduce.hw.clock_crossing import CsrCrossing, StreamCrossing, csr_bus
 from optireduce.hw.csr import Csr
 from optireduce.hw.host_adapter import CMD_LAYOUT, OUT_LAYOUT, HostAdapter
 from optireduce.hw.skid import Skid
@@ -96,17 +96,9 @@ class NicShell(wiring.Component):
             host.csr_addr_bits, core_latency=Csr.LATENCY, core_domain=c
         )
         m.d.comb += [
-            csr.addr.eq(host.csr_addr),
-            csr.w_en.eq(host.csr_w_en),
-            csr.w_data.eq(host.csr_w_data),
-            csr.r_en.eq(host.csr_r_en),
-            host.csr_r_data.eq(csr.r_data),
+            *csr_bus(host, csr),
             host.csr_done.eq(csr.done),
-            core.csr_addr.eq(csr.csr_addr),
-            core.csr_w_en.eq(csr.csr_w_en),
-            core.csr_w_data.eq(csr.csr_w_data),
-            core.csr_r_en.eq(csr.csr_r_en),
-            csr.csr_r_data.eq(core.csr_r_data),
+            *csr_bus(csr, core, slave_prefix="csr_"),
         ]
 
         # network port: 8-byte beats cross

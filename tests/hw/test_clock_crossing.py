@@ -10,7 +10,7 @@ import random
 import pytest
 from amaranth import DomainRenamer
 
-from optireduce.hw.clock_crossing import CsrCrossing, StreamCrossing
+from optireduce.hw.clock_crossing import CsrCrossing, StreamCrossing, csr_bus
 from optireduce.hw.csr import Csr, register_map
 from optireduce.hw.streams import frame_layout
 from optireduce.params import NicParams
@@ -67,13 +67,7 @@ def test_csr_crossing_reaches_the_bank_and_returns_each_access():
 
     def bank_in_core(top):
         top.submodules.csr = DomainRenamer("core")(csr)
-        top.d.comb += [
-            csr.addr.eq(x.csr_addr),
-            csr.w_en.eq(x.csr_w_en),
-            csr.w_data.eq(x.csr_w_data),
-            csr.r_en.eq(x.csr_r_en),
-            x.csr_r_data.eq(csr.r_data),
-        ]
+        top.d.comb += csr_bus(x, csr)
 
     rng = random.Random(3)
     config = [r for r in regs if r.kind == "config"]
