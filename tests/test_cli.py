@@ -158,6 +158,27 @@ def test_demo_table_falls_back_to_software_and_plots(tmp_path, monkeypatch, caps
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_demo_table_splits_the_entries_lost_by_cause(tmp_path, monkeypatch, capsys):
+    """The optireduce row: the entries lost by the straggler, by the per-packet delay and by
+    our processing (its worst step in brackets); gloo loses none: n/a."""
+    from optireduce.experiments import demo
+
+    split = {
+        "entries_lost": 0.3, "entries_lost_straggler": 0.2712, "entries_lost_delay": 0.0034,
+        "entries_lost_processing": 0.0254, "entries_lost_processing_max_step": 0.125,
+    }  # fmt: skip
+    fake = _fake_demo(0.5, optireduce=split)
+    monkeypatch.setattr(demo, "train_demo", lambda cfg, rtl, progress=None: fake)
+    monkeypatch.setattr(demo, "cosim_status", lambda cfg=None: (False, "no toolchain here"))
+    monkeypatch.setenv("COLUMNS", "250")
+    assert main(["demo", "--plot", str(tmp_path / "d.png")]) == 0
+    row = next(
+        ln for ln in capsys.readouterr().out.splitlines() if "optireduce" in ln and "%" in ln
+    )
+    cells = [c.strip() for c in row.split("│") if c.strip()]
+    assert cells[5:9] == ["30.000%", "27.120%", "0.340%", "2.540% (12.50%)"]
+
+
 def test_demo_table_has_the_rtl_run_with_its_bit_exactness(tmp_path, monkeypatch, capsys):
     """With the co-simulation usable, a third row: the run with rank 0's NIC the RTL, and
     its bit-exactness; the ratio stays the software run's against gloo."""
