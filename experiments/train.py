@@ -87,7 +87,12 @@ class TrainConfig:
     p: int = 256  # NicParams of the hook: 2410 parameters are one op of 12 packets
     b: int = 1024
     c: int = 16384
-    t_c_min_us: int = 2000  # floor of t_C: a rank descheduled on 2 busy cores is not a tail
+    # Floor of t_C, and with a straggler every step the deadline itself: the phases that
+    # wait for it end by their deadline and sample t_C = T, its own phases give no sample,
+    # so T sits on the floor. At 2 ms, 3-5 % of the entries were lost to our own processing
+    # (the ranks' compute starting a few ms apart on 2 loaded cores); at 4 ms 1-3 %, time to
+    # accuracy reached in 3 runs of 3 against 1 of 4 (measured by loss_attribution).
+    t_c_min_us: int = 4000
     tc_dev_mult: int = 0  # t_C = mean + mult * deviation: the typical completion, not a tail
     # t_C's EWMA gain 2^-shift. The warm-up's phases wait for every straggler, so t_C
     # leaves it far above the bounded phases' completions; at TCP's 1/8 it took about
@@ -513,7 +518,7 @@ def loss_split(cfg: TrainConfig, ranks: list[dict]) -> dict:
         "entries_lost_from_others_max_step": float(frac.max(initial=0.0)),
         "unattributed_ops": unattributed,
     }
-    if not unattributed and all("trace_sent" in r for r in ranks):
+    if not unattributed and all(len(r.get("trace_sent", ())) for r in ranks):
         from optireduce.experiments.loss_attribution import split_by_step
 
         step = np.asarray(ranks[0]["op_step"])

@@ -11,12 +11,11 @@ packets land here).
 from __future__ import annotations
 
 import numpy as np
-from amaranth.sim import Simulator
 
 from optireduce.hw.decoder import Decoder
 from optireduce.hw.gather_buffer import GatherOp
 from optireduce.params import NicParams
-from optireduce.sim.stream_sim import element_payload
+from optireduce.sim.stream_sim import element_payload, simulate
 
 
 def figures(p: NicParams | None = None) -> dict:
@@ -61,10 +60,7 @@ def figures(p: NicParams | None = None) -> dict:
             if cycle > 40 * n + 100_000:
                 raise TimeoutError("decoder figures: no output")
 
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(bench)
-    sim.run()
+    simulate(dut, bench)
     out = res["out"]
     return {
         "cycles_per_element": (out[-1] - out[0] + 1) / n,

@@ -17,12 +17,12 @@ import numpy as np
 from amaranth import Module
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
-from amaranth.sim import Simulator
 
 from optireduce.host.model.nic_model import NicModel
 from optireduce.hw.deadline import REASON_NAMES, Reason
 from optireduce.params import NicParams
 from optireduce.sim.cocotb_run import run_bench
+from optireduce.sim.stream_sim import simulate as run_sim
 
 
 @dataclass
@@ -175,11 +175,7 @@ def simulate(dut, driver, monitor) -> None:
         await driver(ctx)
         finished.append(True)
 
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(run)
-    sim.add_testbench(monitor, background=True)
-    sim.run()
+    run_sim(dut, run, monitor)
     assert finished
 
 

@@ -7,13 +7,12 @@ import random
 
 import numpy as np
 import pytest
-from amaranth.sim import Simulator
 
 from optireduce.host.model.codec import decode
 from optireduce.hw.decoder import Decoder
 from optireduce.hw.gather_buffer import GatherOp
 from optireduce.params import NicParams
-from optireduce.sim.stream_sim import read_element
+from optireduce.sim.stream_sim import read_element, simulate
 from tests.hw.test_block_divider import lockstep
 from tests.hw.test_gather_buffer import beats_of, make_op
 
@@ -40,10 +39,7 @@ def run_decoder(p: NicParams, ops, idle: float, bp: float, seed: int):
         await lockstep(ctx, dut, {"cmd": cmds}, {"o": (total, read_element)}, out, rng,
                        idle=idle, backpressure=bp, start=cycle)  # fmt: skip
 
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(bench)
-    sim.run()
+    simulate(dut, bench)
     return out["o"]
 
 

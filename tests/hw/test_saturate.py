@@ -4,14 +4,13 @@ import random
 
 import numpy as np
 import pytest
-from amaranth.sim import Simulator
 
 from optireduce.host.model.codec import saturate
 from optireduce.hw.axis import AxisWrapper
 from optireduce.hw.saturate import Saturate
 from optireduce.params import NicParams
 from optireduce.sim.cocotb_run import run_bench
-from optireduce.sim.stream_sim import element_payload, run_stream
+from optireduce.sim.stream_sim import element_payload, run_stream, simulate
 
 
 def small(lanes: int = 1) -> NicParams:
@@ -75,10 +74,7 @@ def run_ops(dut, ops, lanes, idle, bp, seed):
             await ctx.tick()
         raise TimeoutError(f"{k}/{len(beats)} beats in, {len(outs)} out")
 
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(bench)
-    sim.run()
+    simulate(dut, bench)
     assert [o[1] for o in outs] == [b["first"] for b in beats]
     assert [o[2] for o in outs] == [b["last"] for b in beats]
     return np.array([o[0] for o in outs], dtype=np.int64).ravel(), counts
