@@ -18,8 +18,15 @@ from amaranth.lib.wiring import In, Out
 from optireduce.host.model.codec import decode
 from optireduce.hw.block_divider import BlockDivider
 from optireduce.hw.dequantizer import Dequantizer
+from optireduce.hw.forward_ports import forward_ports
 from optireduce.hw.fwht import Fwht
-from optireduce.hw.gather_buffer import GatherBuffer, GatherOp, command_layout
+from optireduce.hw.gather_buffer import (
+    GatherBuffer,
+    GatherOp,
+    command_layout,
+    histogram_ports,
+    placement_ports,
+)
 from optireduce.hw.sign_flip import SignFlip
 from optireduce.hw.streams import element_stream, float_stream
 from optireduce.params import NicParams
@@ -53,19 +60,12 @@ class Decoder(wiring.Component):
         super().__init__(
             {
                 "i": In(element_stream(p.w_wire, p.lanes)),
-                "slot": In(range(self.n_slots)),
-                "pkt_index": In(32),
-                "contributors": In(p.n_max.bit_length()),
-                "duplicate": Out(1),
-                "out_of_range": Out(1),
+                **placement_ports(p, self.n_slots),
                 "cmd": In(stream.Signature(decode_command_layout(p, self.n_slots))),
                 "o": Out(float_stream(p.lanes)),
                 "clear": In(1),
                 "sat_output": Out(32),
-                # the gather buffer's histogram read port (GatherBuffer.hist_*)
-                "hist_slot": In(range(self.n_slots)),
-                "hist_addr": In(range(p.n_max + 1)),
-                "hist_data": Out(range(self.gather.n_pkts + 1)),
+                **histogram_ports(p, self.n_slots),  # the gather buffer's
             }
         )
 
@@ -74,18 +74,9 @@ class Decoder(wiring.Component):
         p, g = self.p, self.gather
         m.submodules.gather, m.submodules.deq = g, self.deq
         wiring.connect(m, wiring.flipped(self.i), g.i)
-        m.d.comb += [
-            g.slot.eq(self.slot),
-            g.pkt_index.eq(self.pkt_index),
-            g.contributors.eq(self.contributors),
-            self.duplicate.eq(g.duplicate),
-            self.out_of_range.eq(g.out_of_range),
-            self.deq.clear.eq(self.clear),
-            self.sat_output.eq(self.deq.saturated),
-            g.hist_slot.eq(self.hist_slot),
-            g.hist_addr.eq(self.hist_addr),
-            self.hist_data.eq(g.hist_data),
-        ]
+        forward_ports(m, self, g, placement_ports(p, self.n_slots))
+        m.d.comb += [self.deq.clear.eq(self.clear), self.sat_output.eq(self.deq.saturated)]
+        forward_ports(m, self, g, histogram_ports(p, self.n_slots))
 
         # One context FIFO per consumer, all written when a DRAIN is taken; each keeps
         # only the fields its consumer reads (a whole command is 100-odd bits).

@@ -58,6 +58,27 @@ def command_layout(p: NicParams, slots: int | None = None) -> data.StructLayout:
     return data.StructLayout({"op": GatherOp, "slot": range(slots or p.ops_in_flight), "n": 32})
 
 
+def placement_ports(p: NicParams, n_slots: int) -> dict:
+    """Where the packet on `i` goes (slot, index, contributor count) and the verdicts on it."""
+    return {
+        "slot": In(range(n_slots)),
+        "pkt_index": In(32),
+        "contributors": In(p.n_max.bit_length()),
+        "duplicate": Out(1),
+        "out_of_range": Out(1),
+    }
+
+
+def histogram_ports(p: NicParams, n_slots: int) -> dict:
+    """The contributor histogram's read port: packets of `hist_slot` with `hist_addr`
+    contributors."""
+    return {
+        "hist_slot": In(range(n_slots)),
+        "hist_addr": In(range(p.n_max + 1)),
+        "hist_data": Out(range(p.c // p.p + 1)),
+    }
+
+
 class GatherBuffer(wiring.Component):
     """K slots of c elements with have bits and a contributor histogram (module docstring)."""
 
@@ -77,17 +98,11 @@ class GatherBuffer(wiring.Component):
         super().__init__(
             {
                 "i": In(element_stream(p.w_wire, p.lanes)),
-                "slot": In(range(self.n_slots)),
-                "pkt_index": In(32),
-                "contributors": In(p.n_max.bit_length()),
-                "duplicate": Out(1),
-                "out_of_range": Out(1),
+                **placement_ports(p, self.n_slots),
                 "cmd": In(stream.Signature(command_layout(p, self.n_slots))),
                 "o": Out(element_stream(p.w_wire, p.lanes)),
                 "k": Out(stream.Signature(range(ppb + 1))),
-                "hist_slot": In(range(self.n_slots)),
-                "hist_addr": In(range(p.n_max + 1)),
-                "hist_data": Out(range(self.n_pkts + 1)),
+                **histogram_ports(p, self.n_slots),
             }
         )
 
