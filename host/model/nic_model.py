@@ -88,8 +88,9 @@ class _Op:
         self.n_packets = p.packets_for(n)
         self.started = False
         self.done = False
-        # a non-finite input here or in a peer's accepted frame: every frame sent from
-        # then on carries FLAG_NONFINITE and the result is NaN (docs/numerics.md 2)
+        # a non-finite input here or in a peer's accepted frame: the gather frames (if
+        # set when phase 1 ends) carry FLAG_NONFINITE and the result is NaN; the scatter
+        # frames carry it for this rank's own input only (docs/numerics.md 2)
         self.nonfinite = False
         self.agg = Aggregator(p, rank, world, self.n_packets)
         self.gather = GatherBuffer(p, self.n_packets)
@@ -224,7 +225,7 @@ class NicModel:
         packets = enc.y.reshape(op.n_packets, p.p)
         for i in op.agg.slots:
             op.agg.add(int(i), self.rank, packets[i])
-        ctx = dataclasses.replace(op.ctx, nonfinite=op.nonfinite)
+        ctx = dataclasses.replace(op.ctx, nonfinite=enc.nonfinite > 0)
         for i, dst, frame in scatter_frames(packets, ctx, self.tc[0].tc):
             self._send(now, op, 1, dst, i, frame)
         op.p1.begin(now)

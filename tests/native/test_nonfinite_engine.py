@@ -90,3 +90,35 @@ def test_lossy_reordered_clusters_with_nonfinite_inputs_run_identically(seed):
         for r in last:
             assert r.stats.nonfinite_result == 1
             assert (r.data.view(np.uint32) == NONFINITE_RESULT).all()
+
+
+def test_scatter_frames_carry_the_own_input_only():
+    """Rank 0 (a NaN) is ahead: its flagged scatter frames reach rank 1 before rank 1
+    starts the op. Rank 1's scatter frames still say only what its own input holds (the
+    gateware knows that bit at START, before its first frame); its gather frames, sent when
+    phase 1 ends, carry what it learnt; both results are NaN."""
+    a, b = Twin(P, 0, 2), Twin(P, 1, 2)
+    x = np.arange(100, dtype=np.float32)
+    bad = x.copy()
+    bad[3] = np.nan
+    a.call("start_op", 0, 0, bad, -10)
+    for tx in a.collect():
+        b.call("receive", 1, tx.frame)
+    b.call("start_op", 2, 0, x, -10)
+    flags = {}
+    t = 2
+    while True:
+        frames = [(r, tx) for r, n in enumerate((a, b)) for tx in n.collect()]
+        if not frames:
+            break
+        t += 1
+        for r, tx in frames:
+            h = ubt.parse_frame(tx.frame, port=P.udp_port, rank=tx.dst).header
+            flags.setdefault((r, tx.phase), []).append(bool(h.flags & ubt.FLAG_NONFINITE))
+            (a, b)[tx.dst].call("receive", t, tx.frame)
+    assert flags[(1, 1)] and not any(flags[(1, 1)])  # rank 1's own input is finite
+    assert flags[(1, 2)] and all(flags[(1, 2)])  # it heard rank 0 in phase 1
+    assert all(flags[(0, 2)])
+    for n in (a, b):
+        (res,) = n.results
+        assert (res.data.view(np.uint32) == NONFINITE_RESULT).all()

@@ -54,9 +54,10 @@ struct Engine::Op {
     int exponent = 0;
     uint16_t proposal_word = 0;  // the reserved field of its frames (exp_inband)
     bool started = false, done = false;
-    // a non-finite input here or a peer's accepted frame flagged so: every frame sent from
-    // then on carries FLAG_NONFINITE and the result is NaN (NicModel's _Op.nonfinite)
-    bool nonfinite = false;
+    // a non-finite input here or a peer's accepted frame flagged so: the gather frames carry
+    // FLAG_NONFINITE and the result is NaN (NicModel's _Op.nonfinite); the scatter frames
+    // carry it for this rank's own input only (nonfinite_own)
+    bool nonfinite = false, nonfinite_own = false;
     float* out = nullptr;  // the caller's result buffer, if start_op was given one
     // aggregator: slot row k is packet rank + k N; a row's acc is written by its first
     // contribution (count 0) and added to by the others, so it is never zeroed in full
@@ -215,7 +216,8 @@ void Engine::start_op(int64_t now, int64_t op_id, const float* data, size_t n,
     st.sat_quantize = ec.sat_quantize;
     st.sat_transform = ec.sat_transform;
     st.nonfinite = ec.nonfinite;
-    op->nonfinite = op->nonfinite || ec.nonfinite > 0;
+    op->nonfinite_own = ec.nonfinite > 0;
+    op->nonfinite = op->nonfinite || op->nonfinite_own;
     exp_counters_[source] += 1;
     exp_counters_[EXP_MISSING] += static_cast<int64_t>(n_missing);
     // an inf (counted as a saturation) is not a prediction too small
@@ -391,7 +393,7 @@ std::unique_ptr<Engine::Op> Engine::make_op(int64_t op_id, int64_t n, int expone
     op->n_packets = static_cast<int64_t>(p_.packets_for(static_cast<size_t>(n)));
     op->n_slots = owned(op->n_packets, rank_, world_);
     op->started = op->done = false;
-    op->nonfinite = false;
+    op->nonfinite = op->nonfinite_own = false;
     op->out = nullptr;
     // acc and z: no zeroing (see add and place); a pooled op keeps its pages
     if (op->acc.size() < static_cast<size_t>(op->n_slots * P)) op->acc.resize(op->n_slots * P);
@@ -645,7 +647,8 @@ Header Engine::header(const Op& op, uint8_t msg_type, int64_t pkt_index, int con
     Header h;
     h.version = UBT_VERSION;
     h.msg_type = msg_type;
-    h.flags = static_cast<uint8_t>((last ? FLAG_LAST : 0) | (op.nonfinite ? FLAG_NONFINITE : 0));
+    const bool nf = msg_type == MSG_SCATTER ? op.nonfinite_own : op.nonfinite;
+    h.flags = static_cast<uint8_t>((last ? FLAG_LAST : 0) | (nf ? FLAG_NONFINITE : 0));
     h.exponent = static_cast<int8_t>(op.exponent);
     h.job_id = static_cast<uint16_t>(p_.job_id);
     h.sender = static_cast<uint16_t>(rank_);
