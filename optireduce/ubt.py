@@ -192,6 +192,17 @@ def ipv4_checksum(header: bytes) -> int:
     return ~s & 0xFFFF
 
 
+def patch_frame(frame: bytes, offset: int, fmt: str, value: int, *, fix_ip: bool = True) -> bytes:
+    """`frame` with the big-endian struct field `fmt` at byte `offset` set to `value`; the
+    IPv4 header checksum recomputed, or, with fix_ip=False, left as it was (a bad one)."""
+    b = bytearray(frame)
+    struct.pack_into("!" + fmt, b, offset, value)
+    if fix_ip:
+        struct.pack_into("!H", b, 24, 0)
+        struct.pack_into("!H", b, 24, ipv4_checksum(bytes(b[14:34])))
+    return bytes(b)
+
+
 def payload_bytes(values: np.ndarray) -> bytes:
     """Wire bytes of the payload: big-endian int32."""
     return np.asarray(values).astype(">i4", copy=False).tobytes()

@@ -216,13 +216,7 @@ def test_trailing_bytes_after_datagram_ignored() -> None:
 # --- receiver checks -----------------------------------------------------------------------
 
 
-def patch(data: bytes, offset: int, fmt: str, value: int, *, fix_ip: bool = True) -> bytes:
-    b = bytearray(data)
-    struct.pack_into("!" + fmt, b, offset, value)
-    if fix_ip:
-        struct.pack_into("!H", b, 24, 0)
-        struct.pack_into("!H", b, 24, ubt.ipv4_checksum(bytes(b[14:34])))
-    return bytes(b)
+patch = ubt.patch_frame  # a field changed, the IP checksum fixed or not
 
 
 GOOD = frame()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import struct
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -214,14 +213,7 @@ def good_frame(
     )  # fmt: skip
 
 
-def patch(data: bytes, offset: int, fmt: str, value: int, *, fix_ip: bool = True) -> bytes:
-    """tests/test_protocol.py's patch: a field changed, the IP checksum fixed or not."""
-    b = bytearray(data)
-    struct.pack_into("!" + fmt, b, offset, value)
-    if fix_ip:
-        struct.pack_into("!H", b, 24, 0)
-        struct.pack_into("!H", b, 24, ubt.ipv4_checksum(bytes(b[14:34])))
-    return bytes(b)
+patch = ubt.patch_frame  # a field changed, the IP checksum fixed or not
 
 
 def with_header(frame: bytes, cfg: Cfg, p: NicParams, **fields: int) -> bytes:
