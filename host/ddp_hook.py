@@ -341,12 +341,17 @@ def optireduce_hook(
             if last and state.iteration == state.warmup_iters - 1:
                 state._calibrate()
             _end_bucket(state, bucket)
-            return _to_bucket(out, tensor)
+            result = _to_bucket(out, tensor)
+            if any(s.nonfinite_result or s.nonfinite for s in stats):
+                result.fill_(float("nan"))  # the whole bucket, as after the warm-up
+            return result
         out, stats = nic.allreduce(x)
         expected = sum(s.p1_expected + s.p2_expected for s in stats)
         lost = sum(s.lost_phase1 + s.lost_phase2 for s in stats)
         ppm = [lost * 1_000_000 // max(1, expected)]  # parts per million
-        nonfinite = int(any(s.nonfinite_result for s in stats))
+        # the own input too: a NIC that does not carry the flag (the gateware today) still
+        # reports what its quantizer saw
+        nonfinite = int(any(s.nonfinite_result or s.nonfinite for s in stats))
         if state.policy != "accept":
             # one decision on every rank: the max of the loss fractions. `accept` decides
             # nothing, so it spares the step this exchange and keeps its own fraction.
