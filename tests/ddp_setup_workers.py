@@ -241,6 +241,7 @@ def run_setup(rank: int, world: int, tmp: str, cfg: dict) -> dict:
         rec["ref_stepped"] = any(not torch.equal(b, p) for b, p in
                                  zip(before, ref.parameters(), strict=True))  # fmt: skip
         digest = _digest(hk.parameters())
+        rec["hk_finite"] = all(bool(torch.isfinite(p).all()) for p in hk.parameters())
         every = [None] * world
         dist.all_gather_object(every, digest)
         rec["replicas_equal"] = len(set(every)) == 1

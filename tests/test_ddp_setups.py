@@ -29,6 +29,7 @@ SCENARIOS = {
     "no_sync": {"accumulate": 3, "iters": 5},
     "many_buckets": {"layers": "varied", "bucket_cap_mb": 0.02, "iters": 5},
     "drift_bf16": {"dtype": "bfloat16", "iters": 5, "checksum_every": 1, "perturb_at": 3},
+    "nan_params": {"iters": 5, "inject_inf_at": [2], "overflow_rank": 1, "checksum_every": 1},
     "one_inf": {"amp": True, "iters": 6, "inject_inf_at": [3], "overflow_rank": 1,
                 "layers": "varied", "bucket_cap_mb": 0.02, "policy": "skip"},
 }  # fmt: skip
@@ -202,3 +203,16 @@ def test_one_inf_entry_in_one_bucket_skips_the_step_everywhere(shared_world):
             assert s["nonfinite_hk"] == bad[0]["elements"], s
             assert bad[0]["nonfinite_inputs"] == (1 if rank == 1 else 0)
             assert all(b["mode"] == "optireduce" for b in s["buckets"])  # not zeroed
+
+
+def test_nan_parameters_are_not_a_drift(shared_world):
+    """Without a scaler an inf gradient (rank 1, step 2) makes parameters NaN on every rank,
+    with gloo as with the hook. The replica check (every step) compares checksum bits, so
+    identical NaN replicas are not taken for a drift and resynced at every check."""
+    ranks = scenario(shared_world, "nan_params")
+    for out in ranks:
+        steps = out["steps"]
+        assert [s["hk_finite"] for s in steps] == [True, True, False, False, False]
+        assert all(s["replicas_equal"] for s in steps)
+        assert not any(s["resynced"] for s in steps)
+        assert [bool(s["nonfinite_ref"]) for s in steps] == [False, False, True, True, True]
