@@ -424,7 +424,11 @@ def tshark_or_fail() -> str:
     return exe
 
 
-TSHARK_FIELDS = [*(f"ubt.{f.name}" for f in ubt.FIELDS), "ubt.flags.last", "ubt.elements"]
+TSHARK_FIELDS = [
+    *(f"ubt.{f.name}" for f in ubt.FIELDS),
+    *(f"ubt.flags.{n.lower()}" for n in ubt.FLAG_NAMES.values()),
+    "ubt.elements",
+]
 
 
 def run_tshark(exe: str, pcap: Path, tmp: Path, *extra: str) -> list[list[str]]:
@@ -449,6 +453,7 @@ def test_tshark_dissector(tmp_path: Path) -> None:
     cases = [
         (header(flags=ubt.FLAG_LAST, exponent=-128, count=5), [1, -2, 2**31 - 1, -(2**31), 0]),
         (gather, list(range(-10, 10))),
+        (gather._replace(flags=ubt.FLAG_NONFINITE, count=1), [3]),
         (header(msg_type=ubt.MSG_GATHER, contributors=1, flags=ubt.FLAG_LAST, count=0), []),
         (header(count=256, pkt_index=255), [(i * 7919) % 65536 - 32768 for i in range(256)]),
     ]
@@ -463,8 +468,9 @@ def test_tshark_dissector(tmp_path: Path) -> None:
         got = dict(zip([*TSHARK_FIELDS, "ubt.element", "expert"], row, strict=True))
         for f in ubt.FIELDS:
             assert int(got[f"ubt.{f.name}"], 0) == getattr(h, f.name), (f.name, got)
-        last = got["ubt.flags.last"].strip().lower() in ("1", "true")
-        assert last == bool(h.flags & ubt.FLAG_LAST), got
+        for flag, name in ubt.FLAG_NAMES.items():
+            on = got[f"ubt.flags.{name.lower()}"].strip().lower() in ("1", "true")
+            assert on == bool(h.flags & flag), (name, got)
         assert int(got["ubt.elements"]) == len(values)
         shown = [int(x) for x in got["ubt.element"].split(",") if x]
         assert shown == values[: ubt_lua.DEFAULT_MAX_ELEMENTS], got
