@@ -238,6 +238,7 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
     ops: list = []
     op_step: list[int] = []  # the training step of each recorded op
     hand_off: list[tuple[int, int]] = []
+    hook_called: list[int] = []
     step_begin: list[int] = []
     step_now = [0]
     if method == "optireduce":
@@ -254,7 +255,12 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
             control_floor_s=cfg.control_floor_s or (
                 CONTROL_FLOOR_S if cfg.cosim_rank is None else COSIM_CONTROL_FLOOR_S),
         )  # fmt: skip
-        ddp.register_comm_hook(state, optireduce_hook)
+
+        def timed_hook(st, bucket):  # when DDP hands the bucket over, for the evidence
+            hook_called.append(time.monotonic_ns() // 1000)
+            return optireduce_hook(st, bucket)
+
+        ddp.register_comm_hook(state, timed_hook)
         # Build the NIC now (every rank, same point) to keep every op's statistics.
         nic = state.nic
         dist.barrier()  # a co-simulated NIC may build its harness first: minutes, not t_B
@@ -351,6 +357,7 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
         res["op_step"] = np.array(op_step, dtype=np.int64)
         res["op_hand_off_us"] = np.array(hand_off, dtype=np.int64).reshape(len(ops), 2)
         res["step_begin_us"] = np.array(step_begin, dtype=np.int64)
+        res["hook_called_us"] = np.array(hook_called, dtype=np.int64)  # one per bucket
         # per op and sender: reduced packets missing ([] from the gateware: -1, unknown)
         res["p2_missing_from"] = np.array(
             [s.p2_missing_from or [-1] * cfg.world for s in ops], dtype=np.int64
