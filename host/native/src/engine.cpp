@@ -3,6 +3,8 @@
 // timers, drops and stats come out identical (tests/native/test_engine.py checks it).
 #include "engine.hpp"
 
+#include "clones.hpp"
+
 #include <algorithm>
 #include <climits>
 #include <limits>
@@ -35,6 +37,14 @@ std::string py_list(const std::vector<int>& v) {
 // Packets of an op of n_packets that rank r owns: indices r, r + N, r + 2N, ...
 int64_t owned(int64_t n_packets, int r, int world) {
     return n_packets > r ? (n_packets - r + world - 1) / world : 0;
+}
+
+// The owner's own contribution to a slot, widened (vectorised for the CPU at hand).
+OR_CLONES void widen_into(const int32_t* __restrict v, size_t n, int64_t* __restrict a) {
+    for (size_t j = 0; j < n; ++j) a[j] = v[j];
+}
+OR_CLONES void add_into(const int32_t* __restrict v, size_t n, int64_t* __restrict a) {
+    for (size_t j = 0; j < n; ++j) a[j] += v[j];
 }
 
 }  // namespace
@@ -88,9 +98,9 @@ struct Engine::Op {
         bitmap[row * world + sender] = 1;
         int64_t* a = acc.data() + row * p;
         if (count[row]++ == 0)
-            for (int j = 0; j < p; ++j) a[j] = v[j];
+            widen_into(v, static_cast<size_t>(p), a);
         else
-            for (int j = 0; j < p; ++j) a[j] += v[j];
+            add_into(v, static_cast<size_t>(p), a);
     }
     // Aggregator.clear: forget every contribution; how many there were.
     int64_t clear() {
@@ -562,19 +572,21 @@ void Engine::end_phase1(Op& op, int64_t t, Reason reason) {
     st.p1_missing_from = op.p1.missing_from();
     const int P = p_.p;
     means_.resize(op.n_slots * P);
+    reduced_.resize(op.n_slots);
     for (int64_t row = 0; row < op.n_slots; ++row) {
         const int64_t* a = op.acc.data() + row * P;
-        int32_t* m = means_.data() + row * P;
+        const int64_t i = rank_ + row * world_;
+        const bool own = !op.have[i];  // the owner's own reduced packets: straight into z
+        int32_t* m = own ? op.z.data() + i * P : means_.data() + row * P;
         if (op.count[row] == 0)
             std::fill(m, m + P, 0);  // nothing arrived (its acc was never written)
         else
             div_round_n(a, static_cast<size_t>(P), op.count[row], m);
-        const int64_t i = rank_ + row * world_;
-        if (!op.have[i]) {  // the owner's own reduced packets
-            std::copy(m, m + P, op.z.data() + i * P);
+        if (own) {
             op.have[i] = 1;
             op.contributors[i] = op.count[row];
         }
+        reduced_[row] = m;
     }
     // phase 2: each reduced slot to every other rank, the last slots flagged
     const int64_t nflag = flagged_count(op.n_slots, p_.last_percent);
@@ -585,7 +597,7 @@ void Engine::end_phase1(Op& op, int64_t t, Reason reason) {
         for (int dst = 0; dst < world_; ++dst) {
             if (dst == rank_) continue;
             const Header h = header(op, MSG_GATHER, i, static_cast<int>(op.count[row]), last, tc2);
-            send(t, op, 2, dst, i, h, means_.data() + row * P);
+            send(t, op, 2, dst, i, h, reduced_[row]);
         }
     }
     op.p2.begin(t, op.p1.start() + op.p1.timeout());

@@ -13,6 +13,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "codec.hpp"
@@ -56,6 +58,28 @@ struct InbandExponent {
     std::optional<int> exponent;  // max of the proposals; none if a rank gave none
     std::vector<int> missing;     // live peers whose proposal has not arrived
     std::vector<int> unknown;     // ranks that sent "no proposal" (this one too, if so)
+};
+
+// An allocator whose resize leaves new elements uninitialised: the frame arena's room for a
+// frame is written in full right after it is made (zero-filling it first cost 4 % of the
+// engine's CPU in a lossless op).
+template <class T>
+struct NoInitAllocator : std::allocator<T> {
+    template <class U>
+    struct rebind {
+        using other = NoInitAllocator<U>;
+    };
+    NoInitAllocator() = default;
+    template <class U>
+    NoInitAllocator(const NoInitAllocator<U>&) noexcept {}
+    template <class U>
+    void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
+        ::new (static_cast<void*>(p)) U;
+    }
+    template <class U, class... A>
+    void construct(U* p, A&&... a) {
+        ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
+    }
 };
 
 // optireduce/op_stats.py OpStats, field for field.
@@ -185,11 +209,12 @@ private:
     std::vector<uint8_t> is_gone_;
     std::vector<int> gone_order_;
     std::vector<Tx> tx_;
-    std::vector<uint8_t> arena_;
+    std::vector<uint8_t, NoInitAllocator<uint8_t>> arena_;
     std::vector<OpResult> results_;
     // scratch, reused
     std::vector<int32_t> enc_;
     std::vector<int32_t> means_;
+    std::vector<const int32_t*> reduced_;  // per slot: where end_phase1 put its mean
     mutable std::vector<int64_t> median_;
     std::vector<int64_t> ids_;
 };

@@ -3,11 +3,13 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/udp.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <system_error>
@@ -16,7 +18,7 @@ namespace optireduce {
 
 const char* const TRANSPORT_COUNTER_NAMES[N_TRANSPORT_COUNTERS] = {
     "rx_datagrams", "tx_datagrams", "not_member",   "wrong_sender",  "rx_oversize",
-    "tx_again",     "tx_errors",    "rx_syscalls",  "tx_syscalls",
+    "tx_again",     "tx_errors",    "rx_syscalls",  "tx_syscalls",  "tx_resent",
 };
 
 namespace {
@@ -27,7 +29,20 @@ namespace {
 
 // The sender field of a UBT header (bytes 6..7, big-endian).
 constexpr size_t SENDER_OFFSET = 6;
-constexpr size_t CTRL_BYTES = CMSG_SPACE(sizeof(timespec));
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103
+#endif
+#ifndef UDP_GRO
+#define UDP_GRO 104
+#endif
+constexpr size_t CTRL_BYTES = CMSG_SPACE(sizeof(timespec)) + CMSG_SPACE(sizeof(int));
+constexpr size_t GSO_CTRL_BYTES = CMSG_SPACE(sizeof(uint16_t));
+constexpr size_t MAX_UDP_PAYLOAD = 65507;  // IPv4: 65535 - 20 - 8, also for a GSO message
+
+bool gso_wanted() {
+    const char* v = std::getenv("OPTIREDUCE_UDP_GSO");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+}
 
 }  // namespace
 
@@ -93,7 +108,12 @@ UdpTransport::UdpTransport(int fd, int buffer_bytes, size_t max_datagram) {
 }
 
 UdpTransport::~UdpTransport() {
-    if (fd_ >= 0) close(fd_);
+    if (fd_ < 0) return;
+    if (gro_) {  // an adopted socket goes back to its owner as it came (no coalescing)
+        const int off = 0;
+        setsockopt(fd_, SOL_UDP, UDP_GRO, &off, sizeof off);
+    }
+    close(fd_);
 }
 
 void UdpTransport::setup(int buffer_bytes, size_t max_datagram) {
@@ -116,15 +136,27 @@ void UdpTransport::setup(int buffer_bytes, size_t max_datagram) {
     const int on = 1;
     if (setsockopt(fd_, SOL_SOCKET, SO_TIMESTAMPNS, &on, sizeof on) != 0)
         fail("setsockopt(SO_TIMESTAMPNS)");
-    slot_ = (max_datagram + 1 + 63) & ~size_t{63};
-    rx_buf_.assign(BATCH * slot_, 0);
-    rx_msgs_.assign(BATCH, mmsghdr{});
-    rx_iov_.assign(BATCH, iovec{});
-    rx_from_.assign(BATCH, sockaddr_in{});
-    rx_ctrl_.assign(BATCH * CTRL_BYTES, 0);
+    max_datagram_ = max_datagram;
+    if (gso_wanted()) {
+        // GSO: the option's getter answers where the kernel has it; GRO: the setter
+        int seg = 0;
+        socklen_t sl = sizeof seg;
+        gso_ = getsockopt(fd_, SOL_UDP, UDP_SEGMENT, &seg, &sl) == 0;
+        gro_ = setsockopt(fd_, SOL_UDP, UDP_GRO, &on, sizeof on) == 0;
+    }
+    // with GRO a message holds up to 64 KiB of coalesced datagrams; without, one datagram
+    // (+1 byte to see an oversize one)
+    slot_ = gro_ ? size_t{65536} : (max_datagram + 1 + 63) & ~size_t{63};
+    rx_msgs_n_ = gro_ ? GRO_BATCH : BATCH;
+    rx_buf_.assign(rx_msgs_n_ * slot_, 0);
+    rx_msgs_.assign(rx_msgs_n_, mmsghdr{});
+    rx_iov_.assign(rx_msgs_n_, iovec{});
+    rx_from_.assign(rx_msgs_n_, sockaddr_in{});
+    rx_ctrl_.assign(rx_msgs_n_ * CTRL_BYTES, 0);
     tx_msgs_.assign(BATCH, mmsghdr{});
-    tx_iov_.assign(BATCH, iovec{});
-    for (size_t i = 0; i < BATCH; ++i) {
+    tx_iov_.assign(BATCH * MAX_SEGMENTS, iovec{});
+    tx_ctrl_.assign(BATCH * GSO_CTRL_BYTES, 0);
+    for (size_t i = 0; i < rx_msgs_n_; ++i) {
         rx_iov_[i] = iovec{rx_buf_.data() + i * slot_, slot_};
         msghdr& h = rx_msgs_[i].msg_hdr;
         h.msg_iov = &rx_iov_[i];
@@ -164,14 +196,36 @@ int UdpTransport::lookup(uint64_t key) {
     return -1;
 }
 
+void UdpTransport::admit(const uint8_t* d, size_t len, int rank, int64_t arrival,
+                         std::vector<Datagram>& out) {
+    if (rank < 0) {
+        counters_[T_NOT_MEMBER] += 1;
+        return;
+    }
+    if (len > max_datagram_) {
+        counters_[T_RX_OVERSIZE] += 1;
+        return;
+    }
+    if (len >= SENDER_OFFSET + 2) {
+        const int sender = (d[SENDER_OFFSET] << 8) | d[SENDER_OFFSET + 1];
+        if (sender != rank) {
+            counters_[T_WRONG_SENDER] += 1;
+            return;
+        }
+    }
+    counters_[T_RX_DATAGRAMS] += 1;
+    out.push_back(Datagram{d, len, rank, arrival});
+}
+
 size_t UdpTransport::recv_batch(std::vector<Datagram>& out) {
     out.clear();
-    for (size_t i = 0; i < BATCH; ++i) {
+    for (size_t i = 0; i < rx_msgs_n_; ++i) {
         rx_msgs_[i].msg_hdr.msg_namelen = sizeof(sockaddr_in);
         rx_msgs_[i].msg_hdr.msg_flags = 0;
         rx_msgs_[i].msg_hdr.msg_controllen = CTRL_BYTES;
     }
-    const int got = recvmmsg(fd_, rx_msgs_.data(), BATCH, MSG_DONTWAIT, nullptr);
+    const int got = recvmmsg(fd_, rx_msgs_.data(), static_cast<unsigned>(rx_msgs_n_),
+                             MSG_DONTWAIT, nullptr);
     counters_[T_RX_SYSCALLS] += 1;
     if (got <= 0) {
         if (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
@@ -179,50 +233,60 @@ size_t UdpTransport::recv_batch(std::vector<Datagram>& out) {
             fail("recvmmsg");
         return 0;
     }
+    size_t datagrams = 0;
     for (int i = 0; i < got; ++i) {
         const mmsghdr& m = rx_msgs_[i];
         const sockaddr_in& from = rx_from_[i];
         const PeerAddr src{ntohl(from.sin_addr.s_addr), ntohs(from.sin_port)};
         const int rank = from.sin_family == AF_INET ? lookup(src.key()) : -1;
-        if (rank < 0) {
-            counters_[T_NOT_MEMBER] += 1;
-            continue;
-        }
-        if ((m.msg_hdr.msg_flags & MSG_TRUNC) || m.msg_len >= slot_) {
-            counters_[T_RX_OVERSIZE] += 1;
-            continue;
-        }
-        const uint8_t* d = rx_buf_.data() + i * slot_;
-        if (m.msg_len >= SENDER_OFFSET + 2) {
-            const int sender = (d[SENDER_OFFSET] << 8) | d[SENDER_OFFSET + 1];
-            if (sender != rank) {
-                counters_[T_WRONG_SENDER] += 1;
-                continue;
-            }
-        }
         int64_t arrival = 0;
+        size_t seg = 0;  // GRO: the length of each coalesced datagram but the last
         for (cmsghdr* c = CMSG_FIRSTHDR(&m.msg_hdr); c != nullptr;
              c = CMSG_NXTHDR(const_cast<msghdr*>(&m.msg_hdr), c)) {
             if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPNS) {
                 timespec ts;
                 std::memcpy(&ts, CMSG_DATA(c), sizeof ts);
                 arrival = int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+            } else if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
+                int s = 0;
+                std::memcpy(&s, CMSG_DATA(c), sizeof s);
+                seg = s > 0 ? static_cast<size_t>(s) : 0;
             }
         }
-        counters_[T_RX_DATAGRAMS] += 1;
-        out.push_back(Datagram{d, m.msg_len, rank, arrival});
+        const uint8_t* d = rx_buf_.data() + i * slot_;
+        if ((m.msg_hdr.msg_flags & MSG_TRUNC) || m.msg_len >= slot_) {  // no GRO: too long
+            counters_[rank < 0 ? T_NOT_MEMBER : T_RX_OVERSIZE] += 1;
+            datagrams += 1;
+            continue;
+        }
+        const size_t len = m.msg_len;
+        if (seg == 0 || seg >= len) {
+            admit(d, len, rank, arrival, out);
+            datagrams += 1;
+            continue;
+        }
+        for (size_t o = 0; o < len; o += seg) {
+            admit(d + o, std::min(seg, len - o), rank, arrival, out);
+            datagrams += 1;
+        }
     }
-    return static_cast<size_t>(got);
+    return datagrams;
 }
 
 size_t UdpTransport::send_batch(const OutDatagram* items, size_t n) {
+    for (size_t i = 0; i < n; ++i)
+        if (items[i].dst < 0 || items[i].dst >= static_cast<int>(peer_sa_.size()))
+            throw std::logic_error("send_batch: no address for rank " +
+                                   std::to_string(items[i].dst));
+    return gso_ ? send_gso(items, n) : send_plain(items, n);
+}
+
+size_t UdpTransport::send_plain(const OutDatagram* items, size_t n) {
     size_t done = 0;
     while (done < n) {
         const size_t k = std::min(n - done, BATCH);
         for (size_t i = 0; i < k; ++i) {
             const OutDatagram& o = items[done + i];
-            if (o.dst < 0 || o.dst >= static_cast<int>(peer_sa_.size()))
-                throw std::logic_error("send_batch: no address for rank " + std::to_string(o.dst));
             tx_iov_[i] = iovec{const_cast<uint8_t*>(o.data), o.len};
             msghdr& h = tx_msgs_[i].msg_hdr;
             h = msghdr{};
@@ -246,6 +310,99 @@ size_t UdpTransport::send_batch(const OutDatagram* items, size_t n) {
         }
         counters_[T_TX_DATAGRAMS] += sent;
         done += static_cast<size_t>(sent);
+    }
+    return done;
+}
+
+// One sendmmsg per window of items: each message holds, in order, the datagrams of one
+// peer of one length (the kernel cuts a GSO message at that length), at most 64 KiB of them;
+// the messages are in the order of their first datagram.
+size_t UdpTransport::send_gso(const OutDatagram* items, size_t n) {
+    item_msg_.resize(std::max(item_msg_.size(), n));
+    size_t done = 0;
+    while (done < n) {
+        size_t n_msgs = 0, end = done;
+        int open[64];  // per peer (the first 64 ranks): its open message, or -1
+        const int n_open = std::min<int>(64, static_cast<int>(peer_sa_.size()));
+        std::fill(open, open + n_open, -1);
+        for (; end < n; ++end) {
+            const OutDatagram& o = items[end];
+            int m = o.dst < n_open ? open[o.dst] : -1;
+            if (m >= 0) {
+                msghdr& h = tx_msgs_[m].msg_hdr;
+                const size_t segs = h.msg_iovlen;
+                const size_t seg_len = h.msg_iov[0].iov_len;
+                if (o.len != seg_len || segs >= MAX_SEGMENTS ||
+                    (segs + 1) * seg_len > MAX_UDP_PAYLOAD)
+                    m = -1;
+            }
+            if (m < 0) {
+                if (n_msgs == BATCH) break;
+                m = static_cast<int>(n_msgs++);
+                msghdr& h = tx_msgs_[m].msg_hdr;
+                h = msghdr{};
+                h.msg_name = &peer_sa_[o.dst];
+                h.msg_namelen = sizeof(sockaddr_in);
+                h.msg_iov = &tx_iov_[static_cast<size_t>(m) * MAX_SEGMENTS];
+                h.msg_iovlen = 0;
+                if (o.dst < n_open) open[o.dst] = m;
+            }
+            msghdr& h = tx_msgs_[m].msg_hdr;
+            h.msg_iov[h.msg_iovlen++] = iovec{const_cast<uint8_t*>(o.data), o.len};
+            item_msg_[end] = static_cast<uint32_t>(m);
+        }
+        for (size_t m = 0; m < n_msgs; ++m) {  // the segment size, where there are several
+            msghdr& h = tx_msgs_[m].msg_hdr;
+            if (h.msg_iovlen < 2) continue;
+            uint8_t* ctl = tx_ctrl_.data() + m * GSO_CTRL_BYTES;
+            h.msg_control = ctl;
+            h.msg_controllen = GSO_CTRL_BYTES;
+            cmsghdr* c = CMSG_FIRSTHDR(&h);
+            c->cmsg_level = SOL_UDP;
+            c->cmsg_type = UDP_SEGMENT;
+            c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+            const uint16_t seg = static_cast<uint16_t>(h.msg_iov[0].iov_len);
+            std::memcpy(CMSG_DATA(c), &seg, sizeof seg);
+        }
+        const int sent = sendmmsg(fd_, tx_msgs_.data(), static_cast<unsigned>(n_msgs), 0);
+        counters_[T_TX_SYSCALLS] += 1;
+        if (sent < 0 && (errno == EIO || errno == EINVAL || errno == EMSGSIZE ||
+                         errno == ENOPROTOOPT || errno == EOPNOTSUPP) &&
+            tx_msgs_[0].msg_hdr.msg_controllen != 0) {
+            // the route cannot segment (e.g. a device without checksum offload): plain sends
+            gso_ = false;
+            return done + send_plain(items + done, n - done);
+        }
+        if (sent < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS) {
+                counters_[T_TX_AGAIN] += 1;
+                return done;
+            }
+            if (errno == EINTR) continue;
+            // the first message's datagrams are lost (e.g. ECONNREFUSED), go on: only those
+            // up to the first datagram of another message count as taken
+            size_t k = done;
+            while (k < end && item_msg_[k] == 0) ++k;
+            counters_[T_TX_ERRORS] += static_cast<int64_t>(k - done);
+            done = k;
+            continue;
+        }
+        // messages [0, sent) went out: items up to the first of a later message are taken
+        size_t k = done;
+        while (k < end && item_msg_[k] < static_cast<uint32_t>(sent)) ++k;
+        int64_t out = 0, resent = 0;
+        for (size_t i = done; i < end; ++i) {
+            const bool went = item_msg_[i] < static_cast<uint32_t>(sent);
+            out += went;
+            resent += went && i >= k;
+        }
+        counters_[T_TX_DATAGRAMS] += out;
+        counters_[T_TX_RESENT] += resent;
+        done = k;
+        if (static_cast<size_t>(sent) < n_msgs) {
+            counters_[T_TX_AGAIN] += 1;
+            return done;
+        }
     }
     return done;
 }

@@ -6,6 +6,13 @@
 // whose UBT header names another sender is counted (wrong_sender) and dropped. Everything
 // else goes to the engine, which does the protocol's own checks. No locks: one thread owns a
 // transport (the live engine thread).
+//
+// Where the kernel has them (Linux 4.18 / 5.0), UDP GSO and GRO: send_batch puts up to 64 KiB
+// of equal-length datagrams to one peer in one message (UDP_SEGMENT), and the socket takes
+// coalesced datagrams (UDP_GRO), which recv_batch splits again at the segment size. On the
+// wire nothing changes: the kernel (or the NIC) cuts them into the same datagrams. Measured on
+// loopback, 16 KiB datagrams: kernel CPU per GB sent and received 0.35 -> 0.30 s.
+// OPTIREDUCE_UDP_GSO=0 turns both off.
 #pragma once
 
 #include <netinet/in.h>
@@ -38,6 +45,7 @@ enum TransportCounter : int {
     T_TX_ERRORS,     // sendmmsg failed otherwise: the datagram is dropped
     T_RX_SYSCALLS,
     T_TX_SYSCALLS,
+    T_TX_RESENT,     // sent again after a partial GSO batch (the receiver drops the duplicate)
     N_TRANSPORT_COUNTERS,
 };
 extern const char* const TRANSPORT_COUNTER_NAMES[N_TRANSPORT_COUNTERS];
@@ -57,7 +65,9 @@ struct OutDatagram {
 
 class UdpTransport {
 public:
-    static constexpr size_t BATCH = 64;  // datagrams per recvmmsg / sendmmsg call
+    static constexpr size_t BATCH = 64;  // messages per recvmmsg / sendmmsg call
+    static constexpr size_t GRO_BATCH = 24;  // per recvmmsg with GRO (up to 64 KiB each)
+    static constexpr size_t MAX_SEGMENTS = 64;  // datagrams per GSO message (the kernel's limit)
 
     // A new socket bound to ip:port (port 0: the kernel picks). buffer_bytes is asked for
     // both SO_RCVBUF and SO_SNDBUF (the ...FORCE variants first, which root may use past
@@ -83,13 +93,21 @@ public:
     size_t recv_batch(std::vector<Datagram>& out);
     // sendmmsg of items[0..n): how many were taken (n unless a full buffer stopped it;
     // a datagram the kernel refused with another error counts as taken and as tx_errors).
+    // With GSO, datagrams to one peer go in one message, so a full buffer may stop the batch
+    // with some datagrams after the first one not taken already sent: the caller sends them
+    // again (counted in tx_resent; the receiver drops the duplicates).
     size_t send_batch(const OutDatagram* items, size_t n);
+    bool gso() const { return gso_; }
+    bool gro() const { return gro_; }
 
     const int64_t* counters() const { return counters_; }
 
 private:
     void setup(int buffer_bytes, size_t max_datagram);
     int lookup(uint64_t key);
+    size_t send_plain(const OutDatagram* items, size_t n);
+    size_t send_gso(const OutDatagram* items, size_t n);
+    void admit(const uint8_t* d, size_t len, int rank, int64_t arrival, std::vector<Datagram>& out);
 
     int fd_ = -1;
     PeerAddr local_;
@@ -103,7 +121,13 @@ private:
     std::vector<mmsghdr> rx_msgs_, tx_msgs_;
     std::vector<iovec> rx_iov_, tx_iov_;
     std::vector<sockaddr_in> rx_from_;
-    std::vector<uint8_t> rx_ctrl_;  // one SO_TIMESTAMPNS control message per slot
+    std::vector<uint8_t> rx_ctrl_;  // SO_TIMESTAMPNS and UDP_GRO control messages per slot
+    size_t rx_msgs_n_ = BATCH;
+    size_t max_datagram_ = 0;
+    bool gso_ = false, gro_ = false;
+    // GSO: one control message per tx message, and which message each item of a batch went in
+    std::vector<uint8_t> tx_ctrl_;
+    std::vector<uint32_t> item_msg_;
     int64_t counters_[N_TRANSPORT_COUNTERS] = {};
 };
 
