@@ -79,7 +79,8 @@ def replay_missing(
     """The packets a world without processing would miss: (phase, receiver, op index,
     sender, pkt).
 
-    Every rank starts op k when it ends op k-1 plus its sleep (after a blocking exchange,
+    Ops run one after the other (one op a step, as the digits model's). Every rank starts
+    op k when it ends op k-1 plus its sleep (after a blocking exchange,
     `synced[k]`, when the last rank ends op k-1); sends at the start (phase 1) or at its
     phase-1 end (phase 2); each datagram arrives after its injected delay from the trace
     (less the late link's extra delay unless `extra`). A receiver keeps a frame that arrives

@@ -532,10 +532,13 @@ def loss_split(cfg: TrainConfig, ranks: list[dict]) -> dict:
         "entries_lost_from_others_max_step": float(frac.max(initial=0.0)),
         "unattributed_ops": unattributed,
     }
-    if not unattributed and all(len(r.get("trace_sent", ())) for r in ranks):
+    step = np.asarray(ranks[0]["op_step"])
+    # the replay runs one op after the other: a step of several ops (chunks in flight) is
+    # beyond it, and so is a rank that kept no trace
+    one_op = len(step) == cfg.steps and (step == np.arange(cfg.steps)).all()
+    if not unattributed and one_op and all(len(r.get("trace_sent", ())) for r in ranks):
         from optireduce.experiments.loss_attribution import split_by_step
 
-        step = np.asarray(ranks[0]["op_step"])
         sleep = (1e6 * delays[step].T).astype(np.int64)  # the straggler sleeps before its step
         if any((r["trace_sent"][:, 6] > 0).any() for r in ranks):
             sleep[:] = 0  # it does not: its delay is on its link (the trace's extra_us)
