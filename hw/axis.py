@@ -98,3 +98,67 @@ class AxisWrapper(wiring.Component):
                 else:
                     m.d.comb += outer.eq(inner)
         return m
+
+
+class PlainStreams(wiring.Component):
+    """`block` with some of its streams as plain ports, so AxisWrapper can pass them
+    through to cocotb; every other member stays as it is. `styles` names each such
+    stream `s` and how it shows:
+      "whole"  -> s_valid / s_ready / s_payload
+      "fields" -> s_valid / s_ready / s_<field> for each field of the payload's layout
+      "axis"   -> s_tvalid / s_tready / s_tdata (the payload padded to whole bytes), as
+                  cocotbext-axi's AxiStreamBus.from_prefix(dut, "s") expects
+    """
+
+    def __init__(self, block: wiring.Component, **styles: str) -> None:
+        self.block, self.styles = block, styles
+        members = {}
+        for name, mb in block.signature.members.items():
+            if name not in styles:
+                members[name] = mb
+                continue
+            fwd = In if mb.flow == In else Out
+            back = Out if fwd is In else In
+            shape = mb.signature.members["payload"].shape
+            pre = "t" if styles[name] == "axis" else ""
+            members[f"{name}_{pre}valid"] = fwd(1)
+            members[f"{name}_{pre}ready"] = back(1)
+            if styles[name] == "fields":
+                members.update({f"{name}_{f}": fwd(field.shape) for f, field in shape})
+            elif styles[name] == "axis":
+                members[f"{name}_tdata"] = fwd(_pad8(Value.cast(Signal(shape)).shape().width))
+            else:
+                members[f"{name}_payload"] = fwd(shape)
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.block = b = self.block
+        for name, mb in b.signature.members.items():
+            inner = getattr(b, name)
+            if name not in self.styles:
+                if mb.is_port:
+                    outer = getattr(self, name)
+                    m.d.comb += inner.eq(outer) if mb.flow == In else outer.eq(inner)
+                else:
+                    wiring.connect(m, wiring.flipped(getattr(self, name)), inner)
+                continue
+            style = self.styles[name]
+            pre = "t" if style == "axis" else ""
+            if style == "fields":
+                pairs = [
+                    (inner.payload[f], getattr(self, f"{name}_{f}"))
+                    for f, _ in inner.payload.shape()
+                ]
+            elif style == "axis":
+                tdata = getattr(self, f"{name}_tdata")
+                pairs = [(Value.cast(inner.payload), tdata[: len(Value.cast(inner.payload))])]
+            else:
+                pairs = [(inner.payload, getattr(self, f"{name}_payload"))]
+            pairs.append((inner.valid, getattr(self, f"{name}_{pre}valid")))
+            ready = getattr(self, f"{name}_{pre}ready")
+            if mb.flow == In:  # the block takes this stream: the outside drives it
+                m.d.comb += [i.eq(o) for i, o in pairs] + [ready.eq(inner.ready)]
+            else:
+                m.d.comb += [o.eq(i) for i, o in pairs] + [inner.ready.eq(ready)]
+        return m

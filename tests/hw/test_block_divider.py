@@ -7,13 +7,9 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from amaranth import Module
-from amaranth.lib import wiring
-from amaranth.lib.wiring import In, Out
-from amaranth.sim import Simulator
 
 from optireduce.host.model.codec import div_round
-from optireduce.hw.axis import AxisWrapper
+from optireduce.hw.axis import AxisWrapper, PlainStreams
 from optireduce.hw.block_divider import (
     BlockDivider,
     divide_model,
@@ -21,10 +17,9 @@ from optireduce.hw.block_divider import (
     recip_shift,
     recip_table,
 )
-from optireduce.hw.streams import element_stream
 from optireduce.params import NicParams
 from optireduce.sim.cocotb_run import run_bench
-from optireduce.sim.stream_sim import element_payload, read_element
+from optireduce.sim.stream_sim import element_payload, read_element, simulate
 
 SMALL = NicParams(p=16, b=64, c=256, n_max=8)
 SMALL2 = NicParams(p=16, b=64, c=256, n_max=8, lanes=2)
@@ -111,10 +106,7 @@ def run_streams(
         rng = random.Random(seed)
         await lockstep(ctx, dut, sources, sinks, out, rng, idle=idle, backpressure=backpressure)
 
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(bench)
-    sim.run()
+    simulate(dut, bench)
     return out
 
 
@@ -259,39 +251,9 @@ def test_single_element_blocks():
 
 
 # ---- cocotb + Verilator --------------------------------------------------------------------
-class DividerShell(wiring.Component):
-    """BlockDivider with its k stream as flat AXI-Stream ports (k_tdata/k_tvalid/k_tready)."""
-
-    def __init__(self, p: NicParams) -> None:
-        self.div = BlockDivider(p)
-        super().__init__(
-            {
-                "i": In(element_stream(self.div.width_in, p.lanes)),
-                "o": Out(element_stream(self.div.width_out, p.lanes)),
-                "k_tdata": In(8),
-                "k_tvalid": In(1),
-                "k_tready": Out(1),
-                "plain": In(1),
-            }
-        )
-
-    def elaborate(self, platform):
-        m = Module()
-        m.submodules.div = d = self.div
-        wiring.connect(m, wiring.flipped(self.i), d.i)
-        wiring.connect(m, d.o, wiring.flipped(self.o))
-        m.d.comb += [
-            d.k.payload.eq(self.k_tdata),
-            d.k.valid.eq(self.k_tvalid),
-            self.k_tready.eq(d.k.ready),
-            d.plain.eq(self.plain),
-        ]
-        return m
-
-
 def test_cocotb_verilator():
     p = SMALL2
-    top = AxisWrapper(DividerShell(p))
+    top = AxisWrapper(PlainStreams(BlockDivider(p), k="axis"))
     cfg = {"p": p.p, "b": p.b, "lanes": p.lanes, "w_in": p.w_inv,
            "w_out": quotient_width(p, p.w_inv)}  # fmt: skip
     run_bench(top, "block_divider_top", f"{__package__}.benches.tb_block_divider", cfg)

@@ -7,15 +7,11 @@ import random
 
 import numpy as np
 import pytest
-from amaranth import Module
-from amaranth.lib import wiring
-from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 
 from optireduce.host.model.gather_buffer import GatherBuffer as ModelBuffer
-from optireduce.hw.axis import AxisWrapper
+from optireduce.hw.axis import AxisWrapper, PlainStreams
 from optireduce.hw.gather_buffer import GatherBuffer, GatherOp
-from optireduce.hw.streams import element_stream
 from optireduce.params import NicParams
 from optireduce.sim.cocotb_run import run_bench
 from optireduce.sim.stream_sim import element_payload, read_element
@@ -269,62 +265,8 @@ def test_default_size_rate_and_latency():
 
 
 # ---- cocotb + Verilator --------------------------------------------------------------------
-class GatherShell(wiring.Component):
-    """GatherBuffer with cmd and k as flat ports, for AxisWrapper and cocotb."""
-
-    def __init__(self, p: NicParams) -> None:
-        self.gb = GatherBuffer(p)
-        super().__init__(
-            {
-                "i": In(element_stream(p.w_wire, p.lanes)),
-                "o": Out(element_stream(p.w_wire, p.lanes)),
-                "slot": In(self.gb.slot.shape()),
-                "pkt_index": In(32),
-                "contributors": In(self.gb.contributors.shape()),
-                "duplicate": Out(1),
-                "out_of_range": Out(1),
-                "cmd_valid": In(1),
-                "cmd_ready": Out(1),
-                "cmd_op": In(1),
-                "cmd_slot": In(self.gb.cmd.payload.slot.shape()),
-                "cmd_n": In(32),
-                "k_tdata": Out(8),
-                "k_tvalid": Out(1),
-                "k_tready": In(1),
-                "hist_slot": In(self.gb.hist_slot.shape()),
-                "hist_addr": In(self.gb.hist_addr.shape()),
-                "hist_data": Out(self.gb.hist_data.shape()),
-            }
-        )
-
-    def elaborate(self, platform):
-        m = Module()
-        m.submodules.gb = g = self.gb
-        wiring.connect(m, wiring.flipped(self.i), g.i)
-        wiring.connect(m, g.o, wiring.flipped(self.o))
-        m.d.comb += [
-            g.slot.eq(self.slot),
-            g.pkt_index.eq(self.pkt_index),
-            g.contributors.eq(self.contributors),
-            self.duplicate.eq(g.duplicate),
-            self.out_of_range.eq(g.out_of_range),
-            g.cmd.valid.eq(self.cmd_valid),
-            self.cmd_ready.eq(g.cmd.ready),
-            g.cmd.payload.op.eq(self.cmd_op),
-            g.cmd.payload.slot.eq(self.cmd_slot),
-            g.cmd.payload.n.eq(self.cmd_n),
-            self.k_tdata.eq(g.k.payload),
-            self.k_tvalid.eq(g.k.valid),
-            g.k.ready.eq(self.k_tready),
-            g.hist_slot.eq(self.hist_slot),
-            g.hist_addr.eq(self.hist_addr),
-            self.hist_data.eq(g.hist_data),
-        ]
-        return m
-
-
 def test_cocotb_verilator():
     p = SMALL2
     cfg = {"p": p.p, "b": p.b, "c": p.c, "lanes": p.lanes, "n_max": p.n_max, "k": 2}
-    run_bench(AxisWrapper(GatherShell(p)), "gather_buffer_top",
-              f"{__package__}.benches.tb_gather_buffer", cfg)  # fmt: skip
+    top = AxisWrapper(PlainStreams(GatherBuffer(p), cmd="fields", k="axis"))
+    run_bench(top, "gather_buffer_top", f"{__package__}.benches.tb_gather_buffer", cfg)

@@ -12,18 +12,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
-from amaranth import Module
-from amaranth.lib import wiring
-from amaranth.lib.wiring import In, Out
-from amaranth.sim import Simulator
 
 from optireduce import ubt
 from optireduce.host.model.packetizer import OpContext, gather_frames, scatter_frames
-from optireduce.hw.axis import AxisWrapper
+from optireduce.hw.axis import AxisWrapper, PlainStreams
 from optireduce.hw.packetizer import Packetizer
 from optireduce.params import NicParams
 from optireduce.sim.cocotb_run import run_bench
 from optireduce.sim.stream_sim import run_stream
+from optireduce.sim.stream_sim import simulate as run_sim
 
 SMALL = NicParams(p=16, b=64, c=256, n_max=8)
 WIRE_MAX = (1 << 31) - 1
@@ -173,10 +170,7 @@ def simulate(dut: Packetizer, ops: list[Op], *, idle: float = 0.0, bp: float = 0
             await ctx.tick()
         raise TimeoutError(f"{k}/{len(feed)} beats in, {len(res.frames)}/{want_frames} frames")
 
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(bench)
-    sim.run()
+    run_sim(dut, bench)
     return res
 
 
@@ -298,42 +292,9 @@ def test_rate_and_latency():
         assert cyc == list(range(cyc[0], cyc[0] + nb)), "bubble inside a frame"
 
 
-class PacketizerShell(wiring.Component):
-    """The packetizer with `own` as plain ports, so AxisWrapper can pass it through."""
-
-    def __init__(self, p: NicParams) -> None:
-        self.block = Packetizer(p)
-        members = dict(self.block.signature.members)
-        del members["own"]
-        members.update({
-            "own_data": Out(32 * p.lanes), "own_valid": Out(1), "own_ready": In(1),
-            "own_first": Out(1), "own_last": Out(1),
-        })  # fmt: skip
-        super().__init__(members)
-
-    def elaborate(self, platform):
-        m = Module()
-        m.submodules.block = b = self.block
-        wiring.connect(m, wiring.flipped(self.i), b.i)
-        wiring.connect(m, b.o, wiring.flipped(self.o))
-        m.d.comb += [
-            self.own_data.eq(b.own.payload.data.as_value()),
-            self.own_valid.eq(b.own.valid),
-            b.own.ready.eq(self.own_ready),
-            self.own_first.eq(b.own.payload.first),
-            self.own_last.eq(b.own.payload.last),
-            self.dst.eq(b.dst),
-            self.own_index.eq(b.own_index),
-        ]
-        for name in ("msg_type", "rank", "world", "job_id", "op_id", "exponent", "op_len",
-                     "t_c_us", "contributors"):  # fmt: skip
-            m.d.comb += getattr(b, name).eq(getattr(self, name))
-        return m
-
-
 def test_cocotb_verilator():
     p = SMALL.replace(lanes=2, last_percent=20)
-    run_bench(AxisWrapper(PacketizerShell(p)), "packetizer_top",
+    run_bench(AxisWrapper(PlainStreams(Packetizer(p), own="fields")), "packetizer_top",
               f"{__package__}.benches.tb_packetizer",
               {"p": p.p, "b": p.b, "c": p.c, "n_max": p.n_max, "lanes": p.lanes,
                "last_percent": p.last_percent})  # fmt: skip

@@ -1,4 +1,4 @@
-"""cocotb bench of BlockDivider (in DividerShell + AxisWrapper): blocks on s_axis, one k per
+"""cocotb bench of BlockDivider (in PlainStreams + AxisWrapper): blocks on s_axis, one k per
 block on the k_* stream, quotients on m_axis; random idle and backpressure on all three."""
 
 from __future__ import annotations

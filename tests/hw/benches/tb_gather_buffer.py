@@ -1,4 +1,4 @@
-"""cocotb bench of GatherBuffer (in GatherShell + AxisWrapper): reduced packets on s_axis with
+"""cocotb bench of GatherBuffer (in PlainStreams + AxisWrapper): reduced packets on s_axis with
 their side ports, DRAIN/CLEAR on cmd_*, blocks on m_axis and k per block on k_*; random idle
 and backpressure; compared with host/model/gather_buffer.py GatherBuffer."""
 

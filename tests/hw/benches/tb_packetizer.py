@@ -1,4 +1,4 @@
-"""cocotb bench of the packetizer (AxisWrapper around tests' PacketizerShell) under Verilator.
+"""cocotb bench of the packetizer (AxisWrapper around PlainStreams) under Verilator.
 
 Ops go in on s_axis (elements, tuser = first), frames come out on m_axis with tkeep; `own`
 is drained on plain ports with random backpressure. Frames are compared byte for byte with
