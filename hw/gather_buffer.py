@@ -45,6 +45,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from optireduce.host.model.gather_buffer import GatherBuffer
+from optireduce.hw.sections import elaborate_sections
 from optireduce.hw.streams import element_stream
 from optireduce.params import NicParams
 
@@ -107,13 +108,7 @@ class GatherBuffer(wiring.Component):
         )
 
     def elaborate(self, platform):
-        m = Module()
-        s = SimpleNamespace()
-        self._memories(m, s)
-        self._control(m, s)
-        self._input(m, s)
-        self._drain(m, s)
-        return m
+        return elaborate_sections(self._memories, self._control, self._input, self._drain)
 
     def _memories(self, m: Module, s: SimpleNamespace) -> None:
         """The slots' memory, the contributor histograms and the have bits."""

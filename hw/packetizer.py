@@ -34,6 +34,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from optireduce import ubt
+from optireduce.hw.sections import elaborate_sections
 from optireduce.hw.streams import element_stream, frame_stream
 from optireduce.params import NicParams
 
@@ -183,13 +184,9 @@ class Packetizer(wiring.Component):
         return out
 
     def elaborate(self, platform):
-        m = Module()
-        s = SimpleNamespace()
-        self._op_context(m, s)
-        self._setup(m, s)
-        self._input_side(m, s)
-        self._output_side(m, s)
-        return m
+        return elaborate_sections(
+            self._op_context, self._setup, self._input_side, self._output_side
+        )
 
     def _op_context(self, m: Module, s: SimpleNamespace) -> None:
         """Op context, latched when an op's first beat is offered."""
