@@ -13,13 +13,13 @@ from amaranth import Module, Signal
 from amaranth.build import Attrs, Pins, Resource, Subsignal
 from amaranth_boards.colorlight_5a75b_r7_0 import Colorlight_5A75B_R70Platform
 
-from optireduce.hw.board_top import Board
+from optireduce.hw.board_top import Board, NoProgrammer
 from optireduce.params import NicParams
 
 PARAMS = NicParams(n_max=8, p=256, b=1024, c=2048)
 
 
-class ColorlightPlatform(Colorlight_5A75B_R70Platform):
+class ColorlightPlatform(NoProgrammer, Colorlight_5A75B_R70Platform):
     """The amaranth-boards platform with port 1 freed of the shared PHY pins; builds need
     no programmer (openFPGALoader is only for flashing, docs/boards.md)."""
 
@@ -36,10 +36,6 @@ class ColorlightPlatform(Colorlight_5A75B_R70Platform):
             Attrs(IO_TYPE="LVCMOS33"),
         ),
     ]  # fmt: skip
-
-    @property
-    def required_tools(self):
-        return [t for t in super().required_tools if t != "openFPGALoader"]
 
 
 def _leds(platform, m: Module, status: dict) -> None:

@@ -10,18 +10,14 @@ from __future__ import annotations
 from amaranth import Module
 from amaranth_boards.ecpix5 import ECPIX585Platform
 
-from optireduce.hw.board_top import Board
+from optireduce.hw.board_top import Board, NoProgrammer
 from optireduce.params import NicParams
 
 PARAMS = NicParams(n_max=8, p=256, b=4096, c=8192)  # the fit: docs/boards.md
 
 
-class Ecpix5Platform(ECPIX585Platform):
+class Ecpix5Platform(NoProgrammer, ECPIX585Platform):
     """The amaranth-boards platform; builds need no programmer."""
-
-    @property
-    def required_tools(self):
-        return [t for t in super().required_tools if t != "openFPGALoader"]
 
 
 def _leds(platform, m: Module, status: dict) -> None:

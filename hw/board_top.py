@@ -36,6 +36,15 @@ PHY_RESET_BITS = 20  # PHYs held in reset for 2^20 cycles (8.4 ms) after the PLL
 ACTIVITY_BITS = 22  # activity LEDs stay on 2^22 cycles (34 ms) after a frame
 
 
+class NoProgrammer:
+    """Mixed into an amaranth-boards platform ahead of it: builds need no programmer
+    (openFPGALoader is only for flashing, docs/boards.md)."""
+
+    @property
+    def required_tools(self):
+        return [t for t in super().required_tools if t != "openFPGALoader"]
+
+
 @dataclass(frozen=True)
 class Board:
     """What a board module declares. `pll` = (CLKI_DIV, CLKFB_DIV, CLKOP_DIV) from
