@@ -181,15 +181,16 @@ class SimNic(HostNic):
     def _limit(self, ops: int) -> float:
         """HostNic's bound on the clock the core's deadlines run on, its ticks. While it
         waits for a deadline the core gets a tick only once it is idle again (about 40
-        cycles), so at 2-3e5 cycles/s its clock runs 150-200 times slower than the wall
-        clock (docs/cosim.md): the bound read in seconds cut every phase that ended by its
-        deadline. Each phase ends by t_B ticks after it starts; outside the phases the core
-        takes in, encodes, decodes and reads out at most C elements, a few cycles each
-        (4.2 for a whole op, measured), and the harness strobes at most one tick a cycle:
-        8 C ticks per op cover it. Ops queued behind the window start when one ends, so
-        the call's bound is ops x (2 t_B + 8 C) ticks from now; time stands still until
-        the first START. No wall-clock limit: _poll raises past the tick bound, or when
-        the clock stands still for stall_s with an op in flight (the harness is stuck)."""
+        cycles), so its clock runs about 190 times slower than the wall clock (measured
+        in the demo; 500 at load 19): the bound read in seconds failed every op with a
+        phase that ended by its deadline. Each phase ends by t_B ticks after it starts;
+        outside the phases the core takes in, encodes, decodes and reads out at most C
+        elements, a few cycles each (4.2 for a whole op, measured), and the harness
+        strobes at most one tick a cycle: 8 C ticks per op cover it. Ops queued behind
+        the window start when one ends, so the call's bound is ops x (2 t_B + 8 C) ticks
+        from now; time stands still until the first START. No wall-clock limit: _poll
+        raises past the tick bound, or when the clock stands still for stall_s with an op
+        in flight (the harness is stuck)."""
         ticks = self.info()["ticks"]
         self._tick_limit = ticks + ops * (2 * self.p.t_b_us + 8 * self.p.c)
         self._clock = (ticks, time.monotonic())

@@ -2,12 +2,13 @@
 
 The co-simulated core's time runs far slower than the wall clock: waiting for a
 deadline, the harness strobes a tick only once the core is idle again, about 40 cycles
-a tick, at 2-3e5 cycles per second: 5-7e3 ticks per second, 150-200 times slower than
-real time (docs/cosim.md). A phase cut by its deadline t_B therefore takes t_B ticks,
-150-200 t_B in seconds. The driver's bound of 2 t_B + 1 s per op is in the deadlines'
-own clock; read on the wall clock it failed the demo's co-simulated run whenever a
-peer's datagrams did not come (its last step: a peer closes its NIC while its delayed
-gather packets are still queued, then rank 0 waits out t_B = 67 ms in ticks, 11 s).
+a tick: 5.3e3 ticks per second measured in the demo, 1.8-2e3 at load 17-19, 190-550
+times slower than real time (docs/cosim.md). A phase cut by its deadline t_B therefore
+takes t_B ticks, hundreds of t_B in seconds. The driver's bound of 2 t_B + 1 s per op
+is in the deadlines' own clock; read on the wall clock it failed the demo's
+co-simulated run whenever a peer's datagrams did not come (its last step: a peer
+closes its NIC while its delayed gather packets are still queued, then rank 0 waits
+out t_B = 67 ms in ticks, 12.7 s).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from optireduce.sim.cosim_build import harness_path
 # The demo's co-simulated NIC (its harness is the demo's, cached under build/cosim/),
 # started as the DDP hook starts it: with the warm-up t_B.
 PARAMS = rtl_config(demo_config()).nic_params().replace(t_b_us=WARMUP_T_B_US)
-T_B_US = 10_000  # two deadlines: 20 000 ticks, 3-10 s of co-simulation on 2 loaded cores
+T_B_US = 10_000  # two deadlines: 20 000 ticks, 10-11 s of co-simulation at load 17-19
 
 
 def pair() -> list[UdpTransport]:
