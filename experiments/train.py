@@ -59,7 +59,8 @@ METHODS = ("gloo", "optireduce")
 SCHEDULES = ("cosine", "constant")
 MODELS = ("digits", "large")  # the digits MLP, or experiments/large_model.py's 10 M MLP
 # The NicParams fields a TrainConfig carries (n_max follows the world; the hook calibrates t_B).
-NIC_FIELDS = ("p", "b", "c", "t_c_min_us", "tc_dev_mult", "tc_gain_shift", "estimator")
+NIC_FIELDS = ("p", "b", "c", "t_c_min_us", "tc_dev_mult", "tc_gain_shift", "tc_sample",
+              "estimator")  # fmt: skip
 # OpStats fields kept per op: when each phase started and ended, and the T in force
 OP_FIELDS = ("op_id", "start_us", "phase1_end_us", "end_us", "phase1_timeout_us",
              "phase2_timeout_us")  # fmt: skip
@@ -94,6 +95,7 @@ class TrainConfig:
     # accuracy reached in 3 runs of 3 against 1 of 4 (measured by loss_attribution).
     t_c_min_us: int = 4000
     tc_dev_mult: int = 0  # t_C = mean + mult * deviation: the typical completion, not a tail
+    tc_sample: str = "duration"  # t_C sample of a deadline-ended phase (NicParams)
     # t_C's EWMA gain 2^-shift. The warm-up's phases wait for every straggler, so t_C
     # leaves it far above the bounded phases' completions; at TCP's 1/8 it took about
     # 100 of the 150 steps to come down, at 1/4 about 50 (docs/results.md).

@@ -61,6 +61,8 @@ class SimNic(HostNic):
 
         if self.transport.impairment is not None:
             raise BackendUnavailable("the sim NIC sends on the socket itself: no impairment")
+        if self.p.tc_sample != "duration":  # hw/deadline.py samples a deadline phase whole
+            raise BackendUnavailable(f"the gateware has no tc_sample={self.p.tc_sample!r}")
         try:
             self.exe = harness_path(self.p)
         except (ToolchainError, ImportError) as e:

@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 
 ESTIMATORS = ("unbiased", "plain")
+TC_SAMPLES = ("duration", "last_arrival")
 
 
 class ParamError(ValueError):
@@ -46,6 +47,7 @@ class NicParams:
     tc_gain_shift: int = 3  # t_C mean EWMA gain 2^-shift
     tc_dev_shift: int = 2  # t_C deviation EWMA gain 2^-shift
     tc_dev_mult: int = 4  # t_C = mean + mult * deviation
+    tc_sample: str = "duration"  # t_C sample of a deadline-ended phase (docs/deadlines.md)
     udp_port: int = 17017
     job_id: int = 1
     # Packets carry the sender's exponent proposal for op + K in the header's `reserved`
@@ -95,6 +97,7 @@ class NicParams:
         )
         need(0 <= self.seed < 1 << 32, "seed", "must fit 32 bits")
         need(self.estimator in ESTIMATORS, "estimator", f"must be one of {ESTIMATORS}")
+        need(self.tc_sample in TC_SAMPLES, "tc_sample", f"must be one of {TC_SAMPLES}")
         need(isinstance(self.rht, bool), "rht", "must be a bool")
         need(isinstance(self.exp_inband, bool), "exp_inband", "must be a bool")
         need(

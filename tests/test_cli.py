@@ -218,7 +218,8 @@ NIC_VALUES = {
     "n_max": 16, "p": 64, "b": 512, "c": 1024, "lanes": 2, "ops_in_flight": 3, "w_wire": 32,
     "headroom_bits": 5, "seed": 7, "rht": False, "estimator": "plain", "t_b_us": 5000,
     "t_c_init_us": 3000, "t_c_min_us": 10, "alpha_q8": 32, "last_percent": 2,
-    "tc_gain_shift": 4, "tc_dev_shift": 3, "tc_dev_mult": 2, "udp_port": 4000, "job_id": 9,
+    "tc_gain_shift": 4, "tc_dev_shift": 3, "tc_dev_mult": 2, "tc_sample": "last_arrival",
+    "udp_port": 4000, "job_id": 9,
     "exp_inband": True, "exp_lead": 5,
 }  # fmt: skip
 

@@ -160,15 +160,18 @@ class PhaseTracker:
         early, deadline = self._times(timeout, floor)
         return deadline if early is None else min(early, deadline)
 
-    def finish(self, t: int, reason: str, timeout: int) -> int | None:
+    def finish(self, t: int, reason: str, timeout: int, tc_sample: str = "duration") -> int | None:
         """Record the end; returns the completion-time sample for t_C, or None.
 
         No sample when the phase expected nothing or everything was in before it
         began: its length says nothing about the network (and a 0 would drag t_C,
-        and with it everyone's T, to 1).
+        and with it everyone's T, to 1). A deadline-ended phase samples its whole
+        duration under tc_sample "duration"; under "last_arrival" it samples as any
+        other phase, the last accepted arrival, so a sender that never makes the
+        deadline does not pin every sample to T (docs/deadlines.md).
         """
         self.end, self.reason, self.timeout = t, reason, timeout
-        if reason == DEADLINE:
+        if reason == DEADLINE and tc_sample == "duration":
             return t - self.start
         if self.last_arrival is None or self.last_arrival <= self.start:
             return None

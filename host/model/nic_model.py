@@ -412,7 +412,7 @@ class NicModel:
             self._end_phase2(op, *d)
 
     def _end_phase(self, phase: int, ph: PhaseTracker, t: int, reason: str) -> None:
-        sample = ph.finish(t, reason, self._timeout(phase))
+        sample = ph.finish(t, reason, self._timeout(phase), self.p.tc_sample)
         if sample is not None:
             self._set_tc(phase, self.rank, self.tc[phase - 1].sample(sample), t)
 

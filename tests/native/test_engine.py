@@ -46,6 +46,8 @@ def plans(draw: st.DrawFn) -> Plan:
         t_c_min_us=draw(st.integers(1, t_b)),
         t_c_init_us=draw(st.one_of(st.none(), st.integers(1, t_b))),
         alpha_q8=draw(st.integers(1, 256)),
+        tc_dev_mult=draw(st.sampled_from([0, 2, 4])),
+        tc_sample=draw(st.sampled_from(["duration", "last_arrival"])),
         last_percent=draw(st.sampled_from([1, 5, 30, 100])),
         estimator=draw(st.sampled_from(["unbiased", "plain"])),
         rht=draw(st.sampled_from([True, True, False])),
@@ -87,10 +89,12 @@ def test_random_clusters_run_identically(plan):
     event(f"in-band ops: {'0' if inb == 0 else '>0'}")
 
 
-def test_a_cluster_exercises_every_rule():
+@pytest.mark.parametrize("tc_sample", ["duration", "last_arrival"])
+def test_a_cluster_exercises_every_rule(tc_sample):
     """One seeded run per shape, with the rules each must show (so the property test above
     is known to compare more than idle engines)."""
-    p = NicParams(p=4, b=16, c=64, n_max=8, t_b_us=300, t_c_min_us=5, last_percent=30)
+    p = NicParams(p=4, b=16, c=64, n_max=8, t_b_us=300, t_c_min_us=5, last_percent=30,
+                  tc_sample=tc_sample)  # fmt: skip
     seen: dict[str, int] = dict.fromkeys(COUNTERS, 0)
     reasons: set[str] = set()
     stats = dict.fromkeys(("sat_quantize", "nonfinite", "late", "duplicate"), 0)
@@ -112,6 +116,27 @@ def test_a_cluster_exercises_every_rule():
               "truncated", "stale_op", "future_op", "wrong_job", "unknown_rank", "rx_scatter",
               "rx_gather", "ops_completed"):  # fmt: skip
         assert seen[k] > 0, k
+
+
+def test_a_straggler_every_op_moves_t_c_only_under_last_arrival():
+    """Rank 3 starts every op 400 ticks late (t_B 300): the others' phases end by their
+    deadline. Under "duration" each of them samples T, under "last_arrival" the arrivals of
+    the ranks in time; model and engine agree on every t_C either way, and the t_C the
+    ranks in time report differ between the rules (the property test's draws cover both,
+    this shows the second is not idle)."""
+    tcs = {}
+    for rule in ("duration", "last_arrival"):
+        p = NicParams(p=4, b=16, c=64, n_max=8, t_b_us=300, t_c_min_us=5, tc_dev_mult=2,
+                      tc_sample=rule)  # fmt: skip
+        plan = Plan(params=p, world=4, lens=[64] * 8, seed=3, max_delay=20, start_gap=30,
+                    slow=3, slow_by=400)  # fmt: skip
+        nodes = run_cluster(plan)
+        stats = [r.stats for n in nodes[:3] for r in n.results]
+        assert len(stats) == 3 * 8 and "deadline" in {s.phase1_reason for s in stats}
+        tcs[rule] = [s.t_c_us for s in stats]
+    assert tcs["duration"] != tcs["last_arrival"]
+    # a phase cut by its deadline samples less than its duration: t_C only comes down
+    assert max(max(t) for t in tcs["last_arrival"]) <= max(max(t) for t in tcs["duration"])
 
 
 def test_an_inband_cluster_exercises_every_exponent_rule():

@@ -13,6 +13,8 @@
 namespace optireduce {
 
 enum class Estimator : uint8_t { unbiased = 0, plain = 1 };
+// t_C sample of a deadline-ended phase (NicParams.tc_sample).
+enum class TcSample : uint8_t { duration = 0, last_arrival = 1 };
 
 // NicParams (optireduce/params.py) as a plain struct, shared by the codec and the engine.
 // Defaults equal NicParams'. headroom_bits and t_c_init_us hold the *effective* values
@@ -37,6 +39,7 @@ struct Params {
     int32_t tc_gain_shift = 3;
     int32_t tc_dev_shift = 2;
     int32_t tc_dev_mult = 4;
+    TcSample tc_sample = TcSample::duration;
     int32_t udp_port = 17017;
     int32_t job_id = 1;
 

@@ -557,7 +557,7 @@ void Engine::progress(Op& op, int64_t now) {
 
 void Engine::end_phase(int phase, PhaseTracker& ph, int64_t t, Reason reason) {
     int64_t sample;
-    if (ph.finish(t, reason, timeout(phase), sample))
+    if (ph.finish(t, reason, timeout(phase), p_.tc_sample, sample))
         set_tc(phase, rank_, tc_[phase - 1].sample(sample, p_), t);
 }
 

@@ -148,12 +148,13 @@ bool PhaseTracker::next_timer(int64_t timeout, int64_t floor, int64_t& t) const 
     return true;
 }
 
-bool PhaseTracker::finish(int64_t t, Reason reason, int64_t timeout, int64_t& sample) {
+bool PhaseTracker::finish(int64_t t, Reason reason, int64_t timeout, TcSample rule,
+                          int64_t& sample) {
     has_end_ = true;
     end_ = t;
     reason_ = reason;
     timeout_ = timeout;
-    if (reason == Reason::deadline) {
+    if (reason == Reason::deadline && rule == TcSample::duration) {
         sample = t - start_;
         return true;
     }

@@ -49,7 +49,7 @@ public:
     bool due(int64_t now, int64_t timeout, int64_t floor, int64_t& t, Reason& reason) const;
     bool next_timer(int64_t timeout, int64_t floor, int64_t& t) const;
     // Records the end; true (and the completion-time sample) when it says something of t_C.
-    bool finish(int64_t t, Reason reason, int64_t timeout, int64_t& sample);
+    bool finish(int64_t t, Reason reason, int64_t timeout, TcSample rule, int64_t& sample);
 
     bool started() const { return has_start_; }
     bool ended() const { return has_end_; }

@@ -112,6 +112,13 @@ Params params_from_py(nb::handle p) {
     r.tc_gain_shift = static_cast<int32_t>(i64("tc_gain_shift"));
     r.tc_dev_shift = static_cast<int32_t>(i64("tc_dev_shift"));
     r.tc_dev_mult = static_cast<int32_t>(i64("tc_dev_mult"));
+    const std::string tcs = nb::cast<std::string>(p.attr("tc_sample"));
+    if (tcs == "duration")
+        r.tc_sample = TcSample::duration;
+    else if (tcs == "last_arrival")
+        r.tc_sample = TcSample::last_arrival;
+    else
+        throw std::invalid_argument("NicParams.tc_sample=" + tcs + ": unknown t_C sample");
     r.udp_port = static_cast<int32_t>(i64("udp_port"));
     r.job_id = static_cast<int32_t>(i64("job_id"));
     r.check();
