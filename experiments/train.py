@@ -42,6 +42,7 @@ and op of the run.
 from __future__ import annotations
 
 import hashlib
+import hashlib
 import json
 import os
 import tempfile
@@ -57,6 +58,7 @@ from optireduce.host.model.impairment import ImpairmentSpec
 
 METHODS = ("gloo", "optireduce")
 SCHEDULES = ("cosine", "constant")
+MODELS = ("digits", "large")  # the digits MLP, or experiments/large_model.py's 10 M MLP
 MODELS = ("digits", "large")  # the digits MLP, or experiments/large_model.py's 10 M MLP
 # The NicParams fields a TrainConfig carries (n_max follows the world; the hook calibrates t_B).
 NIC_FIELDS = ("p", "b", "c", "t_c_min_us", "tc_dev_mult", "tc_gain_shift", "tc_sample",
@@ -82,6 +84,7 @@ class TrainConfig:
     seed: int = 0
     model: str = "digits"  # MODELS; large_config() gives "large" its own defaults
     large_width: int = 3072  # the large model's hidden width (3072: 10.3 M parameters)
+    large_width: int = 3072  # the large model's hidden width (3072: 10.3 M parameters)
     tail: float = 3.0  # P99/P50 of both the straggler and the per-packet delays
     straggler_median_ms: float = 20.0
     packet_median_us: float = 200.0
@@ -104,6 +107,7 @@ class TrainConfig:
     warmup_iters: int = 5
     checksum_every: int = 10
     control_floor_s: float | None = None  # least wait of a control exchange (None: the hook's)
+    control_floor_s: float | None = None  # least wait of a control exchange (None: the hook's)
     policy: str = "accept"
     methods: tuple[str, ...] = METHODS
     cosim_rank: int | None = None  # optireduce: this rank's NIC is the co-simulated RTL
@@ -120,6 +124,8 @@ class TrainConfig:
         self.nic_params()  # its own checks, before any process starts
         if self.schedule not in SCHEDULES:
             raise ValueError(f"train: schedule {self.schedule!r} is not one of {SCHEDULES}")
+        if self.model not in MODELS:
+            raise ValueError(f"train: model {self.model!r} is not one of {MODELS}")
         if self.model not in MODELS:
             raise ValueError(f"train: model {self.model!r} is not one of {MODELS}")
         for m in self.methods:
@@ -310,6 +316,8 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
     kept_steps, kept_times, kept_theta = [0], [0.0], [flat(model)]
     if cfg.model == "large" and state is not None and hasattr(state.nic, "set_trace"):
         state.nic.set_trace(False)  # a per-datagram trace of 41 MB steps: GBs to analyse
+    if cfg.model == "large" and state is not None and hasattr(state.nic, "set_trace"):
+        state.nic.set_trace(False)  # a per-datagram trace of 41 MB steps: GBs to analyse
     dist.barrier()
     t0 = time.perf_counter()
     for t in range(cfg.steps):
@@ -448,6 +456,9 @@ def run_method(
     times = [float(v) for v in r0["times"]]
     tta = next((tm for tm, a in zip(times, accs, strict=True) if a >= cfg.target_acc), None)
     summary: dict = {"tta_s": tta, "final_acc": accs[-1], "entries_lost": 0.0}
+    summary["params"] = n_params(cfg)
+    # every rank ends with the same parameters, bit for bit
+    summary["replicas_equal"] = len({str(r["final_sha"]) for r in ranks}) == 1
     summary["params"] = n_params(cfg)
     # every rank ends with the same parameters, bit for bit
     summary["replicas_equal"] = len({str(r["final_sha"]) for r in ranks}) == 1
