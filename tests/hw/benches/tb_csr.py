@@ -10,7 +10,16 @@ from cocotb.clock import Clock
 from cocotb.triggers import RisingEdge
 
 from optireduce.counters import COUNTERS
-from optireduce.hw.csr import COUNTER_BASE, TYPE_COUNTERS, TYPE_NIC, VERSION, register_map, walk
+from optireduce.hw.csr import (
+    COUNTER_BASE,
+    PEERS_BASE,
+    TYPE_COUNTERS,
+    TYPE_NIC,
+    TYPE_PEERS,
+    VERSION,
+    register_map,
+    walk,
+)
 from optireduce.params import NicParams
 from optireduce.sim.cocotb_run import bench_config
 
@@ -50,7 +59,8 @@ async def driver_view(dut):
         for r in blk.regs:
             image[r.offset] = await bus.read(r.offset)
     assert walk(image.__getitem__) == [(0, TYPE_NIC, VERSION), (COUNTER_BASE, TYPE_COUNTERS,
-                                                                VERSION)]  # fmt: skip
+                                                                VERSION),
+                                       (PEERS_BASE, TYPE_PEERS, VERSION)]  # fmt: skip
     rng = random.Random(1)
     regs = {r.name: r for blk in register_map(p) for r in blk.regs}
     for r in regs.values():
