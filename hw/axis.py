@@ -15,6 +15,8 @@ from amaranth import Module, Signal, Value
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
+from optireduce.hw.forward_ports import forward_ports
+
 
 def _fields(payload_shape) -> tuple[int, set[str]]:
     """Width of tdata and which of first/last/keep the payload has."""
@@ -138,8 +140,7 @@ class PlainStreams(wiring.Component):
             inner = getattr(b, name)
             if name not in self.styles:
                 if mb.is_port:
-                    outer = getattr(self, name)
-                    m.d.comb += inner.eq(outer) if mb.flow == In else outer.eq(inner)
+                    forward_ports(m, self, b, (name,))
                 else:
                     wiring.connect(m, wiring.flipped(getattr(self, name)), inner)
                 continue

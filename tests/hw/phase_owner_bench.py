@@ -14,9 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-from amaranth import Module
 from amaranth.lib import wiring
-from amaranth.lib.wiring import In, Out
 
 from optireduce.host.model.nic_model import NicModel
 from optireduce.hw.deadline import REASON_NAMES, Reason
@@ -226,36 +224,6 @@ def play(sc: Scenario, pool: list, lens: list, rng, gaps: list, exponent: int) -
 
 
 # ---- cocotb + Verilator ---------------------------------------------------------------
-class FlatEvents(wiring.Component):
-    """A phase owner with its event stream as plain ports (ev_valid, ev_ready,
-    ev_payload), so a flat Verilog top or AxisWrapper can shell it; its other members
-    pass through, by name."""
-
-    def __init__(self, owner: wiring.Component, layout, name: str) -> None:
-        self.owner, self.name = owner, name
-        members = {n: mb for n, mb in owner.signature.members.items() if n != "ev"}
-        members.update(ev_valid=In(1), ev_ready=Out(1), ev_payload=In(layout))
-        super().__init__(members)
-
-    def elaborate(self, platform):
-        m = Module()
-        m.submodules[self.name] = a = self.owner
-        for name, mb in a.signature.members.items():
-            if name == "ev":
-                continue
-            if mb.is_port:
-                inner, outer = getattr(a, name), getattr(self, name)
-                m.d.comb += inner.eq(outer) if mb.flow == In else outer.eq(inner)
-            else:
-                wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(a, name))
-        m.d.comb += [
-            a.ev.valid.eq(self.ev_valid),
-            self.ev_ready.eq(a.ev.ready),
-            a.ev.payload.eq(self.ev_payload),
-        ]
-        return m
-
-
 def scenario_json(name: str, sc: Scenario, exp: Expected, events: list, **more) -> dict:
     """A scenario and what the model did, as the cocotb bench reads it."""
     return {

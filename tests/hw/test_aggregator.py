@@ -24,7 +24,7 @@ from optireduce.host.model.codec import encode
 from optireduce.host.model.nic_model import NicModel
 from optireduce.host.model.packetizer import OpContext, scatter_order
 from optireduce.hw.aggregator import Aggregator, Kind, event_layout
-from optireduce.hw.axis import AxisWrapper
+from optireduce.hw.axis import AxisWrapper, PlainStreams
 from optireduce.params import NicParams
 from tests.hw import phase_owner_bench as bench
 from tests.hw.phase_owner_bench import Scenario, deliver
@@ -442,7 +442,7 @@ def _scenario_json(name: str, sc: Scenario) -> dict:
 def test_cocotb_verilator_replays_the_scenarios(tmp_path):
     scenarios = [(name, build()) for name, build in DIRECTED.items()]
     scenarios += [(f"random{s}", random_scenario(s)) for s in (1, 4)]
-    top = AxisWrapper(bench.FlatEvents(Aggregator(P), event_layout(P), "agg"))
+    top = AxisWrapper(PlainStreams(Aggregator(P), ev="whole"))
     bench.replay_in_cocotb(
         tmp_path, top, "aggregator", event_layout(P),
         [_scenario_json(n, sc) for n, sc in scenarios], lanes=P.lanes,

@@ -24,6 +24,7 @@ from optireduce import ubt
 from optireduce.frame_checks import classify
 from optireduce.host.model.nic_model import NicModel
 from optireduce.host.model.packetizer import OpContext, gather_order, scatter_order
+from optireduce.hw.axis import PlainStreams
 from optireduce.hw.gather_tracker import GatherTracker, Kind, Verdict, event_layout
 from optireduce.params import NicParams
 from tests.hw import phase_owner_bench as bench
@@ -429,7 +430,7 @@ def _scenario_json(name: str, sc: Scenario) -> dict:
 def test_cocotb_verilator_replays_the_scenarios(tmp_path):
     scenarios = [(name, build()) for name, build in DIRECTED.items()]
     scenarios += [(f"random{s}", random_scenario(s)) for s in (1, 4)]
-    top = bench.FlatEvents(GatherTracker(P), event_layout(P), "t")
+    top = PlainStreams(GatherTracker(P), ev="whole")
     bench.replay_in_cocotb(
         tmp_path, top, "gather_tracker", event_layout(P),
         [_scenario_json(n, sc) for n, sc in scenarios],
