@@ -395,9 +395,10 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
         res["resyncs"] = np.array(sum(s.resynced for s in state.history))
         res["faults"] = np.array(state.faults, dtype=np.int64)  # ranks this one excluded
         res["counters"] = np.array(json.dumps(nic.counters()))
-        state.close()
     np.savez(f"{out}/rank{rank}.npz", **res)
     dist.barrier()
+    if state is not None:  # after the barrier: peers may still be delivering this step's packets
+        state.close()
     del ddp
     dist.destroy_process_group()
 
