@@ -22,8 +22,8 @@ Build-time: the UDP port and job id are `p.udp_port` and `p.job_id`.
 Run-time ports (sampled one cycle after a frame's last beat): `rank`, `world`,
 `base` (op window [base, base + p.rx_window)), `mac`, `ip` of this NIC; `admit` and the
 peer table `peer_ip`/`peer_port` (rank r at bits 32r / 16r): with `admit`, after the
-L2-L4 checks a frame whose source is no peer's of the world is `not_member`, one from a
-peer whose header names another sender `wrong_sender` (frame_checks.admit).
+L2-L4 checks a frame whose source is no peer's of the world is `not_member`, one whose
+header names a rank whose entry is not the source `wrong_sender` (frame_checks.admit).
 """
 
 from __future__ import annotations
@@ -281,6 +281,7 @@ class Parser(wiring.Component):
         s.v0_world = Signal(16)
         s.v0_base = Signal(32)
         s.v0_match = Signal(p.n_max)  # the peers whose (IP, port) is the source's
+        s.v0_sel = Signal(p.n_max)  # one-hot: the rank the header names (none if >= n_max)
         s.v0_admit = Signal()
         ip0 = ubt.ETH_LEN
         src_ip, src_port = be(ip0 + 12, 4), be(ip0 + ubt.IP_LEN, 2)
@@ -315,6 +316,7 @@ class Parser(wiring.Component):
             s.v0_world.eq(self.world),
             s.v0_base.eq(self.base),
             s.v0_match.eq(match),
+            s.v0_sel.eq(Cat(be(ubt.L2_L4_LEN + 6, 2) == r for r in range(p.n_max))),
             s.v0_admit.eq(self.admit),
         ]
 
@@ -342,10 +344,6 @@ class Parser(wiring.Component):
         if p.exp_inband:
             reserved_bad = reserved_bad & (h.reserved[:8] != ubt.PROPOSAL_PRESENT)
         ip_len, n = s.v0_ip_len, s.v0_len
-        member = Signal(range(p.n_max))  # the first peer with the source's address
-        for r in reversed(range(p.n_max)):
-            with m.If(s.v0_match[r]):
-                m.d.comb += member.eq(r)
         log2ppb = p.packets_per_block.bit_length() - 1
         # compares of two signals as `<` (a carry chain; yosys adds an equality tree to `>`)
         s.checks = [  # (fails, reason): docs/protocol.md checks 1-25, in order
@@ -361,7 +359,9 @@ class Parser(wiring.Component):
             (s.v0_udp_len + ubt.IP_LEN != ip_len, "bad_udp_length"),
             (s.v0_admit & ~s.v0_match.any(), "not_member"),
             (
-                s.v0_admit & (ip_len >= ubt.IP_LEN + ubt.UDP_LEN + 8) & (h.sender != member),
+                s.v0_admit
+                & (ip_len >= ubt.IP_LEN + ubt.UDP_LEN + 8)
+                & ~(s.v0_match & s.v0_sel).any(),
                 "wrong_sender",
             ),
             (ip_len < ubt.IP_LEN + ubt.UDP_LEN + ubt.HEADER_LEN, "truncated"),

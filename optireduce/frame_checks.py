@@ -56,9 +56,9 @@ def default_peers(p: NicParams, world: int,
 def admit(frame: bytes, parsed: ubt.ParsedFrame | str, peers: list[Peer]) -> str | None:
     """Admission of a frame whose L2-L4 checks passed (`parsed`: ubt.parse_frame's answer;
     None when they failed, which then names the drop): its source (IP, port) must be a
-    peer's, the first in the table (`not_member`), and the rank its UBT header names, if
-    the datagram is long enough to name one, that peer's (`wrong_sender`), as
-    host/transport.py admits datagrams."""
+    peer's (`not_member`), and the rank its UBT header names, if the datagram is long
+    enough to name one, a rank at that source (`wrong_sender`), as host/transport.py
+    admits datagrams (where every rank has its own address)."""
     if isinstance(parsed, str) and parsed != "truncated" and parsed in _L2_L4:
         return None
     n = len(frame)
@@ -68,11 +68,11 @@ def admit(frame: bytes, parsed: ubt.ParsedFrame | str, peers: list[Peer]) -> str
     if ip_len < ubt.IP_LEN + ubt.UDP_LEN or ubt.ETH_LEN + ip_len > n:
         return None  # truncated at L2-L4
     src = (int.from_bytes(frame[26:30], "big"), int.from_bytes(frame[34:36], "big"))
-    member = next((r for r, peer in enumerate(peers) if peer == src), None)
-    if member is None:
+    if src not in peers:
         return "not_member"
     datagram = frame[ubt.L2_L4_LEN : ubt.ETH_LEN + ip_len]
-    if len(datagram) >= 8 and int.from_bytes(datagram[6:8], "big") != member:
+    sender = int.from_bytes(datagram[6:8], "big") if len(datagram) >= 8 else None
+    if sender is not None and not (sender < len(peers) and peers[sender] == src):
         return "wrong_sender"
     return None
 

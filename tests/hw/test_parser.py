@@ -429,14 +429,14 @@ def test_inband_proposal_words_and_notes():
 def test_admission_by_the_peer_table():
     """With the peer table on (frame_checks.admit): a source that is no peer of the world
     (address, port, or a table entry past the world) is not_member, a peer naming another
-    sender wrong_sender, both after the L2-L4 checks and before the UBT header's; the
-    first entry with an address wins; a datagram too short to name a sender is only
-    checked for membership."""
+    sender wrong_sender, both after the L2-L4 checks and before the UBT header's; with two
+    entries at one address either rank may send from it; a datagram too short to name a
+    sender is only checked for membership."""
     p = SMALL
     world, rank = 4, 1
     table = default_peers(p, 8)
     table[2] = (0x0A000009, 5000)  # rank 2 elsewhere
-    table[3] = table[0]  # two entries with one address: rank 0 (the first) owns it
+    table[3] = table[0]  # two entries with one address: ranks 0 and 3 may both send
     table[6] = (0x0A000006, p.udp_port)  # past the world: no member
     cfg = Cfg(rank=rank, world=world, peers=tuple(table))
     rng = np.random.default_rng(21)
