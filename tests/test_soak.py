@@ -79,3 +79,51 @@ def test_config_checks(fault):
             soak.SoakConfig(faults=("nonsense",))
     else:
         assert soak.schedule(soak.quick_config())[:2] == [("train", "none"), ("train", fault)]
+
+
+def _soak_ranks() -> set[int]:
+    """Processes a soak run started (their environment carries the run's mark)."""
+    import os
+    from pathlib import Path
+
+    needle = f"{soak.MARK}=".encode()
+    out = set()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                if needle in (d / "environ").read_bytes():
+                    out.add(int(d.name))
+            except OSError:
+                pass
+    return out
+
+
+def test_sigint_to_the_soak_alone_leaves_no_rank_behind():
+    """`kill -INT` of the soak's own process (not a terminal's whole group) mid-run: it
+    exits with 130 within a bound and no rank of its run outlives it."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cmd = [sys.executable, "-c", "from optireduce.cli import main; raise SystemExit(main())",
+           "soak", "--runs", "1", "--minutes", "2"]  # fmt: skip
+    before = _soak_ranks()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not _soak_ranks() - before and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            time.sleep(0.2)
+        assert _soak_ranks() - before, "no rank of the soak's run started within 120 s"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, err.decode()[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    end = time.monotonic() + 10
+    while _soak_ranks() - before and time.monotonic() < end:
+        time.sleep(0.2)
+    assert not _soak_ranks() - before, "ranks outlived the soak"
