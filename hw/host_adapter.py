@@ -199,6 +199,21 @@ class _FrameSender(wiring.Component):
         return m
 
 
+def _header_fields(hdr: Signal) -> tuple:
+    """The host-port header's fields from the shifted-in bytes (byte k at bits 8k..8k+7):
+    ethertype, version, kind, count, op_id, offset, n, exponent, and START's in-band flag
+    (host_port.FLAG_INBAND) and proposal word."""
+
+    def byte(k):
+        return hdr[8 * k : 8 * k + 8]
+
+    def be(k, nb):
+        return Cat(*(byte(k + nb - 1 - j) for j in range(nb)))
+
+    return (be(12, 2), byte(14), byte(15), be(16, 2), be(18, 4), be(22, 4), be(26, 4),
+            byte(30), byte(31)[0], be(32, 2))  # fmt: skip
+
+
 class HostAdapter(wiring.Component):
     """Host-port frames <-> the NIC core's host port and register bus (module docstring).
 
@@ -262,7 +277,6 @@ class HostAdapter(wiring.Component):
 
     # ---- host -> core ----------------------------------------------------------------
     def _rx(self, m: Module, inc: dict, sender: _FrameSender) -> None:
-        p = self.p
         m.submodules.rx_buf = buf = Memory(shape=32, depth=self.rx_words, init=[])
         wr, rd = buf.write_port(), buf.read_port()
         m.d.comb += [sender.rd_data.eq(rd.data)]
@@ -271,15 +285,9 @@ class HostAdapter(wiring.Component):
         nbytes = Signal(16)  # bytes of the frame so far (saturating)
         word = Signal(24)  # the payload word being assembled (big-endian)
 
-        def byte(k):
-            return hdr[8 * k : 8 * k + 8]
-
-        def be(k, nb):
-            return Cat(*(byte(k + nb - 1 - j) for j in range(nb)))
-
-        ethertype, version, kind = be(12, 2), byte(14), byte(15)
-        count, op_id, offset, n, exponent = be(16, 2), be(18, 4), be(22, 4), be(26, 4), byte(30)
-        inband, proposal = byte(31)[0], be(32, 2)  # START: host_port.FLAG_INBAND, the word
+        ethertype, version, kind, count, op_id, offset, n, exponent, inband, proposal = (
+            _header_fields(hdr)
+        )
 
         # the open op (its START was taken and it still owes words)
         open_ = Signal()
@@ -289,21 +297,8 @@ class HostAdapter(wiring.Component):
         idx = Signal(16)  # word of the frame being emitted
         pad_left = Signal(32)
 
-        # EMIT reads the buffer ahead into a small FIFO: the BRAM output lands in a
-        # register, then in the FIFO (a block RAM's clock-to-out and a LUT RAM's write
-        # setup do not fit one 125 MHz cycle on the 25F-6), and host_i comes from the
-        # FIFO's output register
-        m.submodules.emit_fifo = ef = SyncFIFOBuffered(width=32, depth=8)
-        ridx = Signal(16)  # next word to read
-        inflight = Signal()  # a read issued last cycle: its word is on rd.data now
-        landed, landed_data = Signal(), Signal(32)  # ... and in this register a cycle later
-        m.d.sync += [landed.eq(inflight), landed_data.eq(rd.data)]
-        m.d.comb += [ef.w_en.eq(landed), ef.w_data.eq(landed_data)]
-        emit_valid = Signal()
-        emit_data = Signal(32)
+        ef, ridx, inflight, landed, emit_valid, emit_data = self._rx_emit_fifo(m, rd)
         m.d.comb += [
-            self.host_i.valid.eq(emit_valid),
-            self.host_i.payload.data[0].eq(emit_data),
             self.host_i.payload.first.eq(got == 0),
             self.host_i.payload.last.eq(got == cur_last),
         ]
@@ -315,58 +310,16 @@ class HostAdapter(wiring.Component):
                 m.d.sync += open_.eq(0)
 
         payload_bytes = nbytes - HEAD
-        word_kind = (kind == host_port.START) | (kind == host_port.DATA) | (kind == REG)
-        # the sequence checks' wide compares and sums, registered in PRE_JUDGE (125 MHz)
-        plen, end = Signal(16), Signal(33)
-        new_op, other_op, gap = Signal(), Signal(), Signal()
-        is_reg, is_start = Signal(), Signal()
-        count_m1, pairs_m1, count_zero = Signal(16), Signal(16), Signal()  # for the FSM
-        pre_judge = [
-            count_m1.eq(count - 1),
-            pairs_m1.eq((count >> 1) - 1),
-            count_zero.eq(count == 0),
-            is_reg.eq(kind == REG),
-            is_start.eq(kind == host_port.START),
-            plen.eq(payload_bytes),
-            end.eq(offset + count),
-            new_op.eq(op_id != next_op),
-            other_op.eq(op_id != cur_op),
-            gap.eq(offset != got),
-        ]
-        verdicts = {
-            "drop_not_host": (nbytes < HEAD) | (ethertype != host_port.ETHERTYPE),
-            "drop_bad_header": (version != host_port.VERSION) | (kind > REG),
-            "drop_unsupported": ~word_kind,
-            "drop_bad_length": (plen != count * 4) | (is_reg & count[0]),
-            "drop_too_long": count > self.rx_words,
-            "drop_bad_op": is_start & ((n == 0) | (n > p.c) | (offset != 0) | (count > n)),
-            "drop_sequence": Mux(
-                is_start,
-                new_op,
-                (kind == host_port.DATA) & (~open_ | other_op | gap | (cur_n < end)),
-            ),
-        }  # first that holds names the drop, in this order
+        fields = (ethertype, version, kind, count, op_id, offset, n, nbytes, payload_bytes)
+        seq = (open_, cur_op, cur_n, got, next_op)
+        pre_judge, verdicts, chk = self._rx_checks(fields, seq)
+        count_m1, pairs_m1, count_zero, is_reg, is_start = chk
         reg_i = Signal(16)  # REG: index of the pair
         reg_phase = Signal(3)
 
         with m.FSM():
             with m.State("RECV"):
-                m.d.comb += self.i.ready.eq(1)
-                with m.If(self.i.valid):
-                    b = self.i.payload.data[0]
-                    m.d.sync += nbytes.eq(nbytes + (nbytes != 0xFFFF))
-                    with m.If(nbytes < HEAD):
-                        m.d.sync += hdr.eq(Cat(hdr[8:], b))
-                    with m.Else():
-                        k = payload_bytes  # byte index in the payload
-                        m.d.sync += word.eq(Cat(b, word[:16]))
-                        m.d.comb += [
-                            wr.addr.eq(k[2:]),
-                            wr.data.eq(Cat(b, word)),
-                            wr.en.eq((k[:2] == 3) & (k[2:] < self.rx_words)),
-                        ]
-                    with m.If(self.i.payload.last):
-                        m.next = "PRE_JUDGE"
+                self._rx_receive(m, wr, hdr, nbytes, word, payload_bytes)
             with m.State("PRE_JUDGE"):
                 m.d.sync += pre_judge
                 m.next = "JUDGE"
@@ -451,36 +404,7 @@ class HostAdapter(wiring.Component):
                     with m.If(idx == count_m1):
                         m.next = "RECV"
             with m.State("REG"):
-                # per pair: read the address word, then the data word (both land in
-                # registers), access the bank, write a read's data back for the reply
-                addr_w, data_w = Signal(32), Signal(32)
-                m.d.comb += rd.addr.eq(Cat(reg_phase == 1, reg_i))
-                m.d.sync += reg_phase.eq(reg_phase + 1)
-                with m.Switch(reg_phase):
-                    with m.Case(1):  # address word out, data word requested
-                        m.d.sync += addr_w.eq(rd.data)
-                    with m.Case(2):  # data word out
-                        m.d.sync += data_w.eq(rd.data)
-                    with m.Case(3):  # access
-                        m.d.comb += [
-                            self.csr_addr.eq(addr_w),
-                            self.csr_w_data.eq(data_w),
-                            self.csr_w_en.eq(addr_w[31]),
-                            self.csr_r_en.eq(~addr_w[31]),
-                        ]
-                        with m.If(addr_w[31] & (addr_w[:31] == self.world_addr)):
-                            m.d.sync += self.world.eq(data_w)
-                    with m.Case(4):  # wait for the access to come back (the core's clock)
-                        m.d.sync += reg_phase.eq(4)
-                        with m.If(self.csr_done):
-                            m.d.comb += [
-                                wr.addr.eq(Cat(1, reg_i)),
-                                wr.data.eq(Mux(addr_w[31], data_w, self.csr_r_data)),
-                                wr.en.eq(1),
-                            ]
-                            m.d.sync += [reg_i.eq(reg_i + 1), reg_phase.eq(0)]
-                            with m.If(reg_i == pairs_m1):
-                                m.next = "REPLY"
+                self._rx_register_pair(m, rd, wr, reg_i, reg_phase, pairs_m1)
                 with m.If(count_zero):
                     m.next = "REPLY"
             with m.State("REPLY"):
@@ -503,6 +427,117 @@ class HostAdapter(wiring.Component):
         # the sender reads the buffer while it sends (the FSM waits in SENDING)
         with m.If(sender.busy):
             m.d.comb += rd.addr.eq(sender.rd_addr)
+
+    def _rx_receive(self, m: Module, wr, hdr, nbytes, word, payload_bytes) -> None:
+        """RECV: the header's bytes shift into `hdr`, the payload's into buffer words;
+        the frame's last byte goes to PRE_JUDGE."""
+        m.d.comb += self.i.ready.eq(1)
+        with m.If(self.i.valid):
+            b = self.i.payload.data[0]
+            m.d.sync += nbytes.eq(nbytes + (nbytes != 0xFFFF))
+            with m.If(nbytes < HEAD):
+                m.d.sync += hdr.eq(Cat(hdr[8:], b))
+            with m.Else():
+                k = payload_bytes  # byte index in the payload
+                m.d.sync += word.eq(Cat(b, word[:16]))
+                m.d.comb += [
+                    wr.addr.eq(k[2:]),
+                    wr.data.eq(Cat(b, word)),
+                    wr.en.eq((k[:2] == 3) & (k[2:] < self.rx_words)),
+                ]
+            with m.If(self.i.payload.last):
+                m.next = "PRE_JUDGE"
+
+    def _rx_emit_fifo(self, m: Module, rd) -> tuple:
+        """The EMIT state's read-ahead onto host_i."""
+        # EMIT reads the buffer ahead into a small FIFO: the BRAM output lands in a
+        # register, then in the FIFO (a block RAM's clock-to-out and a LUT RAM's write
+        # setup do not fit one 125 MHz cycle on the 25F-6), and host_i comes from the
+        # FIFO's output register
+        m.submodules.emit_fifo = ef = SyncFIFOBuffered(width=32, depth=8)
+        ridx = Signal(16)  # next word to read
+        inflight = Signal()  # a read issued last cycle: its word is on rd.data now
+        landed, landed_data = Signal(), Signal(32)  # ... and in this register a cycle later
+        m.d.sync += [landed.eq(inflight), landed_data.eq(rd.data)]
+        m.d.comb += [ef.w_en.eq(landed), ef.w_data.eq(landed_data)]
+        emit_valid = Signal()
+        emit_data = Signal(32)
+        m.d.comb += [
+            self.host_i.valid.eq(emit_valid),
+            self.host_i.payload.data[0].eq(emit_data),
+        ]
+        return ef, ridx, inflight, landed, emit_valid, emit_data
+
+    def _rx_checks(self, fields: tuple, seq: tuple) -> tuple:
+        """A finished frame's checks: the registered operands (PRE_JUDGE) and the
+        verdicts in drop order; the operands the FSM reuses."""
+        p = self.p
+        ethertype, version, kind, count, op_id, offset, n, nbytes, payload_bytes = fields
+        open_, cur_op, cur_n, got, next_op = seq
+        word_kind = (kind == host_port.START) | (kind == host_port.DATA) | (kind == REG)
+        # the sequence checks' wide compares and sums, registered in PRE_JUDGE (125 MHz)
+        plen, end = Signal(16), Signal(33)
+        new_op, other_op, gap = Signal(), Signal(), Signal()
+        is_reg, is_start = Signal(), Signal()
+        count_m1, pairs_m1, count_zero = Signal(16), Signal(16), Signal()  # for the FSM
+        pre_judge = [
+            count_m1.eq(count - 1),
+            pairs_m1.eq((count >> 1) - 1),
+            count_zero.eq(count == 0),
+            is_reg.eq(kind == REG),
+            is_start.eq(kind == host_port.START),
+            plen.eq(payload_bytes),
+            end.eq(offset + count),
+            new_op.eq(op_id != next_op),
+            other_op.eq(op_id != cur_op),
+            gap.eq(offset != got),
+        ]
+        verdicts = {
+            "drop_not_host": (nbytes < HEAD) | (ethertype != host_port.ETHERTYPE),
+            "drop_bad_header": (version != host_port.VERSION) | (kind > REG),
+            "drop_unsupported": ~word_kind,
+            "drop_bad_length": (plen != count * 4) | (is_reg & count[0]),
+            "drop_too_long": count > self.rx_words,
+            "drop_bad_op": is_start & ((n == 0) | (n > p.c) | (offset != 0) | (count > n)),
+            "drop_sequence": Mux(
+                is_start,
+                new_op,
+                (kind == host_port.DATA) & (~open_ | other_op | gap | (cur_n < end)),
+            ),
+        }  # first that holds names the drop, in this order
+        return pre_judge, verdicts, (count_m1, pairs_m1, count_zero, is_reg, is_start)
+
+    def _rx_register_pair(self, m: Module, rd, wr, reg_i, reg_phase, pairs_m1) -> None:
+        """REG, one pair at a time: read the address word, then the data word (both land
+        in registers), access the bank, write a read's data back for the reply."""
+        addr_w, data_w = Signal(32), Signal(32)
+        m.d.comb += rd.addr.eq(Cat(reg_phase == 1, reg_i))
+        m.d.sync += reg_phase.eq(reg_phase + 1)
+        with m.Switch(reg_phase):
+            with m.Case(1):  # address word out, data word requested
+                m.d.sync += addr_w.eq(rd.data)
+            with m.Case(2):  # data word out
+                m.d.sync += data_w.eq(rd.data)
+            with m.Case(3):  # access
+                m.d.comb += [
+                    self.csr_addr.eq(addr_w),
+                    self.csr_w_data.eq(data_w),
+                    self.csr_w_en.eq(addr_w[31]),
+                    self.csr_r_en.eq(~addr_w[31]),
+                ]
+                with m.If(addr_w[31] & (addr_w[:31] == self.world_addr)):
+                    m.d.sync += self.world.eq(data_w)
+            with m.Case(4):  # wait for the access to come back (the core's clock)
+                m.d.sync += reg_phase.eq(4)
+                with m.If(self.csr_done):
+                    m.d.comb += [
+                        wr.addr.eq(Cat(1, reg_i)),
+                        wr.data.eq(Mux(addr_w[31], data_w, self.csr_r_data)),
+                        wr.en.eq(1),
+                    ]
+                    m.d.sync += [reg_i.eq(reg_i + 1), reg_phase.eq(0)]
+                    with m.If(reg_i == pairs_m1):
+                        m.next = "REPLY"
 
     # ---- core -> host ----------------------------------------------------------------
     def _results(self, m: Module, inc: dict, sender: _FrameSender) -> None:

@@ -73,17 +73,11 @@ class Quantizer(wiring.Component):
             }
         )
 
-    def elaborate(self, platform):
-        m = Module()
-        p, lanes, w_in = self.p, self.p.lanes, self.p.w_in
+    def _beat(self, m: Module, en) -> tuple:
+        """Stage 0: an input beat, or a padding beat that completes the last block; the
+        exponent of the op the beat belongs to."""
+        p, lanes = self.p, self.p.lanes
         beats_per_block = p.b // lanes
-        code_max = w_in + 24  # shift code c = clamp(sh, -24, w_in) + 24
-        t_width = w_in + 24  # t = (mant << code) >> 24 < 2^(w_in + 24)
-
-        en = Signal()  # the whole pipeline moves one step
-        m.d.comb += en.eq(self.o.ready | ~self.o.valid)
-
-        # Stage 0: input or padding beat.
         padding = Signal()
         idx = Signal(range(beats_per_block))  # beat index inside the current block
         exp_held = Signal(signed(8))
@@ -120,6 +114,18 @@ class Quantizer(wiring.Component):
                 m.d.sync += idx.eq(cur + 1)
                 with m.If(self.i.payload.last & ~block_end):
                     m.d.sync += padding.eq(1)
+        return s0_valid, s0_first, s0_last, s0_bits, exp_now
+
+    def elaborate(self, platform):
+        m = Module()
+        p, lanes, w_in = self.p, self.p.lanes, self.p.w_in
+        code_max = w_in + 24  # shift code c = clamp(sh, -24, w_in) + 24
+        t_width = w_in + 24  # t = (mant << code) >> 24 < 2^(w_in + 24)
+
+        en = Signal()  # the whole pipeline moves one step
+        m.d.comb += en.eq(self.o.ready | ~self.o.valid)
+
+        s0_valid, s0_first, s0_last, s0_bits, exp_now = self._beat(m, en)
 
         # Stage 1: register the beat, and turn the exponent into the constants of the shift
         # code c = sh + 24 = max(e_f, 1) - 125 - E, so that stage 2 has a single adder and two
