@@ -36,7 +36,7 @@ demo: install
 	$(VENV)/bin/optireduce demo
 
 test: install tools
-	$(PY) -m pytest -n 2 -q
+	$(PY) -m pytest -n 2 -q --durations=25
 
 # every `optireduce bench` group that is installed, one JSON file (also printed)
 bench: install
