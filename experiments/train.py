@@ -42,7 +42,6 @@ and op of the run.
 from __future__ import annotations
 
 import hashlib
-import hashlib
 import json
 import os
 import tempfile

@@ -6,12 +6,10 @@ import threading
 import time
 from datetime import timedelta
 
-import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from optireduce.host.control import ControlPlane  # noqa: E402
-from optireduce.host.model.impairment import ImpairmentSpec  # noqa: E402
+from optireduce.host.control import ControlPlane
+from optireduce.host.model.impairment import ImpairmentSpec
 
 DELAY_US = 40_000  # a constant delay: p99_ratio 1
 

@@ -4,9 +4,6 @@ both methods (2 processes, 4 steps, a narrow student) through the same harness."
 import json
 
 import numpy as np
-import pytest
-
-pytest.importorskip("torch")
 
 from optireduce.experiments.large_model import LargeTask, flat, load_flat
 from optireduce.experiments.train import LARGE, large_config, run_train
