@@ -336,14 +336,21 @@ size_t UdpTransport::send_gso(const OutDatagram* items, size_t n) {
                     (segs + 1) * seg_len > MAX_UDP_PAYLOAD)
                     m = -1;
             }
-            if (o.len == 0) {  // an empty datagram cannot be a segment: a message of its own
-                if (n_msgs == BATCH) break;
-                m = static_cast<int>(n_msgs++);
-                msghdr& h = tx_msgs_[m].msg_hdr;
+            // a new message to o.dst, no segment yet
+            auto new_message = [&]() {
+                const int k = static_cast<int>(n_msgs++);
+                msghdr& h = tx_msgs_[k].msg_hdr;
                 h = msghdr{};
                 h.msg_name = &peer_sa_[o.dst];
                 h.msg_namelen = sizeof(sockaddr_in);
-                h.msg_iov = &tx_iov_[static_cast<size_t>(m) * MAX_SEGMENTS];
+                h.msg_iov = &tx_iov_[static_cast<size_t>(k) * MAX_SEGMENTS];
+                h.msg_iovlen = 0;
+                return k;
+            };
+            if (o.len == 0) {  // an empty datagram cannot be a segment: a message of its own
+                if (n_msgs == BATCH) break;
+                m = new_message();
+                msghdr& h = tx_msgs_[m].msg_hdr;
                 h.msg_iov[0] = iovec{const_cast<uint8_t*>(o.data), 0};
                 h.msg_iovlen = 1;
                 item_msg_[end] = static_cast<uint32_t>(m);
@@ -352,13 +359,7 @@ size_t UdpTransport::send_gso(const OutDatagram* items, size_t n) {
             }
             if (m < 0) {
                 if (n_msgs == BATCH) break;
-                m = static_cast<int>(n_msgs++);
-                msghdr& h = tx_msgs_[m].msg_hdr;
-                h = msghdr{};
-                h.msg_name = &peer_sa_[o.dst];
-                h.msg_namelen = sizeof(sockaddr_in);
-                h.msg_iov = &tx_iov_[static_cast<size_t>(m) * MAX_SEGMENTS];
-                h.msg_iovlen = 0;
+                m = new_message();
                 if (o.dst < n_open) open[o.dst] = m;
             }
             msghdr& h = tx_msgs_[m].msg_hdr;
