@@ -226,6 +226,9 @@ def _batches(cfg: TrainConfig) -> np.ndarray:
 
 
 def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
+    import faulthandler
+
+    faulthandler.enable()  # a worker killed by a signal leaves its Python stacks on stderr
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     import torch
@@ -313,8 +316,6 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
     # the large model's copies (41 MB each) are kept by rank 0 only
     keep = cfg.model == "digits" or rank == 0
     kept_steps, kept_times, kept_theta = [0], [0.0], [flat(model)]
-    if cfg.model == "large" and state is not None and hasattr(state.nic, "set_trace"):
-        state.nic.set_trace(False)  # a per-datagram trace of 41 MB steps: GBs to analyse
     if cfg.model == "large" and state is not None and hasattr(state.nic, "set_trace"):
         state.nic.set_trace(False)  # a per-datagram trace of 41 MB steps: GBs to analyse
     dist.barrier()
