@@ -48,7 +48,7 @@ import numpy as np
 from optireduce import ubt
 
 # 16 KiB datagrams, 1 MiB ops, exponents agreed in-band (no exchange before each call)
-LOOPBACK_PARAMS = {"p": 4096, "b": 16384, "c": 262144, "exp_inband": True}
+LOOPBACK_PARAMS = {"p": 4096, "b": 16384, "c": 262144, "exp_inband": True, "progress_ahead": True}
 LOSSLESS_ELEMENTS = 4 << 20  # 16 MiB of float32
 TAIL_ELEMENTS = 1 << 18  # 1 MiB of float32: one OptiReduce op
 TAIL_MEDIAN_US = 2000

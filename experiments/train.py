@@ -134,8 +134,10 @@ class TrainConfig:
     def nic_params(self):
         from optireduce.params import NicParams
 
-        # in-band exponents on host backends; the co-simulated gateware agrees by exchange
-        return NicParams(n_max=max(8, self.world), exp_inband=self.cosim_rank is None,
+        # in-band exponents and progress_ahead on host backends; the co-simulated gateware
+        # agrees by exchange and has no progress_ahead
+        host = self.cosim_rank is None
+        return NicParams(n_max=max(8, self.world), exp_inband=host, progress_ahead=host,
                          **{k: getattr(self, k) for k in NIC_FIELDS})  # fmt: skip
 
 

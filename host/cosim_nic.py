@@ -63,6 +63,8 @@ class SimNic(HostNic):
             raise BackendUnavailable("the sim NIC sends on the socket itself: no impairment")
         if self.p.tc_sample != "duration":  # hw/deadline.py samples a deadline phase whole
             raise BackendUnavailable(f"the gateware has no tc_sample={self.p.tc_sample!r}")
+        if self.p.progress_ahead:  # hw/parser.py drops a future op's frame before the aggregator
+            raise BackendUnavailable("the gateware has no progress_ahead (docs/deadlines.md)")
         try:
             self.exe = harness_path(self.p)
         except (ToolchainError, ImportError) as e:

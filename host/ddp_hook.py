@@ -9,7 +9,7 @@ transport's loss switched off and a generous bound, whose phase times calibrate
 t_B = 2 x P95, max over ranks, never below the deadline floor t_c_min_us); then
 bounded OptiReduce ops. Default NicParams: t_c_min_us = HOST_T_C_MIN_US, the floor of every
 phase's timeout on a host that also computes (docs/results.md, "Lossless on a shared
-host"). Every op runs on one
+host"), and progress_ahead (a rank left behind catches up: docs/deadlines.md). Every op runs on one
 ordered driver thread per process so that the ranks issue them in the same order. The hook
 never raises on loss: above `loss_threshold` it follows `policy`:
   accept  use the estimate as it is;
@@ -138,7 +138,7 @@ class OptiReduceState:
             raise ValueError("OptiReduceState.warmup_iters must be >= 1 (it calibrates t_B)")
         if not 0 <= loss_threshold <= 1:
             raise ValueError(f"OptiReduceState.loss_threshold={loss_threshold}: not in [0, 1]")
-        self.params = params or NicParams(t_c_min_us=HOST_T_C_MIN_US)
+        self.params = params or NicParams(t_c_min_us=HOST_T_C_MIN_US, progress_ahead=True)
         self.warmup_iters, self.loss_threshold, self.policy = warmup_iters, loss_threshold, policy
         self.checksum_every, self.resync = checksum_every, resync
         self.impairment, self.seed = impairment, seed

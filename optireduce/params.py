@@ -48,6 +48,9 @@ class NicParams:
     tc_dev_shift: int = 2  # t_C deviation EWMA gain 2^-shift
     tc_dev_mult: int = 4  # t_C = mean + mult * deviation
     tc_sample: str = "duration"  # t_C sample of a deadline-ended phase (docs/deadlines.md)
+    # A peer's frame of op j says it is done with op j - K even beyond the receive window,
+    # and ops started later take it as gone (docs/deadlines.md). Off: the gateware's rule.
+    progress_ahead: bool = False
     udp_port: int = 17017
     job_id: int = 1
     # Packets carry the sender's exponent proposal for op + K in the header's `reserved`
@@ -100,6 +103,7 @@ class NicParams:
         need(self.tc_sample in TC_SAMPLES, "tc_sample", f"must be one of {TC_SAMPLES}")
         need(isinstance(self.rht, bool), "rht", "must be a bool")
         need(isinstance(self.exp_inband, bool), "exp_inband", "must be a bool")
+        need(isinstance(self.progress_ahead, bool), "progress_ahead", "must be a bool")
         need(
             self.ops_in_flight <= self.exp_lead_eff <= 256,
             "exp_lead",

@@ -141,6 +141,8 @@ class NicModel:
         self.last_started = first_op - 1
         self.ops: dict[int, _Op] = {}
         self.gone: set[int] = set()  # peers known dead: nothing more will come from them
+        # per peer, the last op it is known to be done with (progress_ahead)
+        self.peer_done = [first_op - 1] * self.world
         self._tx: list[Tx] = []
         self._results: list[OpResult] = []
 
@@ -322,6 +324,11 @@ class NicModel:
         for r in self.gone:
             op.p1.sender_gone(now, r)
             op.p2.sender_gone(now, r)
+        if self.p.progress_ahead:
+            for r in range(self.world):
+                if self.peer_done[r] >= op_id:
+                    op.p1.sender_gone(now, r)
+                    op.p2.sender_gone(now, r)
         return op
 
     def _drop(self, reason: str, op: _Op | None = None) -> None:
@@ -355,6 +362,8 @@ class NicModel:
         reason = check_peer(h, p, self.rank, world) or check_op(h, p, self.rank, world, self.base)
         if p.exp_inband and reason in (None, "stale_op"):
             self._note_proposal(h)  # even a frame dropped below, or of a completed op
+        if reason == "future_op" and p.progress_ahead:  # far ahead: done with op_id - K
+            self._peer_progress(now, h.sender, h.op_id)
         if reason:
             return self._drop(reason)
         op = self.ops.get(h.op_id)
@@ -398,8 +407,10 @@ class NicModel:
 
     def _peer_progress(self, now: int, sender: int, op_id: int) -> None:
         """A NIC starts op j only after op j - K is complete: sender is done with those."""
+        done = op_id - self.p.ops_in_flight
+        self.peer_done[sender] = max(self.peer_done[sender], done)
         for o in list(self.ops.values()):
-            if o.op_id <= op_id - self.p.ops_in_flight and not o.done:
+            if o.op_id <= done and not o.done:
                 o.p1.sender_gone(now, sender)
                 o.p2.sender_gone(now, sender)
                 self._progress(o, now)

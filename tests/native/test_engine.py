@@ -48,6 +48,7 @@ def plans(draw: st.DrawFn) -> Plan:
         alpha_q8=draw(st.integers(1, 256)),
         tc_dev_mult=draw(st.sampled_from([0, 2, 4])),
         tc_sample=draw(st.sampled_from(["duration", "last_arrival"])),
+        progress_ahead=draw(st.booleans()),
         last_percent=draw(st.sampled_from([1, 5, 30, 100])),
         estimator=draw(st.sampled_from(["unbiased", "plain"])),
         rht=draw(st.sampled_from([True, True, False])),
@@ -364,3 +365,34 @@ def test_a_cluster_at_the_hardware_packet_size():
     nodes = run_cluster(plan)
     assert all(len(n.results) == 3 for n in nodes)
     assert sum(n.native.counters["rx_gather"] for n in nodes) > 100
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+def test_a_rank_far_behind_catches_up_only_with_progress_ahead(ahead):
+    """Rank 2 starts every op 3000 ticks late (t_B 300): the others run ops 0-11 by their
+    deadlines (600 ticks a pair) and are more than 2K ops ahead of it, beyond its receive
+    window. Their frames are dropped as future_op either way; under progress_ahead they
+    still say the sender is done with op - K, so rank 2's ops 4-9 end at their start
+    tick ("early": every peer gone) and it rejoins the others by op 10. Without it, each
+    of those ops waits out both deadlines and rank 2 never catches up. Model and engine
+    agree after every event (run_cluster)."""
+    p = NicParams(p=4, b=16, c=64, n_max=8, t_b_us=300, t_c_min_us=5, progress_ahead=ahead)
+    plan = Plan(params=p, world=3, lens=[64] * 12, seed=3, max_delay=20, start_gap=30,
+                slow=2, slow_by=3000)  # fmt: skip
+    nodes = run_cluster(plan)
+    slow = {r.stats.op_id: r.stats for r in nodes[2].results}
+    assert sorted(slow) == list(range(12))
+    assert nodes[2].native.counters["future_op"] > 0
+    peers_end = max(r.stats.end_us for n in nodes[:2] for r in n.results)
+    for k in range(4, 10):
+        st_ = slow[k]
+        if ahead:
+            assert (st_.phase1_reason, st_.phase2_reason) == ("early", "early"), k
+            assert st_.end_us == st_.start_us, k
+        else:
+            assert (st_.phase1_reason, st_.phase2_reason) == ("deadline", "deadline"), k
+            assert st_.end_us - st_.start_us == 2 * p.t_b_us, k
+    if ahead:  # within one op pair of the others
+        assert slow[11].end_us <= peers_end + 2 * p.t_b_us
+    else:
+        assert slow[11].end_us >= peers_end + 3 * 2 * p.t_b_us

@@ -40,6 +40,7 @@ struct Params {
     int32_t tc_dev_shift = 2;
     int32_t tc_dev_mult = 4;
     TcSample tc_sample = TcSample::duration;
+    bool progress_ahead = false;  // NicParams.progress_ahead: peer progress beyond the window
     int32_t udp_port = 17017;
     int32_t job_id = 1;
 

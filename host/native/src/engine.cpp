@@ -137,6 +137,7 @@ Engine::Engine(const Params& p, int rank, int world, const Addressing& a, int64_
                                     ": must be in 0..world-1=" + std::to_string(world - 1));
     for (auto& t : tc_table_) t.assign(world, p.t_c_init_us);
     is_gone_.assign(world, 0);
+    peer_done_.assign(world, first_op - 1);
 }
 
 Engine::~Engine() = default;
@@ -430,6 +431,12 @@ std::unique_ptr<Engine::Op> Engine::make_op(int64_t op_id, int64_t n, int expone
         op->p1.sender_gone(now, r);
         op->p2.sender_gone(now, r);
     }
+    if (p_.progress_ahead)
+        for (int r = 0; r < world_; ++r)
+            if (peer_done_[r] >= op_id) {
+                op->p1.sender_gone(now, r);
+                op->p2.sender_gone(now, r);
+            }
     return op;
 }
 
@@ -487,6 +494,8 @@ void Engine::accept(int64_t now, int code, const Parsed& r) {
         reason = check_op(h, p_.p, p_.c, p_.b, rank_, world_, base_, 2 * p_.ops_in_flight);
     if (inband_.on && (reason == OK || reason == DROP_STALE_OP))
         note_proposal(h);  // even a frame dropped below, or of a completed op
+    if (reason == DROP_FUTURE_OP && p_.progress_ahead)  // far ahead: done with op_id - K
+        peer_progress(now, h.sender, h.op_id);
     if (reason != OK) return drop(reason);
     Op* op = find(h.op_id);
     if (op == nullptr) op = new_op(h.op_id, h.op_len, h.exponent, now);  // a peer is ahead
@@ -535,11 +544,13 @@ void Engine::note_proposal(const Header& h) {
 
 void Engine::peer_progress(int64_t now, int sender, int64_t op_id) {
     // A NIC starts op j only after op j - K is complete: sender is done with those.
+    const int64_t done = op_id - p_.ops_in_flight;
+    peer_done_[sender] = std::max(peer_done_[sender], done);
     ids_.clear();
     for (const auto& op : ops_) ids_.push_back(op->op_id);
     for (int64_t id : ids_) {
         Op* o = find(id);
-        if (o == nullptr || o->op_id > op_id - p_.ops_in_flight || o->done) continue;
+        if (o == nullptr || o->op_id > done || o->done) continue;
         o->p1.sender_gone(now, sender);
         o->p2.sender_gone(now, sender);
         progress(*o, now);

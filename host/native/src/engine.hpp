@@ -208,6 +208,7 @@ private:
     std::vector<std::unique_ptr<Op>> pool_;  // finished ops whose buffers are reused
     std::vector<uint8_t> is_gone_;
     std::vector<int> gone_order_;
+    std::vector<int64_t> peer_done_;  // per peer, the last op it is known to be done with
     std::vector<Tx> tx_;
     std::vector<uint8_t, NoInitAllocator<uint8_t>> arena_;
     std::vector<OpResult> results_;

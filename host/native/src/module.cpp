@@ -119,6 +119,7 @@ Params params_from_py(nb::handle p) {
         r.tc_sample = TcSample::last_arrival;
     else
         throw std::invalid_argument("NicParams.tc_sample=" + tcs + ": unknown t_C sample");
+    r.progress_ahead = nb::cast<bool>(p.attr("progress_ahead"));
     r.udp_port = static_cast<int32_t>(i64("udp_port"));
     r.job_id = static_cast<int32_t>(i64("job_id"));
     r.check();
