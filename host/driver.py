@@ -116,7 +116,7 @@ class HostNic:
         bounds = [(a, min(a + p.c, x.size)) for a in range(0, x.size, p.c)]
         first, ops = self.next_op, len(bounds)
         props = [propose_exponent(x[a:b], p) for a, b in bounds]
-        exps, ahead = self.exponents.plan(props, first, self.agree)
+        exps, ahead = self.exponents.plan(props, first, self.agree, x.size)
         results: dict[int, np.ndarray] = {}
         stats: list[OpStats] = []
         started = 0

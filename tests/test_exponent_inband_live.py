@@ -134,3 +134,22 @@ def test_ops_past_a_call_run_at_the_predicted_exponent(three_calls):
         err = np.abs(outs[1][: LEAD * P.c] - mean[: LEAD * P.c])
         assert err.max() < 4 * 2.0**predicted
         assert all(s.sat_quantize == 0 for s in second)
+
+
+def test_a_call_after_another_is_predicted_from_the_last_time_it_followed_it():
+    """Two buckets of different scale in turn, as DDP hands them over every step: A (small
+    gradients, 80 000 elements) then B (2^12 times larger, 100 000). In round 1 the first
+    L ops of B ride on A's prediction (A's largest proposal + margin): far too small, they
+    saturate. In round 2 they ride on what B proposed for those ops in round 1 (+ margin):
+    no saturation, and each such op runs at exactly that exponent (max over the ranks)."""
+    a1, a2 = ([x[:80_000] * 2.0**-6 for x in inputs(WORLD, N, seed=s)] for s in (21, 23))
+    b1, b2 = ([x * 2.0**6 for x in inputs(WORLD, N, seed=s)] for s in (22, 24))
+    (got, _) = run("native", P, [a1, b1, a2, b2], resync_after=None)
+    b_round1 = [[propose_exponent(x[a : a + P.c], P) for a in range(0, N, P.c)] for x in b1]
+    want = [max(b_round1[r][k] for r in range(WORLD)) + PREDICTION_MARGIN for k in range(LEAD)]
+    for _, stats, c in got:
+        first_b, second_b = stats[1], stats[3]
+        assert sum(s.sat_quantize > 0 for s in first_b[:LEAD]) == LEAD
+        assert [s.exponent for s in second_b[:LEAD]] == want
+        assert all(s.sat_quantize == 0 for s in second_b)
+        assert c["exp_saturated"] == LEAD  # round 1's, on every rank

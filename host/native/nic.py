@@ -309,7 +309,7 @@ class NativeNic:
         bounds = [(a, min(a + c, x.size)) for a in range(0, x.size, c)]
         first = live.next_op
         props = [_engine.propose_exponent(x[a:b], self._params) for a, b in bounds]
-        exps, ahead = self.exponents.plan(props, first, self.agree)
+        exps, ahead = self.exponents.plan(props, first, self.agree, x.size)
         stats: list[OpStats] = []
         # Every phase ends by its deadline: an op takes at most 2 t_B plus skew. Past this
         # bound something outside the protocol is wrong: fail, never hang.
