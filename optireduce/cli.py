@@ -458,28 +458,22 @@ def cmd_loss_tolerance(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_train(args: argparse.Namespace) -> int:
+def train_config(args: argparse.Namespace):
+    """The TrainConfig of `optireduce train`'s flags: on the digits defaults, or with
+    --model large on the large model's (a flag left at its digits default takes the
+    large default). Its NicParams are checked: a bad combination is a ValueError now."""
     from dataclasses import replace
-    from pathlib import Path
 
-    from rich.console import Console
-    from rich.progress import Progress
-
-    from optireduce.experiments.train import (
-        TrainConfig,
-        large_config,
-        run_seeds,
-        run_train,
-        write_outputs,
-    )
+    from optireduce.experiments.train import TrainConfig, large_config
 
     given = dict(
         world=args.world, steps=args.steps, target_acc=args.target, seed=args.seed,
         tail=args.tail, straggler_median_ms=args.straggler_ms,
         packet_median_us=args.packet_delay_us, schedule=args.schedule,
-        methods=tuple(args.methods.split(",")), **nic_fields(args),
+        methods=tuple(args.methods.split(",")),
+        **{k: getattr(args, "nic_" + k) for k in args.nic_fields},
     )  # fmt: skip
-    if args.model == "large":  # a flag left at the digits default takes the large default
+    if args.model == "large":
         digits = TrainConfig()
         cfg = replace(large_config(), **{k: v for k, v in given.items()
                                          if v != getattr(digits, k)})  # fmt: skip
@@ -487,6 +481,19 @@ def cmd_train(args: argparse.Namespace) -> int:
             cfg = replace(cfg, large_width=256)  # the plumbing, not the size
     else:
         cfg = TrainConfig(**given)
+    cfg.nic_params()
+    return cfg
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from optireduce.experiments.train import run_seeds, run_train, write_outputs
+
+    cfg = train_config(args)
     seeds = args.seeds or [args.seed]
     err = Console(stderr=True)
     work = str(Path(args.output) / "raw")

@@ -324,3 +324,19 @@ def test_quick_from_the_environment_shrinks_every_sized_command(monkeypatch):
 def _subparsers(ap: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
     sub = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))
     return dict(sub.choices)
+
+
+def test_train_flags_apply_on_the_large_models_defaults():
+    """--p with --model large is checked against the large model's b (16384), not the
+    digits' (1024): 4096 divides 16384 and is taken, 3000 does not and names b=16384."""
+    from optireduce.cli import build_parser, train_config
+
+    ap = build_parser()
+    cfg = train_config(ap.parse_args(["train", "--model", "large", "--p", "4096",
+                                      "--c", "262144"]))  # fmt: skip
+    assert (cfg.model, cfg.p, cfg.b, cfg.c) == ("large", 4096, 16384, 262144)
+    assert cfg.steps == 150 and cfg.straggler_median_ms == 100.0  # the large defaults
+    digits = train_config(ap.parse_args(["train", "--p", "512"]))
+    assert (digits.model, digits.p, digits.b) == ("digits", 512, 1024)
+    with pytest.raises(ValueError, match="NicParams.b=16384"):
+        train_config(ap.parse_args(["train", "--model", "large", "--p", "3000"]))
