@@ -87,8 +87,8 @@ class _Rank:
         nic = self.nic = self.state.nic
         allreduce = nic.allreduce
 
-        def recording(x):
-            res, st = allreduce(x)
+        def recording(x, out=None):
+            res, st = allreduce(x, out=out)
             self.ops.extend(st)
             return res, st
 
@@ -96,11 +96,11 @@ class _Rank:
         if fault in ("kill", "stall") and self.rank == self.spec["victim"]:
             sig = signal.SIGKILL if fault == "kill" else signal.SIGSTOP
 
-            def armed(x):  # the first call after the fault step: the signal 1 ms in
+            def armed(x, out=None):  # the first call after the fault step: the signal 1 ms in
                 if self.arm.is_set():
                     self.arm.clear()
                     threading.Timer(0.001, os.kill, (os.getpid(), sig)).start()
-                return recording(x)
+                return recording(x, out)
 
             nic.allreduce = armed
         else:

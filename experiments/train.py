@@ -284,9 +284,9 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
         rx_verify = counters["rx_gather"]  # the check op's: not part of the training run
         allreduce = nic.allreduce
 
-        def recording(x):
+        def recording(x, out=None):
             t_call = time.monotonic_ns() // 1000
-            res, st = allreduce(x)
+            res, st = allreduce(x, out=out)
             ops.extend(st)
             op_step.extend([step_now[0]] * len(st))
             # the hand-off on CLOCK_MONOTONIC: the hook's thread calls, gets the result back

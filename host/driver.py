@@ -36,11 +36,23 @@ log = logging.getLogger("optireduce")
 ArrayLike = Union[np.ndarray, "torch.Tensor"]  # a CPU tensor comes back as a tensor
 
 
+def _into(out: ArrayLike, res: np.ndarray) -> ArrayLike:
+    """Copy the result into `out` (a float32 contiguous array or CPU tensor of its size)."""
+    v = out.detach().numpy() if type(out).__module__.startswith("torch") else out
+    if not (isinstance(v, np.ndarray) and v.dtype == np.float32 and v.flags.c_contiguous
+            and v.size == res.size):  # fmt: skip
+        raise TypeError("allreduce: out must be a contiguous float32 array of x's size")
+    np.copyto(v.reshape(-1), res.reshape(-1))
+    return out
+
+
 class Nic(Protocol):
     backend: str
     gone: set[int]  # peers excluded: nothing more is awaited from them
 
-    def allreduce(self, x: np.ndarray) -> tuple[np.ndarray, list[OpStats]]: ...
+    def allreduce(
+        self, x: np.ndarray, out: np.ndarray | None = None
+    ) -> tuple[np.ndarray, list[OpStats]]: ...
 
     def exclude(self, rank: int) -> None: ...
 
@@ -96,16 +108,23 @@ class HostNic:
     def _open(self) -> None:
         raise NotImplementedError
 
-    def allreduce(self, x: ArrayLike) -> tuple[ArrayLike, list[OpStats]]:
+    def allreduce(
+        self, x: ArrayLike, out: ArrayLike | None = None
+    ) -> tuple[ArrayLike, list[OpStats]]:
         """Mean over the world of x (any length; a numpy array or a CPU torch tensor, of
-        any shape: the result has x's type and shape); K ops in flight."""
+        any shape: the result has x's type and shape); K ops in flight. With `out` (x's
+        size, float32, contiguous; may be x) the result is written there and returned."""
         if type(x).__module__.startswith("torch"):
             import torch
 
-            out, stats = self._allreduce(x.detach().cpu().numpy())
-            return torch.from_numpy(out).to(x.dtype).view_as(x), stats
-        out, stats = self._allreduce(np.asarray(x))
-        return out.reshape(np.shape(x)), stats
+            res, stats = self._allreduce(x.detach().cpu().numpy())
+            if out is not None:
+                return _into(out, res), stats
+            return torch.from_numpy(res).to(x.dtype).view_as(x), stats
+        res, stats = self._allreduce(np.asarray(x))
+        if out is not None:
+            return _into(out, res), stats
+        return res.reshape(np.shape(x)), stats
 
     def _allreduce(self, x: np.ndarray) -> tuple[np.ndarray, list[OpStats]]:
         """The op loop: x in chunks of at most C elements, one op each, K in flight."""
@@ -259,12 +278,15 @@ class LocalNic:
         self.gone: set[int] = set()
         self.next_op = 0
 
-    def allreduce(self, x: ArrayLike) -> tuple[ArrayLike, list[OpStats]]:
+    def allreduce(
+        self, x: ArrayLike, out: ArrayLike | None = None
+    ) -> tuple[ArrayLike, list[OpStats]]:
         torch_in = type(x).__module__.startswith("torch")
         n = x.numel() if torch_in else int(np.size(x))
         if n == 0:
             raise ValueError("allreduce: empty input")
-        out = x.detach().clone() if torch_in else np.array(x, dtype=np.float32)
+        res = x.detach().clone() if torch_in else np.array(x, dtype=np.float32)
+        out = res if out is None else _into(out, res.numpy() if torch_in else res)
         first, self.next_op = self.next_op, self.next_op + -(-n // self.p.c)
         stats = [
             OpStats(k, self.rank, 1, min(self.p.c, n - (k - first) * self.p.c), 0,
