@@ -58,10 +58,9 @@ from optireduce.host.model.impairment import ImpairmentSpec
 METHODS = ("gloo", "optireduce")
 SCHEDULES = ("cosine", "constant")
 MODELS = ("digits", "large")  # the digits MLP, or experiments/large_model.py's 10 M MLP
-MODELS = ("digits", "large")  # the digits MLP, or experiments/large_model.py's 10 M MLP
 # The NicParams fields a TrainConfig carries (n_max follows the world; the hook calibrates t_B).
-NIC_FIELDS = ("p", "b", "c", "t_c_min_us", "tc_dev_mult", "tc_gain_shift", "tc_sample",
-              "estimator")  # fmt: skip
+NIC_FIELDS = ("p", "b", "c", "ops_in_flight", "t_c_min_us", "tc_dev_mult", "tc_gain_shift",
+              "tc_sample", "estimator")  # fmt: skip
 # OpStats fields kept per op: when each phase started and ended, and the T in force
 OP_FIELDS = ("op_id", "start_us", "phase1_end_us", "end_us", "phase1_timeout_us",
              "phase2_timeout_us")  # fmt: skip
@@ -90,6 +89,7 @@ class TrainConfig:
     p: int = 256  # NicParams of the hook: 2410 parameters are one op of 12 packets
     b: int = 1024
     c: int = 16384
+    ops_in_flight: int = 2  # K
     # Floor of t_C, and with a straggler every step the deadline itself: the phases that
     # wait for it end by their deadline and sample t_C = T, its own phases give no sample,
     # so T sits on the floor. At 2 ms, 3-5 % of the entries were lost to our own processing

@@ -336,7 +336,8 @@ def test_train_flags_apply_on_the_large_models_defaults():
                                       "--c", "262144"]))  # fmt: skip
     assert (cfg.model, cfg.p, cfg.b, cfg.c) == ("large", 4096, 16384, 262144)
     assert cfg.steps == 150 and cfg.straggler_median_ms == 100.0  # the large defaults
-    digits = train_config(ap.parse_args(["train", "--p", "512"]))
+    digits = train_config(ap.parse_args(["train", "--p", "512", "--ops-in-flight", "4"]))
     assert (digits.model, digits.p, digits.b) == ("digits", 512, 1024)
-    with pytest.raises(ValueError, match="NicParams.b=16384"):
+    assert digits.nic_params().ops_in_flight == 4  # K reaches the hook's NicParams
+    with pytest.raises(ValueError, match=r"NicParams\.b=16384"):
         train_config(ap.parse_args(["train", "--model", "large", "--p", "3000"]))
