@@ -72,6 +72,7 @@ class SoakConfig:
     replay_every: int = 10  # one mutated replay per this many runs
     collective_every: int = 10  # one collective run (faults in turn) per this many runs
     faults: tuple[str, ...] = TRAIN_FAULTS
+    keep_failed: str | None = None  # a failed run's folder (its ranks' stderr, results) goes here
 
     def __post_init__(self) -> None:
         if self.runs < 1 or self.minutes <= 0 or self.world < 3:
@@ -572,8 +573,16 @@ def run_one(cfg: SoakConfig, k: int, piece: str, fault: str, base: Path) -> RunR
         # in it: not the product's. Any other failure stays the product's.
         rep.detail = f"{rep.cause}: {rep.detail}"
         rep.cause = ENV_CAUSE
+    if not rep.ok and cfg.keep_failed:  # the evidence, for whoever looks into it
+        shutil.copytree(run_dir, Path(cfg.keep_failed, run_dir.name), ignore=_no_tmp,
+                        dirs_exist_ok=True)  # fmt: skip
+        rep.facts["kept"] = str(Path(cfg.keep_failed, run_dir.name))
     shutil.rmtree(run_dir, ignore_errors=True)
     return rep
+
+
+def _no_tmp(folder: str, names: list[str]) -> list[str]:
+    return ["tmp"] if Path(folder).name.startswith("run") else []
 
 
 def run_soak(cfg: SoakConfig, progress: Callable[[RunReport, int], None] | None = None) -> dict:

@@ -537,7 +537,9 @@ def cmd_soak(args: argparse.Namespace) -> int:
 
     from optireduce.experiments.soak import SoakConfig, plot, quick_config, run_soak
 
-    cfg = SoakConfig(runs=args.runs, minutes=args.minutes, seed=args.seed)
+    # a failed run's folder is kept beside the report (-o), for whoever looks into it
+    keep = f"{args.output}.failed" if args.output else None
+    cfg = SoakConfig(runs=args.runs, minutes=args.minutes, seed=args.seed, keep_failed=keep)
     if args.quick:
         cfg = quick_config(cfg)
     err = Console(stderr=True)
@@ -550,7 +552,8 @@ def cmd_soak(args: argparse.Namespace) -> int:
         def tick(rep, planned: int) -> None:
             failed[0] += not rep.ok
             if not rep.ok:
-                err.print(f"run {rep.run} {rep.piece}/{rep.fault}: {rep.cause}: {rep.detail}")
+                err.print(f"run {rep.run} {rep.piece}/{rep.fault}: {rep.cause}: {rep.detail}"
+                          + (f" (kept: {rep.facts['kept']})" if "kept" in rep.facts else ""))
             prog.update(task, advance=1, total=planned,
                         description=f"{rep.piece}/{rep.fault} {rep.wall_s:.1f} s, "
                         f"{failed[0]} failed")  # fmt: skip

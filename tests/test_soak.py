@@ -127,3 +127,26 @@ def test_sigint_to_the_soak_alone_leaves_no_rank_behind():
     while _soak_ranks() - before and time.monotonic() < end:
         time.sleep(0.2)
     assert not _soak_ranks() - before, "ranks outlived the soak"
+
+
+def test_a_failed_runs_folder_is_kept_when_asked(tmp_path, monkeypatch):
+    """A run that fails leaves its folder (without its scratch tmp/) under keep_failed,
+    named in the report; without keep_failed nothing is kept."""
+
+    def broken(cfg, rep):
+        raise RuntimeError("replay broke")
+
+    monkeypatch.setattr(soak, "_replay_run", broken)
+    keep = tmp_path / "kept"
+    for where in (None, str(keep)):
+        base = tmp_path / f"base-{where is None}"
+        base.mkdir()
+        rep = soak.run_one(soak.SoakConfig(keep_failed=where), 7, "replay", "none", base)
+        assert not rep.ok and "replay broke" in rep.detail
+        assert list(base.iterdir()) == []  # the run's own folder is gone either way
+        if where is None:
+            assert "kept" not in rep.facts and not keep.exists()
+        else:
+            (kept,) = keep.iterdir()
+            assert rep.facts["kept"] == str(kept) and kept.name.startswith("run7-")
+            assert not (kept / "tmp").exists()
