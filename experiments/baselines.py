@@ -116,11 +116,12 @@ def reliable_tar_allreduce(
     return out
 
 
-def gloo_allreduce_mean(tensor, group=None):
-    """torch.distributed.all_reduce(SUM) / world on a copy of `tensor` (the input is kept)."""
+def gloo_allreduce_mean(tensor, group=None, in_place: bool = False):
+    """torch.distributed.all_reduce(SUM) / world on a copy of `tensor` (the input is kept),
+    or, in_place, on `tensor` itself (as DDP reduces a bucket)."""
     import torch.distributed as dist
 
-    out = tensor.detach().clone()
+    out = tensor if in_place else tensor.detach().clone()
     dist.all_reduce(out, group=group)
     out /= dist.get_world_size(group)
     return out

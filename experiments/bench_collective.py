@@ -6,7 +6,9 @@ spawn; a FileStore in a temporary directory; gloo on `lo`; one thread each):
 - **lossless**: throughput on a 16 MiB bucket (4 Mi float32) of the OptiReduce software
   path (the driver's first software backend: `native` when the extension is built, else
   `software`; loopback-sized packets `LOOPBACK_PARAMS`, no impairment, a t_B
-  so large that no phase can time out) and of torch's gloo allreduce. Bus-bandwidth
+  so large that no phase can time out) and of torch's gloo allreduce, both reducing a
+  buffer in place (as DDP reduces a bucket: gloo's all_reduce on the tensor, the
+  OptiReduce op with out=x), refilled from the input before each op, untimed. Bus-bandwidth
   convention: bucket bytes / op seconds, in GB/s (1e9 bytes/s), from the median op.
 - **sizes**: the same lossless comparison at 1, 16 and 64 MiB (16 MiB is the run above), with
   the CPU seconds per GB of each method: ru_utime + ru_stime of each worker over its timed ops
@@ -208,6 +210,23 @@ def _worker(rank: int, world: int, tmp: str, cfg: dict, q) -> None:
         out = fn()
         return time.perf_counter() - t0, out
 
+    def in_place(op: Callable[[], object], src: np.ndarray, buf: np.ndarray, reps: int,
+                 seen: Callable[[object], None] = lambda r: None) -> tuple[list[float], float]:
+        """reps + 1 calls of op, which reduces `buf` in place (as DDP reduces a bucket: no
+        fresh output to fault in), each after `buf` is refilled from `src` (not timed); the
+        first call pays for set-up. (times, CPU seconds) of the others; `seen` gets every
+        call's return value."""
+        times, cpu = [], 0.0
+        for k in range(reps + 1):
+            np.copyto(buf, src)
+            c0 = _cpu_s()
+            dt, got = timed(op)
+            seen(got)
+            if k:
+                times.append(dt)
+                cpu += _cpu_s() - c0
+        return times, cpu
+
     rng = np.random.default_rng(1000 + rank)
     res: dict = {}
     agree = torch_exponent_agreement()
@@ -215,32 +234,24 @@ def _worker(rank: int, world: int, tmp: str, cfg: dict, q) -> None:
     # ---- lossless throughput -----------------------------------------------------------------
     n, reps = cfg["lossless_elements"], cfg["lossless_reps"]
     x = rng.standard_normal(n).astype(np.float32)
-    xt = torch.from_numpy(x)
+    buf = np.empty_like(x)
+    buft = torch.from_numpy(buf)  # the same memory
     say(f"lossless: gloo allreduce of {4 * n >> 20} MiB")
-    gloo_t, ref, gloo_cpu = [], None, 0.0
-    for k in range(reps + 1):
-        c0 = _cpu_s()
-        dt, ref = timed(lambda: gloo_allreduce_mean(xt))
-        if k:  # the first op pays for set-up
-            gloo_t.append(dt)
-            gloo_cpu += _cpu_s() - c0
+    gloo_t, gloo_cpu = in_place(lambda: gloo_allreduce_mean(buft, in_place=True), x, buf, reps)
+    r = buf.copy()
     tr = transport("lossless", None, rank)
     # Lossless: a phase ends only when complete (t_C floored at t_B = 5 s), so a rank that
     # the shared cores deschedule for a while costs time, not data.
     p = NicParams(**cfg["params"], t_b_us=5_000_000, t_c_min_us=5_000_000)
     nic = select_nic(p, rank, world, transport=tr, agree=agree)
-    or_t, lost, out, or_cpu = [], 0, None, 0.0
-    for k in range(reps + 1):
-        say(f"lossless: OptiReduce allreduce of {4 * n >> 20} MiB, op {k}/{reps}")
-        c0 = _cpu_s()
-        dt, (out, st) = timed(lambda: nic.allreduce(x))
-        lost += sum(s.lost_phase1 + s.lost_phase2 for s in st)
-        if k:
-            or_t.append(dt)
-            or_cpu += _cpu_s() - c0
+    say(f"lossless: OptiReduce allreduce of {4 * n >> 20} MiB")
+    stats: list = []
+    or_t, or_cpu = in_place(lambda: nic.allreduce(buf, out=buf), x, buf, reps,
+                            lambda got: stats.extend(got[1]))  # fmt: skip
+    lost = sum(s.lost_phase1 + s.lost_phase2 for s in stats)
+    out = buf
     gloo_t, or_t = slowest(gloo_t), slowest(or_t)
     gloo_cpu, or_cpu = summed(gloo_cpu), summed(or_cpu)
-    r = ref.numpy()
     res["backend"] = nic.backend
     res["lossless"] = {
         "optireduce_gbps": 4 * n / float(np.median(or_t)) / 1e9,
@@ -263,17 +274,13 @@ def _worker(rank: int, world: int, tmp: str, cfg: dict, q) -> None:
     # ---- sizes: throughput and CPU per GB at each bucket size --------------------------------
     def compare(m: int, reps: int) -> dict:
         xm = rng.standard_normal(m).astype(np.float32)
-        xmt = torch.from_numpy(xm)
-        t = {"optireduce": [], "gloo": []}
-        cpu = dict.fromkeys(t, 0.0)
-        run = {"optireduce": lambda: nic.allreduce(xm), "gloo": lambda: gloo_allreduce_mean(xmt)}
-        for algo in t:
-            for k in range(reps + 1):
-                c0 = _cpu_s()
-                dt, _ = timed(run[algo])
-                if k:
-                    t[algo].append(dt)
-                    cpu[algo] += _cpu_s() - c0
+        bm = np.empty_like(xm)
+        bmt = torch.from_numpy(bm)
+        ops = {"optireduce": lambda: nic.allreduce(bm, out=bm),
+               "gloo": lambda: gloo_allreduce_mean(bmt, in_place=True)}  # fmt: skip
+        t, cpu = {}, {}
+        for algo, op in ops.items():
+            t[algo], cpu[algo] = in_place(op, xm, bm, reps)
         part: dict = {"bucket_bytes": 4 * m, "ops": reps}
         for algo in t:
             part[f"{algo}_gbps"] = 4 * m / float(np.median(slowest(t[algo]))) / 1e9

@@ -142,6 +142,8 @@ def baseline_worker(rank: int, world: int, tmp: str, seed: int) -> None:
         t = torch.from_numpy(x)
         g = gloo_allreduce_mean(t)
         assert torch.equal(t, torch.from_numpy(x))  # the input is kept
+        t2 = torch.from_numpy(x.copy())  # in place, as the bench and DDP reduce a bucket
+        assert gloo_allreduce_mean(t2, in_place=True) is t2 and torch.equal(t2, g)
         np.save(f"{tmp}/gloo{n}_{rank}.npy", g.numpy())
     with open(f"{tmp}/rel{rank}.json", "w") as f:
         json.dump({**ep.stats(), "lost": tr.impairment.lost}, f)
