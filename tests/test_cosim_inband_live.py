@@ -19,7 +19,7 @@ INBAND_LIVE = LIVE_PARAMS.replace(exp_inband=True, exp_lead=2)
 SIM_RANK = 1
 
 
-def _worker(rank, xs, transports, results) -> None:
+def _worker(rank, xs, transports, results, ready) -> None:
     from optireduce.host.driver import select_nic
 
     for r, t in enumerate(transports):
@@ -35,6 +35,10 @@ def _worker(rank, xs, transports, results) -> None:
     prefer = ("sim",) if rank == SIM_RANK else ("software",)
     nic = select_nic(p, rank, len(xs), transport=transports[rank], agree=agree, prefer=prefer)
     try:
+        # every NIC up before any op starts, as the DDP hook waits (a barrier after building
+        # the NIC): the harness's start on a loaded machine took longer than t_B (5 s),
+        # and the others' first ops ended at their deadline without its data
+        ready.wait(timeout=240)
         out, stats = nic.allreduce(x)
         counters = nic.counters() if nic.backend == "sim" else {}
         results.put((rank, out, [s.to_dict() for s in stats], nic.backend, counters))
@@ -52,12 +56,12 @@ def test_mixed_inband_cluster_is_bit_identical_to_the_model():
         x *= np.repeat(2.0 ** ((np.arange(6) + r) % 3), 256)[:n].astype(np.float32)
     transports = [UdpTransport(r) for r in range(world)]
     ctx = mp.get_context("fork")
-    results, procs, got = ctx.Queue(), [], {}
+    results, procs, got, ready = ctx.Queue(), [], {}, ctx.Barrier(world)
     try:
         for t in transports:
             t.connect([u.address for u in transports])
         for r in range(world):
-            procs.append(ctx.Process(target=_worker, args=(r, xs, transports, results)))
+            procs.append(ctx.Process(target=_worker, args=(r, xs, transports, results, ready)))
             procs[-1].start()
         while len(got) < world:
             try:

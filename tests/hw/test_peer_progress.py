@@ -71,6 +71,7 @@ def run_model(ops, op_j: int, sender: int, now: int, k_ops: int):
         ops={o.op_id: o for o in ops if o.valid},
         p=SimpleNamespace(ops_in_flight=k_ops),
         _progress=lambda op, now: None,
+        peer_done=[-1] * (sender + 1),  # progress_ahead's record (the block has none)
     )
     NicModel._peer_progress(nic, now, sender, op_j)
 
