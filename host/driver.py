@@ -36,13 +36,23 @@ log = logging.getLogger("optireduce")
 ArrayLike = Union[np.ndarray, "torch.Tensor"]  # a CPU tensor comes back as a tensor
 
 
+def writable_out(a: ArrayLike) -> np.ndarray:
+    """allreduce's `out` (a contiguous float32 array or CPU tensor) as a flat numpy view;
+    TypeError if it is not one, or read-only."""
+    v = a.detach().numpy() if type(a).__module__.startswith("torch") else a
+    if not (isinstance(v, np.ndarray) and v.dtype == np.float32 and v.flags.c_contiguous):
+        raise TypeError("allreduce: out must be a contiguous float32 CPU array or tensor")
+    if not v.flags.writeable:
+        raise TypeError("allreduce: out is read-only")
+    return v.reshape(-1)
+
+
 def _into(out: ArrayLike, res: np.ndarray) -> ArrayLike:
-    """Copy the result into `out` (a float32 contiguous array or CPU tensor of its size)."""
-    v = out.detach().numpy() if type(out).__module__.startswith("torch") else out
-    if not (isinstance(v, np.ndarray) and v.dtype == np.float32 and v.flags.c_contiguous
-            and v.size == res.size):  # fmt: skip
+    """Copy the result into `out` (writable_out, of the result's size); return `out`."""
+    v = writable_out(out)
+    if v.size != res.size:
         raise TypeError("allreduce: out must be a contiguous float32 array of x's size")
-    np.copyto(v.reshape(-1), res.reshape(-1))
+    np.copyto(v, res.reshape(-1))
     return out
 
 
@@ -118,13 +128,13 @@ class HostNic:
             import torch
 
             res, stats = self._allreduce(x.detach().cpu().numpy())
-            if out is not None:
-                return _into(out, res), stats
-            return torch.from_numpy(res).to(x.dtype).view_as(x), stats
-        res, stats = self._allreduce(np.asarray(x))
-        if out is not None:
-            return _into(out, res), stats
-        return res.reshape(np.shape(x)), stats
+            if out is None:
+                return torch.from_numpy(res).to(x.dtype).view_as(x), stats
+        else:
+            res, stats = self._allreduce(np.asarray(x))
+            if out is None:
+                return res.reshape(np.shape(x)), stats
+        return _into(out, res), stats
 
     def _allreduce(self, x: np.ndarray) -> tuple[np.ndarray, list[OpStats]]:
         """The op loop: x in chunks of at most C elements, one op each, K in flight."""

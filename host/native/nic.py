@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Union
 import numpy as np
 
 from optireduce.host.bind_address import bind_udp, local_ipv4, port_range
+from optireduce.host.driver import writable_out
 from optireduce.host.exponent_plan import ExponentAgreement, ExponentPlan
 from optireduce.host.model.deadline import calibrate_t_b, phase_times
 from optireduce.host.model.impairment import ImpairmentSpec
@@ -238,13 +239,13 @@ class NativeNic:
                 res = torch.empty_like(src)
             else:
                 res = out
-            stats = self._run(src.numpy().reshape(-1), self._writable(res))
+            stats = self._run(src.numpy().reshape(-1), writable_out(res))
             if out is None and res.dtype != x.dtype:
                 return res.to(x.dtype).view_as(x), stats
             return res.view_as(x) if out is None else res, stats
         xa = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
         res = np.empty(xa.size, np.float32) if out is None else out
-        stats = self._run(xa, self._writable(res))
+        stats = self._run(xa, writable_out(res))
         return (res.reshape(np.shape(x)) if out is None else res), stats
 
     def set_trace(self, on: bool = True) -> None:
@@ -286,15 +287,6 @@ class NativeNic:
         self.close()
 
     # ---- internals
-
-    @staticmethod
-    def _writable(a: ArrayLike) -> np.ndarray:
-        v = a.detach().numpy() if type(a).__module__.startswith("torch") else a
-        if not (isinstance(v, np.ndarray) and v.dtype == np.float32 and v.flags.c_contiguous):
-            raise TypeError("allreduce: out must be a contiguous float32 CPU array or tensor")
-        if not v.flags.writeable:
-            raise TypeError("allreduce: out is read-only")
-        return v.reshape(-1)
 
     def _run(self, x: np.ndarray, out: np.ndarray) -> list[OpStats]:
         with self._lock:
