@@ -10,6 +10,9 @@ spawn; a FileStore in a temporary directory; gloo on `lo`; one thread each):
   buffer in place (as DDP reduces a bucket: gloo's all_reduce on the tensor, the
   OptiReduce op with out=x), refilled from the input before each op, untimed. Bus-bandwidth
   convention: bucket bytes / op seconds, in GB/s (1e9 bytes/s), from the median op.
+- **keyed**: the same 16 MiB op in a keyed job (docs/security.md: every datagram tagged and
+  checked) against the unkeyed one, the two in turns op by op; throughput and CPU ratios.
+  Every other section runs unkeyed, whatever OPTIREDUCE_KEY_FILE says.
 - **sizes**: the same lossless comparison at 1, 16 and 64 MiB (16 MiB is the run above), with
   the CPU seconds per GB of each method: ru_utime + ru_stime of each worker over its timed ops
   (engine threads included), summed over the ranks, per GB of bucket reduced.
@@ -35,6 +38,7 @@ the timed part, before the next barrier.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -50,6 +54,8 @@ import numpy as np
 from optireduce import ubt
 
 # 16 KiB datagrams, 1 MiB ops, exponents agreed in-band (no exchange before each call)
+# public: the keyed section measures what the tags cost, it protects nothing
+BENCH_KEY = hashlib.blake2b(b"optireduce bench key", digest_size=ubt.KEY_LEN).digest()
 LOOPBACK_PARAMS = {"p": 4096, "b": 16384, "c": 262144, "exp_inband": True, "progress_ahead": True}
 LOSSLESS_ELEMENTS = 4 << 20  # 16 MiB of float32
 TAIL_ELEMENTS = 1 << 18  # 1 MiB of float32: one OptiReduce op
@@ -195,9 +201,9 @@ def _worker(rank: int, world: int, tmp: str, cfg: dict, q) -> None:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.tolist()
 
-    def transport(name: str, spec, seed: int) -> UdpTransport:
+    def transport(name: str, spec, seed: int, key: bytes | None = None) -> UdpTransport:
         prefixed = dist.PrefixStore(f"bench/{name}/", store)  # fresh keys per transport
-        return transport_from_store(prefixed, rank, world, impairment=spec, seed=seed)
+        return transport_from_store(prefixed, rank, world, impairment=spec, seed=seed, key=key)
 
     def summed(v: float) -> float:
         t = torch.tensor([v], dtype=torch.float64)
@@ -210,8 +216,13 @@ def _worker(rank: int, world: int, tmp: str, cfg: dict, q) -> None:
         out = fn()
         return time.perf_counter() - t0, out
 
-    def in_place(op: Callable[[], object], src: np.ndarray, buf: np.ndarray, reps: int,
-                 seen: Callable[[object], None] = lambda r: None) -> tuple[list[float], float]:
+    def in_place(
+        op: Callable[[], object],
+        src: np.ndarray,
+        buf: np.ndarray,
+        reps: int,
+        seen: Callable[[object], None] = lambda r: None,
+    ) -> tuple[list[float], float]:
         """reps + 1 calls of op, which reduces `buf` in place (as DDP reduces a bucket: no
         fresh output to fault in), each after `buf` is refilled from `src` (not timed); the
         first call pays for set-up. (times, CPU seconds) of the others; `seen` gets every
@@ -270,6 +281,32 @@ def _worker(rank: int, world: int, tmp: str, cfg: dict, q) -> None:
     gb = 4 * n * reps / 1e9
     res["lossless"]["optireduce_cpu_s_per_gb"] = or_cpu / gb
     res["lossless"]["gloo_cpu_s_per_gb"] = gloo_cpu / gb
+
+    # ---- a keyed job: what tagging every datagram costs (docs/security.md) -------------------
+    say(f"keyed: OptiReduce allreduce of {4 * n >> 20} MiB, keyed and not, in turns")
+    keyed_tr = transport("keyed", None, rank, key=BENCH_KEY)
+    keyed = select_nic(p, rank, world, transport=keyed_tr, agree=agree)
+    kt: dict[str, list[float]] = {"unkeyed": [], "keyed": []}
+    kcpu = dict.fromkeys(kt, 0.0)
+    for k in range(2 * reps + 1):  # in turns, so that a change of load hits both alike
+        for name, knic in (("unkeyed", nic), ("keyed", keyed)):
+            np.copyto(buf, x)
+            c0 = _cpu_s()
+            dt, _ = timed(lambda knic=knic: knic.allreduce(buf, out=buf))
+            if k:
+                kt[name].append(dt)
+                kcpu[name] += _cpu_s() - c0
+    keyed.close()
+    keyed_tr.close()
+    kt = {name: slowest(v) for name, v in kt.items()}
+    kgb = {name: 4 * n / float(np.median(v)) / 1e9 for name, v in kt.items()}
+    kcpu = {name: summed(v) for name, v in kcpu.items()}
+    res["keyed"] = {
+        "bucket_bytes": 4 * n, "ops": 2 * reps,
+        "unkeyed_gbps": kgb["unkeyed"], "keyed_gbps": kgb["keyed"],
+        "keyed_over_unkeyed_gbps": kgb["keyed"] / kgb["unkeyed"],
+        "keyed_over_unkeyed_cpu": kcpu["keyed"] / kcpu["unkeyed"],
+    }  # fmt: skip
 
     # ---- sizes: throughput and CPU per GB at each bucket size --------------------------------
     def compare(m: int, reps: int) -> dict:
@@ -432,6 +469,7 @@ def bench_collective(
         "datagram_bytes": res["datagram_bytes"],
         **({"baselines_why": res["baselines_why"]} if "baselines_why" in res else {}),
         "lossless": res["lossless"],
+        "keyed": res["keyed"],
         "sizes": res["sizes"],
         "rss_256mib": res["rss_256mib"],
         "tail_bucket_bytes": 4 * cfg["tail_elements"],

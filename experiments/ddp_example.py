@@ -133,8 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     mine = {
         "checksum": ck.hex(),
         "admission": {"not_member": c["not_member"], "wrong_sender": c["wrong_sender"],
-                      "wrong_job": c["wrong_job"], "control_not_member": ctl["not_member"],
-                      "control_wrong_sender": ctl["wrong_sender"]},
+                      "wrong_job": c["wrong_job"], "bad_tag": c["bad_tag"],
+                      "control_not_member": ctl["not_member"],
+                      "control_wrong_sender": ctl["wrong_sender"],
+                      "control_bad_tag": ctl["bad_tag"]},
     }  # fmt: skip
     store.set(f"{KEY}final/{rank}", json.dumps(mine))
     faults = state.faults

@@ -65,6 +65,9 @@ class SimNic(HostNic):
             raise BackendUnavailable(f"the gateware has no tc_sample={self.p.tc_sample!r}")
         if self.p.progress_ahead:  # hw/parser.py drops a future op's frame before the aggregator
             raise BackendUnavailable("the gateware has no progress_ahead (docs/deadlines.md)")
+        if self.transport.key is not None:  # the harness sends on the socket: no tags
+            raise BackendUnavailable("the gateware has no tags: a keyed job (OPTIREDUCE_KEY_FILE) "
+                                     "runs on the native or software backend")  # fmt: skip
         try:
             self.exe = harness_path(self.p)
         except (ToolchainError, ImportError) as e:

@@ -194,10 +194,11 @@ class OptiReduceState:
         # threads before the interpreter goes
         atexit.register(self.close)
         # the line to read on a cluster: which NIC, which addresses (docs/cluster.md)
-        log.info("optireduce rank %d/%d: %s NIC, data %s, control %s; peers %s", rank, world,
-                 self._nic.backend, _addr(transport.address),
+        log.info("optireduce rank %d/%d: %s NIC, data %s, control %s; peers %s; %s", rank,
+                 world, self._nic.backend, _addr(transport.address),
                  _addr(self._control.transport.address),
-                 " ".join(_addr(a) for a in transport.peers))  # fmt: skip
+                 " ".join(_addr(a) for a in transport.peers),
+                 "keyed (OPTIREDUCE_KEY_FILE)" if transport.key else "unkeyed")  # fmt: skip
 
     @property
     def nic(self) -> Nic:

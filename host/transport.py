@@ -10,12 +10,17 @@ Admission, as the native transport does it: a datagram whose source address is n
 the peers table is dropped and counted (`not_member`); one from a member whose header
 names another sender is dropped and counted (`wrong_sender`). The job id is the
 protocol's check (the model counts `wrong_job`).
+
+Keyed jobs (host/job_key.py, docs/security.md): every datagram sent ends in its header's
+tag (ubt.header_tag); one from a member without the right tag is dropped and counted
+(`bad_tag`), and the tag is cut off before anything else reads the datagram.
 """
 
 from __future__ import annotations
 
 import contextlib
 import heapq
+import hmac
 import select
 import socket
 import struct
@@ -31,11 +36,14 @@ from optireduce.host.bind_address import (
     local_ipv4,
     port_range,
 )
+from optireduce.host.job_key import check_fingerprints, fingerprint, job_key
 from optireduce.host.model.impairment import Impairment, ImpairmentSpec
+from optireduce.ubt import KEY_LEN, TAG_LEN, header_tag
 
 Address = tuple[str, int]
 STORE_PREFIX = "optireduce/udp/"
 UBT_SENDER = struct.Struct("!H")  # the UBT header's sender field, at byte 6
+FROM_ENV = "env"  # UdpTransport(key=FROM_ENV): the job's key from the environment
 
 
 def ubt_sender(datagram: bytes) -> int | None:
@@ -53,9 +61,14 @@ class UdpTransport:
         seed: int = 0,
         buffer_bytes: int = 32 << 20,
         sender_of: Callable[[bytes], int | None] = ubt_sender,
+        key: bytes | str | None = FROM_ENV,
     ) -> None:
         """bind: (host, port) exactly; None: bind_address's choice (address and port range
-        from the environment). sender_of: the rank a datagram's header names (admission)."""
+        from the environment). sender_of: the rank a datagram's header names (admission).
+        key: the job's key (KEY_LEN bytes), None for an unkeyed job, FROM_ENV: job_key()."""
+        self.key = job_key() if key == FROM_ENV else key
+        if self.key is not None and (not isinstance(self.key, bytes) or len(self.key) != KEY_LEN):
+            raise ValueError(f"UdpTransport: a job key is {KEY_LEN} bytes")
         self.rank = rank
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
@@ -74,7 +87,7 @@ class UdpTransport:
         self._members: dict[Address, int] = {}
         self.sender_of = sender_of
         self.sent = self.received = 0
-        self.not_member = self.wrong_sender = 0
+        self.not_member = self.wrong_sender = self.bad_tag = 0
         self.heard: dict[int, float] = {}  # rank -> time.monotonic() of its last admitted datagram
         self.impairment = Impairment(impairment, seed) if impairment else None
         self._queue: list[tuple[float, int, int, bytes]] = []  # (due, seq, dst, datagram)
@@ -102,9 +115,12 @@ class UdpTransport:
     def counters(self) -> dict[str, int]:
         """Datagrams sent and admitted, and the admission drops by reason."""
         return {"tx_datagrams": self.sent, "rx_datagrams": self.received,
-                "not_member": self.not_member, "wrong_sender": self.wrong_sender}  # fmt: skip
+                "not_member": self.not_member, "wrong_sender": self.wrong_sender,
+                "bad_tag": self.bad_tag}  # fmt: skip
 
     def send(self, dst: int, datagram: bytes) -> None:
+        if self.key is not None:
+            datagram = datagram + header_tag(self.key, datagram)
         if self.impairment is None:
             self._sendto(dst, datagram)
             return
@@ -177,6 +193,13 @@ class UdpTransport:
             if r is None:
                 self.not_member += 1
                 continue
+            if self.key is not None:
+                if len(d) < TAG_LEN or not hmac.compare_digest(
+                    d[-TAG_LEN:], header_tag(self.key, d[:-TAG_LEN])
+                ):
+                    self.bad_tag += 1
+                    continue
+                d = d[:-TAG_LEN]
             if self.sender_of(d) not in (r, None):
                 self.wrong_sender += 1
                 continue
@@ -201,19 +224,27 @@ class UdpTransport:
 
 
 def transport_from_store(store, rank: int, world: int, *, impairment: ImpairmentSpec | None = None,
-                         seed: int = 0, prefix: str = STORE_PREFIX) -> UdpTransport:  # fmt: skip
+                         seed: int = 0, prefix: str = STORE_PREFIX,
+                         key: bytes | str | None = FROM_ENV) -> UdpTransport:  # fmt: skip
     """This rank's transport, connected to every rank's through the store."""
-    transport = UdpTransport(rank, impairment=impairment, seed=seed)
-    transport.connect(addresses_from_store(store, rank, world, transport.address, prefix=prefix))
+    transport = UdpTransport(rank, impairment=impairment, seed=seed, key=key)
+    try:
+        transport.connect(addresses_from_store(store, rank, world, transport.address,
+                                               prefix=prefix, key=transport.key))  # fmt: skip
+    except BaseException:
+        transport.close()
+        raise
     return transport
 
 
 def addresses_from_store(store, rank: int, world: int, address: Address,
-                         timeout_s: float = 60.0, prefix: str = STORE_PREFIX
-                         ) -> list[Address]:  # fmt: skip
-    """Publish our address in a torch.distributed store and read every rank's."""
+                         timeout_s: float = 60.0, prefix: str = STORE_PREFIX,
+                         key: bytes | None = None) -> list[Address]:  # fmt: skip
+    """Publish our address (and our key's fingerprint) in a torch.distributed store and read
+    every rank's; JobKeyError unless every rank has the same key or none."""
     from datetime import timedelta
 
+    store.set(f"{prefix}key/{rank}", fingerprint(key))
     store.set(f"{prefix}{rank}", f"{address[0]}:{address[1]}")
     store.set_timeout(timedelta(seconds=timeout_s))
     out = []
@@ -227,4 +258,5 @@ def addresses_from_store(store, rank: int, world: int, address: Address,
             "rendezvous (MASTER_ADDR) is on loopback for some hosts; give every host the "
             "rendezvous's routable address, or set OPTIREDUCE_IFNAME"
         )
+    check_fingerprints([store.get(f"{prefix}key/{r}").decode() for r in range(world)], rank)
     return out

@@ -552,8 +552,10 @@ def cmd_soak(args: argparse.Namespace) -> int:
         def tick(rep, planned: int) -> None:
             failed[0] += not rep.ok
             if not rep.ok:
-                err.print(f"run {rep.run} {rep.piece}/{rep.fault}: {rep.cause}: {rep.detail}"
-                          + (f" (kept: {rep.facts['kept']})" if "kept" in rep.facts else ""))
+                err.print(
+                    f"run {rep.run} {rep.piece}/{rep.fault}: {rep.cause}: {rep.detail}"
+                    + (f" (kept: {rep.facts['kept']})" if "kept" in rep.facts else "")
+                )
             prog.update(task, advance=1, total=planned,
                         description=f"{rep.piece}/{rep.fault} {rep.wall_s:.1f} s, "
                         f"{failed[0]} failed")  # fmt: skip

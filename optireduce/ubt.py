@@ -7,6 +7,7 @@ Frames are Ethernet / IPv4 / UDP / UBT header / P big-endian int32 elements.
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -28,6 +29,16 @@ FLAG_LAST = 0x01  # sender's last-percentile packet of this phase
 FLAG_NONFINITE = 0x02  # the op holds a non-finite input: its result is NaN on every rank
 FLAGS_KNOWN = FLAG_LAST | FLAG_NONFINITE
 FLAG_NAMES = {FLAG_LAST: "LAST", FLAG_NONFINITE: "NONFINITE"}  # dissectors: ubt.flags.<lower>
+
+# Keyed jobs (docs/security.md): every datagram ends in a tag, BLAKE2b keyed with the job's
+# key over the datagram's UBT header, which the receiving transport checks and cuts off.
+TAG_LEN = 8
+KEY_LEN = 32
+
+
+def header_tag(key: bytes, datagram: bytes | memoryview) -> bytes:
+    """The tag of a datagram (without its tag): over its first HEADER_LEN bytes."""
+    return hashlib.blake2b(bytes(datagram[:HEADER_LEN]), key=key, digest_size=TAG_LEN).digest()
 
 
 class Field(NamedTuple):

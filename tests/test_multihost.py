@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from optireduce.host.job_key import KEY_FILE_VAR
+
 VENV_BIN = Path(sys.executable).parent
 SUBNET = "10.77.0"  # only inside the namespaces made here
 MASTER_PORT = 29500
@@ -97,14 +99,15 @@ class Cluster:
 
     def torchrun(self, i: int, nnodes: int, nproc: int, args: list[str],
                  master_port: int = MASTER_PORT, backend: str | None = None,
-                 ) -> subprocess.Popen:  # fmt: skip
+                 key_file: Path | None = None) -> subprocess.Popen:  # fmt: skip
         """Host i's share of the job: the user's command, in its namespace."""
         env = {**os.environ, "OMP_NUM_THREADS": "1", "OPTIREDUCE_PORT_RANGE": DATA_PORTS}
-        env.pop("GLOO_SOCKET_IFNAME", None)
-        env.pop("OPTIREDUCE_IFNAME", None)
-        env.pop("OPTIREDUCE_NIC", None)
+        for var in ("GLOO_SOCKET_IFNAME", "OPTIREDUCE_IFNAME", "OPTIREDUCE_NIC", KEY_FILE_VAR):
+            env.pop(var, None)
         if backend is not None:
             env["OPTIREDUCE_NIC"] = backend
+        if key_file is not None:
+            env[KEY_FILE_VAR] = str(key_file)
         cmd = ["ip", "netns", "exec", self.ns[i], str(VENV_BIN / "torchrun"),
                f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", f"--node-rank={i}",
                f"--master-addr={self.ip(0)}", f"--master-port={master_port}",
@@ -181,13 +184,15 @@ def _summary(c: Cluster) -> dict:
 
 # The stranger's three kinds of datagram at a rank's data port, for `seconds`: from its
 # own address (not a member), and from rank 2's address and port (spoofed: the bridge does
-# not check) with a wrong job id, and claiming to be rank 3.
+# not check) with a wrong job id, and claiming to be rank 3; in a keyed job also a perfect
+# spoof of rank 2 (its address, port, job and rank), which only the missing tag gives away.
 INJECT = r"""
 import sys, time
 from scapy.all import Ether, IP, UDP, Raw, sendp, conf
 from optireduce import ubt
 conf.verb = 0
-stranger_ip, victim_ip, victim_mac, member_ip, member_port, port, world, seconds = sys.argv[1:9]
+(stranger_ip, victim_ip, victim_mac, member_ip, member_port, port, world, seconds,
+ keyed) = sys.argv[1:10]
 member_port, port, world = int(member_port), int(port), int(world)
 def ubt_frame(job, sender):
     h = ubt.UbtHeader(1, ubt.MSG_SCATTER, 0, 0, job, sender, 0, 0, 256, 0, 1000, 256, world, 0)
@@ -197,6 +202,9 @@ frames = [
     IP(src=member_ip, dst=victim_ip) / UDP(sport=member_port, dport=port) / Raw(ubt_frame(999, 2)),
     IP(src=member_ip, dst=victim_ip) / UDP(sport=member_port, dport=port) / Raw(ubt_frame(1, 3)),
 ]
+if keyed == "keyed":
+    frames.append(IP(src=member_ip, dst=victim_ip) / UDP(sport=member_port, dport=port)
+                  / Raw(ubt_frame(1, 2)))
 frames = [Ether(dst=victim_mac) / f for f in frames] * 10  # one sendp call is slow
 print("ready", flush=True)
 end = time.monotonic() + float(seconds)
@@ -206,30 +214,34 @@ while time.monotonic() < end:
 """
 
 
-def _injected(c: Cluster, victim_host: int, victim_port: int, member: tuple[str, int]
-              ) -> subprocess.Popen:  # fmt: skip
+def _injected(c: Cluster, victim_host: int, victim_port: int, member: tuple[str, int],
+              keyed: bool = False) -> subprocess.Popen:  # fmt: skip
     """The stranger, injecting at (victim_host's address, victim_port) until killed."""
     p = c.stranger_sends(INJECT, STRANGER, c.ip(victim_host), c.mac(victim_host), member[0],
-                         str(member[1]), str(victim_port), "4", "600")  # fmt: skip
+                         str(member[1]), str(victim_port), "4", "600",
+                         "keyed" if keyed else "plain")  # fmt: skip
     assert p.stdout.readline().strip() == "ready", p.stderr.read()
     return p
 
 
-def _check_admission(drops: dict, victim: int) -> None:
+def _check_admission(drops: dict, victim: int, keyed: bool = False) -> None:
     for r, d in drops.items():
-        kinds = (d["not_member"], d["wrong_sender"], d["wrong_job"])
-        if int(r) == victim:
-            assert min(kinds) > 0, drops  # each kind seen and dropped
+        kinds = (d["not_member"], d["wrong_sender"], d["wrong_job"], d["bad_tag"])
+        if int(r) != victim:
+            assert kinds == (0, 0, 0, 0), drops
+        elif keyed:  # every spoof from a member's address fails its tag first
+            assert kinds[0] > 0 and kinds[1:3] == (0, 0) and kinds[3] > 0, drops
         else:
-            assert kinds == (0, 0, 0), drops
+            assert min(kinds[:3]) > 0 and kinds[3] == 0, drops  # each kind seen and dropped
 
 
 def test_four_hosts_then_two_by_two_train_alike_and_strangers_are_dropped(cluster):
     """4 hosts x 1 process (the Python model NIC), then 2 hosts x 2 processes (the native
-    engine), while a stranger injects at rank 1's data port: every rank finishes,
-    OptiReduce traffic uses the namespaces' addresses, the stranger's datagrams are
-    counted by reason at rank 1 and nowhere else, the replicas agree, and both runs end
-    with the same parameters bit for bit (lossless: the injection changed nothing)."""
+    engine, a keyed job: OPTIREDUCE_KEY_FILE), while a stranger injects at rank 1's data
+    port: every rank finishes, OptiReduce traffic uses the namespaces' addresses, the
+    stranger's datagrams are counted by reason at rank 1 and nowhere else (in the keyed job
+    every spoof of a member, the perfect one included, as bad_tag), the replicas agree, and
+    both runs end with the same parameters bit for bit (the injection changed nothing)."""
     c = cluster
     # 40 steps: the native engine trains 8 in about 0.1 s, shorter than one of the
     # stranger's bursts (one CI run saw one datagram of two kinds and none of the third)
@@ -252,9 +264,12 @@ def test_four_hosts_then_two_by_two_train_alike_and_strangers_are_dropped(cluste
         assert f"software NIC, data {c.ip(i)}:{lo}" in c.output(i)[1]
 
     # torchrun numbers ranks host by host: ranks 0, 1 on host 0, ranks 2, 3 on host 1
-    inject = _injected(c, 0, lo + 2, (c.ip(1), lo))
+    key_file = c.tmp / "job.key"
+    key_file.write_bytes(os.urandom(32))
+    inject = _injected(c, 0, lo + 2, (c.ip(1), lo), keyed=True)
     t0 = time.monotonic()
-    procs = [c.torchrun(i, 2, 2, steps, master_port=MASTER_PORT + 1) for i in range(2)]
+    procs = [c.torchrun(i, 2, 2, steps, master_port=MASTER_PORT + 1, key_file=key_file)
+             for i in range(2)]  # fmt: skip
     _wait(c, procs, 150)
     inject.kill()
     t_two = time.monotonic() - t0
@@ -262,7 +277,9 @@ def test_four_hosts_then_two_by_two_train_alike_and_strangers_are_dropped(cluste
     assert two["world"] == 4 and two["faults"] == [] and two["replica_checksums_equal"]
     assert two["backend"] == "native"  # the default where the engine is built
     assert two["peers"] == [c.ip(0), c.ip(0), c.ip(1), c.ip(1)]
-    _check_admission(two["admission_drops"], 1)
+    _check_admission(two["admission_drops"], 1, keyed=True)
+    for i in range(2):
+        assert "; keyed (OPTIREDUCE_KEY_FILE)" in c.output(i)[1]
     assert two["checksums"] == four["checksums"]
     print(f"4 x 1: {t_four:.1f} s, 2 x 2: {t_two:.1f} s")
 

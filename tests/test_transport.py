@@ -129,7 +129,7 @@ def test_admission_drops_strangers_and_spoofed_senders():
                 break
         assert got == [_ubt_like(1, job=77), b"short"]
         assert a.counters() == {"tx_datagrams": 0, "rx_datagrams": 2, "not_member": 3,
-                                "wrong_sender": 2}  # fmt: skip
+                                "wrong_sender": 2, "bad_tag": 0}  # fmt: skip
         # the reliable layer's header names its sender elsewhere; UBT frames keep theirs
         ReliableEndpoint(a)
         rel = HEADER.pack(MAGIC, 0, 1, 1, 0, 0, 0, 0, 1, 0)
@@ -161,6 +161,7 @@ def test_loopback_next_to_routable_addresses_is_refused():
     with pytest.raises(BindError, match=r"ranks \[0\] publish loopback"):
         addresses_from_store(store, 0, 2, ("127.0.0.1", 4000), timeout_s=5, prefix="t/")
     store.set("u/1", "127.0.0.1:4001")
+    store.set("u/key/1", "none")  # rank 1's key's fingerprint: unkeyed, as rank 0
     got = addresses_from_store(store, 0, 2, ("127.0.0.1", 4000), timeout_s=5, prefix="u/")
     assert got == [("127.0.0.1", 4000), ("127.0.0.1", 4001)]
 

@@ -29,6 +29,7 @@ import numpy as np
 from optireduce.host.bind_address import bind_udp, local_ipv4, port_range
 from optireduce.host.driver import writable_out
 from optireduce.host.exponent_plan import ExponentAgreement, ExponentPlan
+from optireduce.host.job_key import job_key
 from optireduce.host.model.deadline import calibrate_t_b, phase_times
 from optireduce.host.model.impairment import ImpairmentSpec
 from optireduce.host.native import _engine, why
@@ -114,6 +115,7 @@ class NativeNic:
         self._params = _engine.Params.from_nicparams(p)
         peers: list[Address] = []
         fd = -1
+        key = job_key() if transport is None else transport.key
         if transport is not None:
             fd = transport.sock.fileno()
             peers = list(transport.peers)
@@ -133,7 +135,7 @@ class NativeNic:
                 self._params, rank, world, bind_ip=bind[0], port=bind[1], fd=fd,
                 buffer_bytes=buffer_bytes, impairment=impairment,
                 seed=rank if seed is None else seed,
-                exp_lead=p.exp_lead_eff if p.exp_inband else 0,
+                exp_lead=p.exp_lead_eff if p.exp_inband else 0, key=key,
             )  # fmt: skip
         finally:
             if own is not None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from optireduce.host.job_key import job_key
 from optireduce.host.model.impairment import ImpairmentSpec
 from optireduce.host.native import _engine, why
 from optireduce.host.reliable import ReliableConfig
@@ -61,6 +62,7 @@ class NativeReliable:
         cfg = cfg or ReliableConfig()
         self.rank, self.world, self.cfg = rank, world, cfg
         fd, peers = -1, []
+        key = job_key() if transport is None else transport.key
         if transport is not None:
             if transport.rank != rank:
                 raise ValueError(f"NativeReliable: rank {rank} given a transport of rank "
@@ -76,7 +78,7 @@ class NativeReliable:
             rank, world, bind_ip=bind[0], port=bind[1], fd=fd, buffer_bytes=buffer_bytes,
             impairment=impairment, seed=rank if seed is None else seed,
             max_datagram=cfg.max_datagram, window_bytes=cfg.window_bytes,
-            rto_init_s=cfg.rto_init_s, rto_min_s=cfg.rto_min_s, rto_max_s=cfg.rto_max_s,
+            rto_init_s=cfg.rto_init_s, rto_min_s=cfg.rto_min_s, rto_max_s=cfg.rto_max_s, key=key,
         )  # fmt: skip
         self._leaked: list[object] = []
         self.retransmissions_last = 0  # of the last collective, this rank's

@@ -2,6 +2,7 @@
 #include "bind_convert.hpp"
 
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -26,6 +27,17 @@ ImpairmentSpec impairment_from(nb::handle h) {
     s.extra_us = nb::cast<double>(h.attr("extra_us"));
     s.check();
     return s;
+}
+
+JobKey key_from(nb::handle h) {
+    if (h.is_none()) return std::nullopt;
+    const nb::bytes b = nb::cast<nb::bytes>(h);
+    if (b.size() != KEY_LEN)
+        throw std::invalid_argument("a job key is " + std::to_string(KEY_LEN) + " bytes, not " +
+                                    std::to_string(b.size()));
+    std::array<uint8_t, KEY_LEN> k;
+    std::memcpy(k.data(), b.c_str(), KEY_LEN);
+    return k;
 }
 
 }  // namespace optireduce

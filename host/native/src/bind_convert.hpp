@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "header_tag.hpp"
 #include "impairment.hpp"
 
 namespace optireduce {
@@ -22,5 +23,8 @@ int64_t seconds_to_us(double seconds, const char* what);
 
 // An optireduce ImpairmentSpec (None: no impairment), checked.
 ImpairmentSpec impairment_from(nanobind::handle h);
+
+// A keyed job's key: bytes of KEY_LEN (None: an unkeyed job).
+JobKey key_from(nanobind::handle h);
 
 }  // namespace optireduce

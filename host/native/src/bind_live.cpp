@@ -50,6 +50,18 @@ std::vector<std::string> live_counter_names() {
 void bind_live(nb::module_& m) {
     using namespace optireduce;
 
+    m.def(
+        "header_tag",
+        [](nb::handle key, nb::bytes datagram) {
+            const JobKey k = key_from(key);
+            if (!k) throw std::invalid_argument("header_tag: key is None");
+            uint8_t tag[TAG_LEN];
+            header_tag(tag_key(k->data()), reinterpret_cast<const uint8_t*>(datagram.c_str()),
+                       datagram.size(), tag);
+            return nb::bytes(reinterpret_cast<const char*>(tag), TAG_LEN);
+        },
+        "key"_a, "datagram"_a, "ubt.header_tag, as the native transport computes it.");
+
     nb::class_<Impairment>(m, "Impairment",
                            "The C++ impairment (ImpairmentSpec semantics), for tests.")
         .def(
@@ -131,7 +143,7 @@ void bind_live(nb::module_& m) {
             "__init__",
             [](LiveNic* self, nb::handle params, int rank, int world, const std::string& bind_ip,
                int port, int fd, int buffer_bytes, nb::handle impairment, uint64_t seed,
-               int64_t first_op, int64_t max_wait_us, int exp_lead) {
+               int64_t first_op, int64_t max_wait_us, int exp_lead, nb::handle key) {
                 LiveConfig c;
                 c.p = params_from_py(params);
                 c.rank = rank;
@@ -146,11 +158,12 @@ void bind_live(nb::module_& m) {
                 c.max_wait_us = max_wait_us;
                 c.inband.on = exp_lead > 0;
                 c.inband.lead = exp_lead;
+                c.key = key_from(key);
                 new (self) LiveNic(c);
             },
             "params"_a, "rank"_a, "world"_a, "bind_ip"_a = "127.0.0.1", "port"_a = 0,
             "fd"_a = -1, "buffer_bytes"_a = 64 << 20, "impairment"_a = nb::none(), "seed"_a = 0,
-            "first_op"_a = 0, "max_wait_us"_a = 2000, "exp_lead"_a = 0)
+            "first_op"_a = 0, "max_wait_us"_a = 2000, "exp_lead"_a = 0, "key"_a = nb::none())
         .def_prop_ro("address",
                      [](const LiveNic& n) {
                          return std::make_pair(ip_string(n.local().ip), int{n.local().port});

@@ -54,7 +54,7 @@ void bind_reliable(nb::module_& m) {
             [](ReliableLive* self, int rank, int world, const std::string& bind_ip, int port,
                int fd, int buffer_bytes, nb::handle impairment, uint64_t seed,
                long long max_datagram, long long window_bytes, double rto_init_s,
-               double rto_min_s, double rto_max_s, long long max_wait_us) {
+               double rto_min_s, double rto_max_s, long long max_wait_us, nb::handle key) {
                 ReliableLiveConfig c;
                 c.rank = rank;
                 c.world = world;
@@ -72,12 +72,14 @@ void bind_reliable(nb::module_& m) {
                 c.rto_min_us = seconds_to_us(rto_min_s, "rto_min_s");
                 c.rto_max_us = seconds_to_us(rto_max_s, "rto_max_s");
                 c.max_wait_us = max_wait_us;
+                c.key = key_from(key);
                 new (self) ReliableLive(c);
             },
             "rank"_a, "world"_a, "bind_ip"_a = "127.0.0.1", "port"_a = 0, "fd"_a = -1,
             "buffer_bytes"_a = 64 << 20, "impairment"_a = nb::none(), "seed"_a = 0,
             "max_datagram"_a = 32 * 1024, "window_bytes"_a = 1 << 20, "rto_init_s"_a = 0.1,
-            "rto_min_s"_a = 0.01, "rto_max_s"_a = 1.0, "max_wait_us"_a = 100000)
+            "rto_min_s"_a = 0.01, "rto_max_s"_a = 1.0, "max_wait_us"_a = 100000,
+            "key"_a = nb::none())
         .def_prop_ro("address",
                      [](const ReliableLive& r) {
                          return std::make_pair(ip_string(r.local().ip), int{r.local().port});

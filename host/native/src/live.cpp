@@ -37,9 +37,11 @@ constexpr size_t RX_BATCHES_PER_TURN = 16;  // then send and fire timers before 
 constexpr size_t RELEASE_BATCH = 256;
 
 std::unique_ptr<UdpTransport> open_transport(const LiveConfig& c, size_t max_datagram) {
-    if (c.adopt_fd >= 0)
-        return std::make_unique<UdpTransport>(c.adopt_fd, c.buffer_bytes, max_datagram);
-    return std::make_unique<UdpTransport>(c.bind_ip, c.port, c.buffer_bytes, max_datagram);
+    auto t = c.adopt_fd >= 0
+                 ? std::make_unique<UdpTransport>(c.adopt_fd, c.buffer_bytes, max_datagram)
+                 : std::make_unique<UdpTransport>(c.bind_ip, c.port, c.buffer_bytes, max_datagram);
+    t->set_key(c.key);
+    return t;
 }
 
 }  // namespace

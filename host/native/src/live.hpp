@@ -43,6 +43,7 @@ struct LiveConfig {
     int64_t first_op = 0;
     int64_t max_wait_us = 2000;  // longest sleep with nothing due (stop is also woken at once)
     Inband inband;  // NicParams.exp_inband / exp_lead_eff
+    JobKey key;     // a keyed job's (transport.hpp)
 };
 
 struct LiveDone {

@@ -78,9 +78,11 @@ std::string seconds(int64_t us) {
 uint32_t stamp(int64_t us) { return static_cast<uint32_t>(us); }
 
 std::unique_ptr<UdpTransport> open_transport(const ReliableLiveConfig& c) {
-    if (c.adopt_fd >= 0)
-        return std::make_unique<UdpTransport>(c.adopt_fd, c.buffer_bytes, c.max_datagram);
-    return std::make_unique<UdpTransport>(c.bind_ip, c.port, c.buffer_bytes, c.max_datagram);
+    auto t = c.adopt_fd >= 0
+                 ? std::make_unique<UdpTransport>(c.adopt_fd, c.buffer_bytes, c.max_datagram)
+                 : std::make_unique<UdpTransport>(c.bind_ip, c.port, c.buffer_bytes, c.max_datagram);
+    t->set_key(c.key);
+    return t;
 }
 
 }  // namespace

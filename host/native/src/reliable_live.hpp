@@ -57,6 +57,7 @@ struct ReliableLiveConfig {
     // caller, a timer: the next release, retransmission or step deadline), so an idle rank
     // sleeps long and leaves the shared cores to the ranks that work.
     int64_t max_wait_us = 100000;
+    JobKey key;  // a keyed job's (transport.hpp)
     void check() const;          // throws std::invalid_argument
 };
 

@@ -19,6 +19,7 @@ namespace optireduce {
 const char* const TRANSPORT_COUNTER_NAMES[N_TRANSPORT_COUNTERS] = {
     "rx_datagrams", "tx_datagrams", "not_member",   "wrong_sender",  "rx_oversize",
     "tx_again",     "tx_errors",    "rx_syscalls",  "tx_syscalls",  "tx_resent",
+    "bad_tag",
 };
 
 namespace {
@@ -146,7 +147,7 @@ void UdpTransport::setup(int buffer_bytes, size_t max_datagram) {
     }
     // with GRO a message holds up to 64 KiB of coalesced datagrams; without, one datagram
     // (+1 byte to see an oversize one)
-    slot_ = gro_ ? size_t{65536} : (max_datagram + 1 + 63) & ~size_t{63};
+    slot_ = gro_ ? size_t{65536} : (max_datagram + TAG_LEN + 1 + 63) & ~size_t{63};
     rx_msgs_n_ = gro_ ? GRO_BATCH : BATCH;
     rx_buf_.assign(rx_msgs_n_ * slot_, 0);
     rx_msgs_.assign(rx_msgs_n_, mmsghdr{});
@@ -154,7 +155,7 @@ void UdpTransport::setup(int buffer_bytes, size_t max_datagram) {
     rx_from_.assign(rx_msgs_n_, sockaddr_in{});
     rx_ctrl_.assign(rx_msgs_n_ * CTRL_BYTES, 0);
     tx_msgs_.assign(BATCH, mmsghdr{});
-    tx_iov_.assign(BATCH * MAX_SEGMENTS, iovec{});
+    tx_iov_.assign(BATCH * MAX_SEGMENTS * 2, iovec{});  // a keyed datagram's tag is the 2nd
     tx_ctrl_.assign(BATCH * GSO_CTRL_BYTES, 0);
     for (size_t i = 0; i < rx_msgs_n_; ++i) {
         rx_iov_[i] = iovec{rx_buf_.data() + i * slot_, slot_};
@@ -187,6 +188,13 @@ void UdpTransport::set_peers(const std::vector<PeerAddr>& peers, int own_rank) {
     last_hit_ = 0;
 }
 
+void UdpTransport::set_key(const JobKey& key) {
+    if (key)
+        key_ = tag_key(key->data());
+    else
+        key_.reset();
+}
+
 int UdpTransport::lookup(uint64_t key) {
     const int n = static_cast<int>(peers_.size());
     if (n == 0) return -1;
@@ -202,9 +210,16 @@ void UdpTransport::admit(const uint8_t* d, size_t len, int rank, int64_t arrival
         counters_[T_NOT_MEMBER] += 1;
         return;
     }
-    if (len > max_datagram_) {
+    if (len > max_datagram_ + (key_ ? TAG_LEN : 0)) {
         counters_[T_RX_OVERSIZE] += 1;
         return;
+    }
+    if (key_) {
+        if (len < TAG_LEN || !tag_ok(*key_, d, len)) {
+            counters_[T_BAD_TAG] += 1;
+            return;
+        }
+        len -= TAG_LEN;
     }
     if (len >= SENDER_OFFSET + 2) {
         const int sender = (d[SENDER_OFFSET] << 8) | d[SENDER_OFFSET + 1];
@@ -278,7 +293,17 @@ size_t UdpTransport::send_batch(const OutDatagram* items, size_t n) {
         if (items[i].dst < 0 || items[i].dst >= static_cast<int>(peer_sa_.size()))
             throw std::logic_error("send_batch: no address for rank " +
                                    std::to_string(items[i].dst));
+    if (key_) tx_tags_.resize(std::max(tx_tags_.size(), n * TAG_LEN));
     return gso_ ? send_gso(items, n) : send_plain(items, n);
+}
+
+size_t UdpTransport::put_iov(const OutDatagram& o, size_t i, iovec* iov) {
+    iov[0] = iovec{const_cast<uint8_t*>(o.data), o.len};
+    if (!key_) return 1;
+    uint8_t* tag = tx_tags_.data() + i * TAG_LEN;
+    header_tag(*key_, o.data, o.len, tag);
+    iov[1] = iovec{tag, TAG_LEN};
+    return 2;
 }
 
 size_t UdpTransport::send_plain(const OutDatagram* items, size_t n) {
@@ -287,13 +312,12 @@ size_t UdpTransport::send_plain(const OutDatagram* items, size_t n) {
         const size_t k = std::min(n - done, BATCH);
         for (size_t i = 0; i < k; ++i) {
             const OutDatagram& o = items[done + i];
-            tx_iov_[i] = iovec{const_cast<uint8_t*>(o.data), o.len};
             msghdr& h = tx_msgs_[i].msg_hdr;
             h = msghdr{};
             h.msg_name = &peer_sa_[o.dst];
             h.msg_namelen = sizeof(sockaddr_in);
-            h.msg_iov = &tx_iov_[i];
-            h.msg_iovlen = 1;
+            h.msg_iov = &tx_iov_[2 * i];
+            h.msg_iovlen = put_iov(o, done + i, h.msg_iov);
         }
         const int sent = sendmmsg(fd_, tx_msgs_.data(), static_cast<unsigned>(k), 0);
         counters_[T_TX_SYSCALLS] += 1;
@@ -319,6 +343,8 @@ size_t UdpTransport::send_plain(const OutDatagram* items, size_t n) {
 // the messages are in the order of their first datagram.
 size_t UdpTransport::send_gso(const OutDatagram* items, size_t n) {
     item_msg_.resize(std::max(item_msg_.size(), n));
+    const size_t stride = key_ ? 2 : 1;  // iovecs per datagram
+    const size_t tag_len = key_ ? TAG_LEN : 0;
     size_t done = 0;
     while (done < n) {
         size_t n_msgs = 0, end = done;
@@ -330,10 +356,10 @@ size_t UdpTransport::send_gso(const OutDatagram* items, size_t n) {
             int m = o.dst < n_open ? open[o.dst] : -1;
             if (m >= 0) {
                 msghdr& h = tx_msgs_[m].msg_hdr;
-                const size_t segs = h.msg_iovlen;
+                const size_t segs = h.msg_iovlen / stride;
                 const size_t seg_len = h.msg_iov[0].iov_len;
                 if (o.len != seg_len || segs >= MAX_SEGMENTS ||
-                    (segs + 1) * seg_len > MAX_UDP_PAYLOAD)
+                    (segs + 1) * (seg_len + tag_len) > MAX_UDP_PAYLOAD)
                     m = -1;
             }
             // a new message to o.dst, no segment yet
@@ -343,7 +369,7 @@ size_t UdpTransport::send_gso(const OutDatagram* items, size_t n) {
                 h = msghdr{};
                 h.msg_name = &peer_sa_[o.dst];
                 h.msg_namelen = sizeof(sockaddr_in);
-                h.msg_iov = &tx_iov_[static_cast<size_t>(k) * MAX_SEGMENTS];
+                h.msg_iov = &tx_iov_[static_cast<size_t>(k) * MAX_SEGMENTS * 2];
                 h.msg_iovlen = 0;
                 return k;
             };
@@ -351,8 +377,7 @@ size_t UdpTransport::send_gso(const OutDatagram* items, size_t n) {
                 if (n_msgs == BATCH) break;
                 m = new_message();
                 msghdr& h = tx_msgs_[m].msg_hdr;
-                h.msg_iov[0] = iovec{const_cast<uint8_t*>(o.data), 0};
-                h.msg_iovlen = 1;
+                h.msg_iovlen = put_iov(o, end, h.msg_iov);
                 item_msg_[end] = static_cast<uint32_t>(m);
                 if (o.dst < n_open) open[o.dst] = -1;
                 continue;
@@ -363,12 +388,12 @@ size_t UdpTransport::send_gso(const OutDatagram* items, size_t n) {
                 if (o.dst < n_open) open[o.dst] = m;
             }
             msghdr& h = tx_msgs_[m].msg_hdr;
-            h.msg_iov[h.msg_iovlen++] = iovec{const_cast<uint8_t*>(o.data), o.len};
+            h.msg_iovlen += put_iov(o, end, h.msg_iov + h.msg_iovlen);
             item_msg_[end] = static_cast<uint32_t>(m);
         }
         for (size_t m = 0; m < n_msgs; ++m) {  // the segment size, where there are several
             msghdr& h = tx_msgs_[m].msg_hdr;
-            if (h.msg_iovlen < 2) continue;
+            if (h.msg_iovlen < 2 * stride) continue;
             uint8_t* ctl = tx_ctrl_.data() + m * GSO_CTRL_BYTES;
             h.msg_control = ctl;
             h.msg_controllen = GSO_CTRL_BYTES;
@@ -376,7 +401,7 @@ size_t UdpTransport::send_gso(const OutDatagram* items, size_t n) {
             c->cmsg_level = SOL_UDP;
             c->cmsg_type = UDP_SEGMENT;
             c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-            const uint16_t seg = static_cast<uint16_t>(h.msg_iov[0].iov_len);
+            const uint16_t seg = static_cast<uint16_t>(h.msg_iov[0].iov_len + tag_len);
             std::memcpy(CMSG_DATA(c), &seg, sizeof seg);
         }
         const int sent = sendmmsg(fd_, tx_msgs_.data(), static_cast<unsigned>(n_msgs), 0);

@@ -13,6 +13,10 @@
 // wire nothing changes: the kernel (or the NIC) cuts them into the same datagrams. Measured on
 // loopback, 16 KiB datagrams: kernel CPU per GB sent and received 0.35 -> 0.30 s.
 // OPTIREDUCE_UDP_GSO=0 turns both off.
+//
+// Keyed jobs (set_key, docs/security.md): every datagram sent gets its header's tag appended
+// (header_tag.hpp); one received from a member without the right tag is counted (bad_tag)
+// and dropped, and the tag is cut off before the engine sees the datagram.
 #pragma once
 
 #include <netinet/in.h>
@@ -21,7 +25,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <optional>
 #include <vector>
+
+#include "header_tag.hpp"
 
 namespace optireduce {
 
@@ -46,6 +53,7 @@ enum TransportCounter : int {
     T_RX_SYSCALLS,
     T_TX_SYSCALLS,
     T_TX_RESENT,     // sent again after a partial GSO batch (the receiver drops the duplicate)
+    T_BAD_TAG,       // a keyed job's datagram from a member without the right tag
     N_TRANSPORT_COUNTERS,
 };
 extern const char* const TRANSPORT_COUNTER_NAMES[N_TRANSPORT_COUNTERS];
@@ -87,6 +95,9 @@ public:
     // Every rank's address, index = rank (our own included).
     void set_peers(const std::vector<PeerAddr>& peers, int own_rank);
     const std::vector<PeerAddr>& peers() const { return peers_; }
+    // The job's key (none: an unkeyed job, the default).
+    void set_key(const JobKey& key);
+    bool keyed() const { return key_.has_value(); }
 
     // One non-blocking recvmmsg: the admitted datagrams (valid until the next call) in out;
     // returns how many the kernel gave (admitted or not), 0 when nothing was queued.
@@ -107,6 +118,8 @@ private:
     int lookup(uint64_t key);
     size_t send_plain(const OutDatagram* items, size_t n);
     size_t send_gso(const OutDatagram* items, size_t n);
+    // The iovecs of item i (its bytes, and its tag in a keyed job) from iov on; how many.
+    size_t put_iov(const OutDatagram& o, size_t i, iovec* iov);
     void admit(const uint8_t* d, size_t len, int rank, int64_t arrival, std::vector<Datagram>& out);
 
     int fd_ = -1;
@@ -128,6 +141,8 @@ private:
     // GSO: one control message per tx message, and which message each item of a batch went in
     std::vector<uint8_t> tx_ctrl_;
     std::vector<uint32_t> item_msg_;
+    std::optional<TagKey> key_;
+    std::vector<uint8_t> tx_tags_;  // keyed: the tags of the batch being sent, TAG_LEN each
     int64_t counters_[N_TRANSPORT_COUNTERS] = {};
 };
 
