@@ -58,6 +58,9 @@ from optireduce.host.model.impairment import ImpairmentSpec
 METHODS = ("gloo", "optireduce")
 SCHEDULES = ("cosine", "constant")
 MODELS = ("digits", "large")  # the digits MLP, or experiments/large_model.py's 10 M MLP
+# where the workers run: processes on this host's loopback, or each rank on a host of its
+# own (experiments/netns.py: namespaces on a bridge, links shaped to 1 Gbit/s)
+CLUSTERS = ("local", "netns")
 # The NicParams fields a TrainConfig carries (n_max follows the world; the hook calibrates t_B).
 NIC_FIELDS = ("p", "b", "c", "ops_in_flight", "t_c_min_us", "tc_dev_mult", "tc_gain_shift",
               "tc_sample", "estimator")  # fmt: skip
@@ -82,7 +85,6 @@ class TrainConfig:
     seed: int = 0
     model: str = "digits"  # MODELS; large_config() gives "large" its own defaults
     large_width: int = 3072  # the large model's hidden width (3072: 10.3 M parameters)
-    large_width: int = 3072  # the large model's hidden width (3072: 10.3 M parameters)
     tail: float = 3.0  # P99/P50 of both the straggler and the per-packet delays
     straggler_median_ms: float = 20.0
     packet_median_us: float = 200.0
@@ -106,10 +108,10 @@ class TrainConfig:
     warmup_iters: int = 5
     checksum_every: int = 10
     control_floor_s: float | None = None  # least wait of a control exchange (None: the hook's)
-    control_floor_s: float | None = None  # least wait of a control exchange (None: the hook's)
     policy: str = "accept"
     methods: tuple[str, ...] = METHODS
     cosim_rank: int | None = None  # optireduce: this rank's NIC is the co-simulated RTL
+    cluster: str = "local"  # CLUSTERS
     test_size: int = 450
     timeout_s: float = 600.0  # per method: the workers are killed past it
 
@@ -125,8 +127,8 @@ class TrainConfig:
             raise ValueError(f"train: schedule {self.schedule!r} is not one of {SCHEDULES}")
         if self.model not in MODELS:
             raise ValueError(f"train: model {self.model!r} is not one of {MODELS}")
-        if self.model not in MODELS:
-            raise ValueError(f"train: model {self.model!r} is not one of {MODELS}")
+        if self.cluster not in CLUSTERS:
+            raise ValueError(f"train: cluster {self.cluster!r} is not one of {CLUSTERS}")
         for m in self.methods:
             if m not in METHODS:
                 raise ValueError(f"train: method {m!r} is not one of {','.join(METHODS)}")
@@ -227,11 +229,16 @@ def _batches(cfg: TrainConfig) -> np.ndarray:
     return lt._batches(ltc, cfg.seed, n_train)
 
 
-def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
+def _worker(rank: int, cfg: TrainConfig, method: str, out: str, hosts: list[str]) -> None:
     import faulthandler
 
     faulthandler.enable()  # a worker killed by a signal leaves its Python stacks on stderr
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if hosts:  # a host of its own: gloo and OptiReduce on its namespace's interface
+        from optireduce.experiments.netns import IFNAME, enter
+
+        enter(hosts[rank])
+        os.environ["GLOO_SOCKET_IFNAME"] = os.environ["OPTIREDUCE_IFNAME"] = IFNAME
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     import torch
     import torch.distributed as dist
@@ -391,6 +398,7 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
         res["rx_gather"] = np.array(counters["rx_gather"] - rx_verify)
         res["verify"] = verify
         res["backend"] = np.array(nic.backend)
+        res["address"] = np.array(nic.transport.address[0])  # OptiReduce's data address
         # -1: not calibrated (a run shorter than the warm-up)
         res["t_b_us"] = np.array(-1 if state.t_b_us is None else state.t_b_us)
         res["step_lost"] = np.array([s.lost_fraction for s in state.history])
@@ -405,13 +413,16 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str) -> None:
     dist.destroy_process_group()
 
 
-def _spawn(cfg: TrainConfig, method: str, out: str, tick: Callable[[int], None]) -> None:
-    """cfg.world workers; every wait bounded (all are killed past cfg.timeout_s)."""
+def _spawn(cfg: TrainConfig, method: str, out: str, tick: Callable[[int], None],
+           hosts: list[str]) -> None:  # fmt: skip
+    """cfg.world workers (rank r in namespace hosts[r], if any); every wait bounded (all are
+    killed past cfg.timeout_s)."""
     import torch.multiprocessing as mp
 
     ctx = mp.start_processes(
-        _worker, args=(cfg, method, out), nprocs=cfg.world, join=False, start_method="spawn"
-    )
+        _worker, args=(cfg, method, out, hosts), nprocs=cfg.world, join=False,
+        start_method="spawn",
+    )  # fmt: skip
     deadline = time.monotonic() + cfg.timeout_s
     progress = Path(out, "progress")
     while not ctx.join(timeout=0.5):
@@ -448,7 +459,13 @@ def run_method(
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("store", "progress", *(f"rank{r}.npz" for r in range(cfg.world))):
         (out / stale).unlink(missing_ok=True)  # a FileStore left over would break rendezvous
-    _spawn(cfg, method, str(out), tick)
+    if cfg.cluster == "netns":  # new namespaces per method, removed whatever happens
+        from optireduce.experiments.netns import NetnsCluster
+
+        with NetnsCluster(cfg.world) as net:
+            _spawn(cfg, method, str(out), tick, net.ns)
+    else:
+        _spawn(cfg, method, str(out), tick, [])
     ranks = [dict(np.load(out / f"rank{r}.npz")) for r in range(cfg.world)]
     _, _, xte, yte = lt.load_data(cfg.test_size)
     r0 = ranks[0]
@@ -459,9 +476,6 @@ def run_method(
     times = [float(v) for v in r0["times"]]
     tta = next((tm for tm, a in zip(times, accs, strict=True) if a >= cfg.target_acc), None)
     summary: dict = {"tta_s": tta, "final_acc": accs[-1], "entries_lost": 0.0}
-    summary["params"] = n_params(cfg)
-    # every rank ends with the same parameters, bit for bit
-    summary["replicas_equal"] = len({str(r["final_sha"]) for r in ranks}) == 1
     summary["params"] = n_params(cfg)
     # every rank ends with the same parameters, bit for bit
     summary["replicas_equal"] = len({str(r["final_sha"]) for r in ranks}) == 1
@@ -481,6 +495,7 @@ def run_method(
         # (rank, excluded rank): a rank that missed a bounded control exchange
         summary["exclusions"] = [[i, int(g)] for i, r in enumerate(ranks) for g in r["faults"]]
         summary["backends"] = [str(r["backend"]) for r in ranks]
+        summary["addresses"] = [str(r["address"]) for r in ranks]
         # The check op against the model on the virtual cluster: same inputs, op 0,
         # lossless, the warm-up's NicParams (t_B changes no result bit, only timing).
         from optireduce.host.ddp_hook import WARMUP_T_B_US

@@ -13,12 +13,8 @@ OPTIREDUCE_NO_NETNS=1 says this machine cannot make namespaces (README, tests).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import secrets
-import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -26,76 +22,21 @@ from pathlib import Path
 
 import pytest
 
+from optireduce.experiments.netns import NO_NETNS_VAR, NetnsCluster, NetnsError
 from optireduce.host.job_key import KEY_FILE_VAR
 
 VENV_BIN = Path(sys.executable).parent
-SUBNET = "10.77.0"  # only inside the namespaces made here
 MASTER_PORT = 29500
 DATA_PORTS = "29600-29603"  # per host: data, then control (x 2 with two processes)
-STRANGER = f"{SUBNET}.100"
 T_B_US = 3_000_000  # lossless runs: no phase may be cut on a loaded 2-core machine
 
 
-def _need_netns() -> None:
-    if os.environ.get("OPTIREDUCE_NO_NETNS") == "1":
-        pytest.skip("OPTIREDUCE_NO_NETNS=1: this machine cannot make network namespaces")
-    fix = "; or set OPTIREDUCE_NO_NETNS=1 on a machine that cannot make network namespaces"
-    if os.geteuid() != 0:
-        pytest.fail("the multi-host tests make network namespaces: run them as root" + fix)
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            pytest.fail(f"`{tool}` is missing: install iproute2 (apt-get install iproute2)" + fix)
-
-
-def _sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    r = subprocess.run(args, capture_output=True, text=True, timeout=30, check=False)
-    if check and r.returncode != 0:
-        raise RuntimeError(f"{' '.join(args)}: {r.stderr.strip()}")
-    return r
-
-
-class Cluster:
-    """`hosts` namespaces and a stranger on one bridge; names unique to this run."""
+class Cluster(NetnsCluster):
+    """4 hosts and a stranger (experiments/netns.py), with the test's ways to run on them."""
 
     def __init__(self, hosts: int, tmp: Path) -> None:
-        self.tag = f"ort{os.getpid() % 100000}{secrets.token_hex(2)}"
-        self.hosts, self.tmp = hosts, tmp
-        self.sw = f"{self.tag}-sw"
-        self.ns = [f"{self.tag}-h{i}" for i in range(hosts)]
-        self.stranger = f"{self.tag}-x"
-        self.made: list[str] = []
-        self.procs: list[subprocess.Popen] = []
-
-    def ip(self, i: int) -> str:
-        return f"{SUBNET}.{i + 1}"
-
-    def up(self) -> None:
-        r = _sh("ip", "netns", "add", self.sw, check=False)
-        if r.returncode != 0:
-            pytest.fail(f"`ip netns add` failed ({r.stderr.strip()}): needs root and a kernel "
-                        "with network namespaces; or set OPTIREDUCE_NO_NETNS=1")  # fmt: skip
-        self.made.append(self.sw)
-        _sh("ip", "-n", self.sw, "link", "add", "br0", "type", "bridge")
-        _sh("ip", "-n", self.sw, "link", "set", "br0", "up")
-        for k, (ns, addr) in enumerate(
-            [*zip(self.ns, map(self.ip, range(self.hosts)), strict=True), (self.stranger, STRANGER)]
-        ):
-            _sh("ip", "netns", "add", ns)
-            self.made.append(ns)
-            port = f"p{k}"
-            _sh("ip", "link", "add", "eth0", "netns", ns, "type", "veth",
-                "peer", "name", port, "netns", self.sw)  # fmt: skip
-            _sh("ip", "-n", self.sw, "link", "set", port, "master", "br0", "up")
-            _sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
-            _sh("ip", "-n", ns, "link", "set", "eth0", "up")
-            _sh("ip", "-n", ns, "link", "set", "lo", "up")
-            for where, dev in ((ns, "eth0"), (self.sw, port)):  # both directions: 1 Gbit/s
-                _sh("ip", "netns", "exec", where, "tc", "qdisc", "add", "dev", dev, "root",
-                    "tbf", "rate", "1gbit", "burst", "128kb", "latency", "20ms")  # fmt: skip
-
-    def mac(self, i: int) -> str:
-        return _sh("ip", "netns", "exec", self.ns[i], "cat", "/sys/class/net/eth0/address"
-                   ).stdout.strip()  # fmt: skip
+        super().__init__(hosts, stranger=True)
+        self.tmp = tmp
 
     def torchrun(self, i: int, nnodes: int, nproc: int, args: list[str],
                  master_port: int = MASTER_PORT, backend: str | None = None,
@@ -108,7 +49,7 @@ class Cluster:
             env["OPTIREDUCE_NIC"] = backend
         if key_file is not None:
             env[KEY_FILE_VAR] = str(key_file)
-        cmd = ["ip", "netns", "exec", self.ns[i], str(VENV_BIN / "torchrun"),
+        cmd = [*self.exec_prefix(self.ns[i]), str(VENV_BIN / "torchrun"),
                f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", f"--node-rank={i}",
                f"--master-addr={self.ip(0)}", f"--master-port={master_port}",
                "-m", "optireduce.example", "--json", "--progress", *args]  # fmt: skip
@@ -119,8 +60,8 @@ class Cluster:
         return p
 
     def stranger_sends(self, script: str, *args: str) -> subprocess.Popen:
-        p = subprocess.Popen(["ip", "netns", "exec", self.stranger, sys.executable, "-c",
-                              script, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        p = subprocess.Popen([*self.exec_prefix(self.stranger), sys.executable, "-c", script,
+                              *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)  # fmt: skip
         self.procs.append(p)
         return p
@@ -128,24 +69,7 @@ class Cluster:
     def kill_host(self, i: int) -> None:
         """Every process in host i's namespace (torchrun's workers run in sessions of
         their own, so a process group is not enough)."""
-        self._kill_ns(self.ns[i])
-
-    def _kill_ns(self, ns: str) -> None:
-        r = _sh("ip", "netns", "pids", ns, check=False)
-        for pid in r.stdout.split():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
-
-    def down(self) -> None:
-        for ns in self.made:
-            self._kill_ns(ns)
-        for p in self.procs:
-            with contextlib.suppress(ProcessLookupError):
-                p.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=10)
-        for ns in reversed(self.made):
-            _sh("ip", "netns", "del", ns, check=False)
+        self.kill_ns(self.ns[i])
 
     def output(self, i: int) -> tuple[str, str]:
         return (self.tmp / f"h{i}.out").read_text(), (self.tmp / f"h{i}.err").read_text()
@@ -153,15 +77,18 @@ class Cluster:
 
 @pytest.fixture
 def cluster(tmp_path):
-    _need_netns()
+    if os.environ.get(NO_NETNS_VAR) == "1":
+        pytest.skip(f"{NO_NETNS_VAR}=1: this machine cannot make network namespaces")
     c = Cluster(4, tmp_path)
     try:
-        c.up()
+        try:
+            c.up()
+        except NetnsError as e:
+            pytest.fail(str(e))
         yield c
     finally:
         c.down()
-    left = set(_sh("ip", "netns", "list").stdout.split()) & set(c.made)
-    assert not left, f"namespaces left behind: {left}"
+    assert not c.left_behind(), f"namespaces left behind: {c.left_behind()}"
 
 
 def _wait(c: Cluster, procs: list[subprocess.Popen], timeout_s: float) -> None:
@@ -217,7 +144,7 @@ while time.monotonic() < end:
 def _injected(c: Cluster, victim_host: int, victim_port: int, member: tuple[str, int],
               keyed: bool = False) -> subprocess.Popen:  # fmt: skip
     """The stranger, injecting at (victim_host's address, victim_port) until killed."""
-    p = c.stranger_sends(INJECT, STRANGER, c.ip(victim_host), c.mac(victim_host), member[0],
+    p = c.stranger_sends(INJECT, c.stranger_ip, c.ip(victim_host), c.mac(victim_host), member[0],
                          str(member[1]), str(victim_port), "4", "600",
                          "keyed" if keyed else "plain")  # fmt: skip
     assert p.stdout.readline().strip() == "ready", p.stderr.read()
