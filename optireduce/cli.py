@@ -786,9 +786,13 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--model", default="digits", choices=train.MODELS,
                     help="digits: the 2410-parameter MLP; large: a 10.3 M-parameter MLP "
                     "on a generated task (its own defaults: train.LARGE)")  # fmt: skip
-    tr.add_argument("--cluster", default="local", choices=train.CLUSTERS,
-                    help="local: processes on loopback; netns: each rank a host of its own "
-                    "(network namespaces on a bridge, 1 Gbit/s links; needs root)")
+    tr.add_argument(
+        "--cluster",
+        default="local",
+        choices=train.CLUSTERS,
+        help="local: processes on loopback; netns: each rank a host of its own "
+        "(network namespaces on a bridge, 1 Gbit/s links; needs root)",
+    )
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--seeds", type=_sizes, default=None,
                     help="e.g. 0,1,2,3,4: one run each, means and ranges (not --seed)")  # fmt: skip
