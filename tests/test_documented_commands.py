@@ -73,6 +73,9 @@ NOT_RUN: dict[str, str] = {
     r"-m optireduce\.experiments\.logic_depth\b": "yosys synth_ecp5 of each block (over "
     "2.5 min for two blocks here) or of the whole NIC (--board); tests/hw/test_logic_depth.py "
     "times small netlists",
+    # each rank in a network namespace of its own: tests/test_train_netns.py runs that path
+    r"optireduce train .*--cluster netns": "the namespace cluster's train run; "
+    "tests/test_train_netns.py trains both methods across 4 namespaces",
     # a log line the docs quote, not a command
     r"^optireduce rank \d": "a log line (docs/cluster.md, 'Read the log')",
 }
