@@ -77,7 +77,8 @@ def run_cluster(
 ) -> ClusterRun:
     """One allreduce of xs[r] at each rank r, live on loopback; processes always reaped."""
     world = len(xs)
-    transports = [UdpTransport(r) for r in range(world)]
+    # unkeyed whatever OPTIREDUCE_KEY_FILE says: the co-simulated NIC has no tags
+    transports = [UdpTransport(r, key=None) for r in range(world)]
     ctx = mp.get_context("fork")
     barrier, results = ctx.Barrier(world), ctx.Queue()
     procs = []
