@@ -442,6 +442,13 @@ def _check_junk(rep: RunReport, results: dict, sent: dict, raw_error: str | None
     rep.facts["control"] = {r: res["control"] for r, res in results.items()}
 
 
+def _ctrl_c_reaches() -> None:
+    """In a child before exec: SIGINT back to its default, so that Python turns it into
+    KeyboardInterrupt even when this campaign was started with SIGINT ignored (a shell's
+    background job): the run is a foreground command under a user's Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _sigint_run(cfg: SoakConfig, rep: RunReport, run_dir: Path, mark: str, tmp: Path) -> None:
     """`optireduce train` (2 processes, optireduce only) in its own session; SIGINT to its
     group once its workers have trained 5 steps (the first progress file); it must exit
@@ -467,7 +474,7 @@ def _sigint_run(cfg: SoakConfig, rep: RunReport, run_dir: Path, mark: str, tmp: 
     t0 = time.monotonic()
     with _run_env(mark, tmp), open(run_dir / "stderr.txt", "w") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err,
-                                start_new_session=True)  # fmt: skip
+                                start_new_session=True, preexec_fn=_ctrl_c_reaches)  # fmt: skip
         sent_at = None
         while proc.poll() is None:
             now = time.monotonic()
@@ -603,6 +610,9 @@ def run_soak(cfg: SoakConfig, progress: Callable[[RunReport, int], None] | None 
             reports.append(rep)
             if progress:
                 progress(rep, len(plan))
+    except BaseException:  # Ctrl-C or an error mid-run: no rank may outlive the campaign
+        _reap(_descendants(os.getpid()) - start.children)
+        raise
     finally:
         shutil.rmtree(base, ignore_errors=True)
     out = summarize(cfg, reports, time.monotonic() - t0, len(plan))
