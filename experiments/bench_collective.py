@@ -296,6 +296,11 @@ def _worker(rank: int, world: int, tmp: str, cfg: dict, q) -> None:
             if k:
                 kt[name].append(dt)
                 kcpu[name] += _cpu_s() - c0
+    keyed_err = float(np.linalg.norm(buf - r) / np.linalg.norm(r))  # its last op's result
+    keyed_counters = keyed.counters()
+    if keyed.backend != nic.backend:  # the ratio would compare two backends
+        raise RuntimeError(f"bench keyed: the keyed op ran on {keyed.backend}, the unkeyed "
+                           f"on {nic.backend}")  # fmt: skip
     keyed.close()
     keyed_tr.close()
     kt = {name: slowest(v) for name, v in kt.items()}
@@ -306,6 +311,8 @@ def _worker(rank: int, world: int, tmp: str, cfg: dict, q) -> None:
         "unkeyed_gbps": kgb["unkeyed"], "keyed_gbps": kgb["keyed"],
         "keyed_over_unkeyed_gbps": kgb["keyed"] / kgb["unkeyed"],
         "keyed_over_unkeyed_cpu": kcpu["keyed"] / kcpu["unkeyed"],
+        "keyed_rel_l2_err_vs_gloo": keyed_err,
+        "keyed_bad_tag_rank0": keyed_counters.get("bad_tag", 0),
     }  # fmt: skip
 
     # ---- sizes: throughput and CPU per GB at each bucket size --------------------------------

@@ -55,13 +55,16 @@ def enter(name: str) -> None:
     """Move this process's thread into namespace `name` (call before any socket or thread:
     threads made later inherit it)."""
     libc = ctypes.CDLL(None, use_errno=True)
-    fd = os.open(f"/var/run/netns/{name}", os.O_RDONLY)
+    path = f"/var/run/netns/{name}"
+    fd = os.open(path, os.O_RDONLY)
     try:
         if libc.setns(fd, CLONE_NEWNET) != 0:
             err = ctypes.get_errno()
             raise NetnsError(f"setns({name}): {os.strerror(err)}")
     finally:
         os.close(fd)
+    if os.stat("/proc/thread-self/ns/net").st_ino != os.stat(path).st_ino:
+        raise NetnsError(f"setns({name}): this thread is not in the namespace after it")
 
 
 class NetnsCluster:
@@ -127,15 +130,18 @@ class NetnsCluster:
                 os.kill(int(pid), signal.SIGKILL)
 
     def down(self) -> None:
+        """Everything removed; one stuck command does not stop the rest."""
         for ns in self.made:
-            self.kill_ns(ns)
+            with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+                self.kill_ns(ns)
         for p in self.procs:
             with contextlib.suppress(ProcessLookupError):
                 p.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=10)
         for ns in reversed(self.made):
-            sh("ip", "netns", "del", ns, check=False)
+            with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+                sh("ip", "netns", "del", ns, check=False)
 
     def left_behind(self) -> set[str]:
         """Namespaces of this cluster that still exist (none after down())."""

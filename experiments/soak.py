@@ -144,7 +144,10 @@ def _descendants(root: int) -> set[int]:
 
 def _marked(mark: str) -> set[int]:
     """Processes whose environment carries MARK=mark (orphans too)."""
-    needle = f"{MARK}={mark}\0".encode()
+    return _marked_with(f"{MARK}={mark}\0".encode())
+
+
+def _marked_with(needle: bytes) -> set[int]:
     out = set()
     for d in Path("/proc").iterdir():
         if d.name.isdigit() and int(d.name) != os.getpid():
@@ -152,6 +155,19 @@ def _marked(mark: str) -> set[int]:
                 if needle in (d / "environ").read_bytes():
                     out.add(int(d.name))
     return out
+
+
+def _reap_campaign(start: Baseline, grace_s: float = 5.0) -> None:
+    """Kill every process this campaign's runs started: its descendants since `start`, and
+    the orphans that carry one of its runs' marks ("{our pid}-{run}"); wait until gone."""
+    def ours() -> set[int]:
+        mine = _marked_with(f"{MARK}={os.getpid()}-".encode())
+        return (_descendants(os.getpid()) - start.children) | mine
+
+    end = time.monotonic() + grace_s
+    while (left := ours()) and time.monotonic() < end:
+        _reap(left)
+        time.sleep(0.05)
 
 
 def _sockets() -> set[str]:
@@ -442,11 +458,14 @@ def _check_junk(rep: RunReport, results: dict, sent: dict, raw_error: str | None
     rep.facts["control"] = {r: res["control"] for r, res in results.items()}
 
 
-def _ctrl_c_reaches() -> None:
-    """In a child before exec: SIGINT back to its default, so that Python turns it into
-    KeyboardInterrupt even when this campaign was started with SIGINT ignored (a shell's
-    background job): the run is a foreground command under a user's Ctrl-C."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+def ctrl_c_reaches(cmd: list[str]) -> list[str]:
+    """cmd run with SIGINT at its default (then Python turns it into KeyboardInterrupt),
+    even when this campaign was started with SIGINT ignored (a shell's background job): the
+    run is a foreground command under a user's Ctrl-C. A small interpreter resets it and
+    execs cmd (no Python between fork and exec in this threaded process)."""
+    reset = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+             "os.execvp(sys.argv[1], sys.argv[1:])")  # fmt: skip
+    return [sys.executable, "-c", reset, *cmd]
 
 
 def _sigint_run(cfg: SoakConfig, rep: RunReport, run_dir: Path, mark: str, tmp: Path) -> None:
@@ -473,8 +492,8 @@ def _sigint_run(cfg: SoakConfig, rep: RunReport, run_dir: Path, mark: str, tmp: 
     progress = out / "raw" / "optireduce" / "progress"
     t0 = time.monotonic()
     with _run_env(mark, tmp), open(run_dir / "stderr.txt", "w") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err,
-                                start_new_session=True, preexec_fn=_ctrl_c_reaches)  # fmt: skip
+        proc = subprocess.Popen(ctrl_c_reaches(cmd), stdout=subprocess.DEVNULL, stderr=err,
+                                start_new_session=True)  # fmt: skip
         sent_at = None
         while proc.poll() is None:
             now = time.monotonic()
@@ -611,7 +630,7 @@ def run_soak(cfg: SoakConfig, progress: Callable[[RunReport, int], None] | None 
             if progress:
                 progress(rep, len(plan))
     except BaseException:  # Ctrl-C or an error mid-run: no rank may outlive the campaign
-        _reap(_descendants(os.getpid()) - start.children)
+        _reap_campaign(start)
         raise
     finally:
         shutil.rmtree(base, ignore_errors=True)

@@ -43,7 +43,9 @@ def fingerprint(key: bytes | None) -> str:
     """What the ranks compare at rendezvous: says nothing of the key but whether it is equal."""
     if key is None:
         return NO_KEY
-    return hashlib.blake2b(b"optireduce key check", key=key, digest_size=8).hexdigest()
+    # another digest size and personalisation than the tags': never a valid tag itself
+    return hashlib.blake2b(b"optireduce key check", key=key, digest_size=16,
+                           person=b"optireduce-fp").hexdigest()  # fmt: skip
 
 
 def check_fingerprints(prints: list[str], rank: int) -> None:

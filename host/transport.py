@@ -66,7 +66,9 @@ class UdpTransport:
         """bind: (host, port) exactly; None: bind_address's choice (address and port range
         from the environment). sender_of: the rank a datagram's header names (admission).
         key: the job's key (KEY_LEN bytes), None for an unkeyed job, FROM_ENV: job_key()."""
-        self.key = job_key() if key == FROM_ENV else key
+        if isinstance(key, str) and key != FROM_ENV:
+            raise ValueError(f"UdpTransport: key={key!r}: bytes, None or FROM_ENV")
+        self.key = job_key() if isinstance(key, str) else key
         if self.key is not None and (not isinstance(self.key, bytes) or len(self.key) != KEY_LEN):
             raise ValueError(f"UdpTransport: a job key is {KEY_LEN} bytes")
         self.rank = rank
@@ -195,7 +197,7 @@ class UdpTransport:
                 continue
             if self.key is not None:
                 if len(d) < TAG_LEN or not hmac.compare_digest(
-                    d[-TAG_LEN:], header_tag(self.key, d[:-TAG_LEN])
+                    d[-TAG_LEN:], header_tag(self.key, memoryview(d)[:-TAG_LEN])
                 ):
                     self.bad_tag += 1
                     continue

@@ -201,3 +201,12 @@ def test_the_co_simulated_nic_refuses_a_keyed_job_and_the_driver_falls_back(capl
     finally:
         tr.close()
         peer.close()
+
+
+def test_a_keyed_datagram_must_still_fit_one_udp_datagram():
+    """The tag adds 8 bytes: a native transport for datagrams of up to 65 500 bytes (65 507
+    is UDP's limit) is refused in a keyed job, not left to fail every full send."""
+    with pytest.raises(ValueError, match="8-byte tag"):
+        _engine.ReliableLive(0, 2, max_datagram=65_500, key=bytes(32))
+    ok = _engine.ReliableLive(0, 2, max_datagram=65_499, key=bytes(32))
+    ok.stop()

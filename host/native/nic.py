@@ -115,6 +115,8 @@ class NativeNic:
         self._params = _engine.Params.from_nicparams(p)
         peers: list[Address] = []
         fd = -1
+        # without a transport: the environment's key, and no fingerprint check (that is
+        # transport_from_store's, at rendezvous)
         key = job_key() if transport is None else transport.key
         if transport is not None:
             fd = transport.sock.fileno()

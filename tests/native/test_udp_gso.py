@@ -5,7 +5,9 @@ Rank 1 here is the Python model (NicModel) behind a plain socket with UDP_GRO on
 sends its frames as GSO messages: the datagrams rank 0 sends arrive coalesced and, cut at
 the segment size, are exactly the model's frames; rank 0 cuts rank 1's coalesced messages
 back into datagrams, and both ranks' results equal the virtual cluster's bit for bit. With
-OPTIREDUCE_UDP_GSO=0 every datagram travels alone and the results are the same.
+OPTIREDUCE_UDP_GSO=0 every datagram travels alone and the results are the same. In a
+keyed job (docs/security.md) every datagram of a GSO message carries its own tag: the fake
+rank checks and strips them with hashlib after the GRO split, and tags its own.
 """
 
 from __future__ import annotations
@@ -40,9 +42,10 @@ def kernel_has_gso() -> bool:
     return True
 
 
-def receive(sock: socket.socket, want: int, timeout_s: float = 20) -> tuple[list[bytes], int]:
-    """`want` datagrams, GRO messages cut at their segment size; and how many messages held
-    more than one."""
+def receive(sock: socket.socket, want: int, timeout_s: float = 20,
+            key: bytes | None = None) -> tuple[list[bytes], int]:  # fmt: skip
+    """`want` datagrams, GRO messages cut at their segment size (with a key: each one's tag
+    checked and cut off); and how many messages held more than one."""
     out: list[bytes] = []
     coalesced = 0
     end = time.monotonic() + timeout_s
@@ -55,13 +58,19 @@ def receive(sock: socket.socket, want: int, timeout_s: float = 20) -> tuple[list
             if level == SOL_UDP and kind == UDP_GRO:
                 seg = struct.unpack("i", value[:4])[0]
         parts = [data[o : o + seg] for o in range(0, len(data), seg)]
+        if key is not None:
+            assert all(d[-ubt.TAG_LEN :] == ubt.header_tag(key, d[: -ubt.TAG_LEN]) for d in parts)
+            parts = [d[: -ubt.TAG_LEN] for d in parts]
         coalesced += len(parts) > 1
         out += parts
     return out, coalesced
 
 
-def send_gso(sock: socket.socket, to, datagrams: list[bytes]) -> None:
-    """Runs of equal-length datagrams in messages of up to 3 (< 64 KiB), one segment size each."""
+def send_gso(sock: socket.socket, to, datagrams: list[bytes], key: bytes | None = None) -> None:
+    """Runs of equal-length datagrams in messages of up to 3 (< 64 KiB), one segment size each
+    (with a key: each datagram tagged)."""
+    if key is not None:
+        datagrams = [d + ubt.header_tag(key, d) for d in datagrams]
     i = 0
     while i < len(datagrams):
         run = [datagrams[i]]
@@ -74,8 +83,9 @@ def send_gso(sock: socket.socket, to, datagrams: list[bytes]) -> None:
         i += len(run)
 
 
+@pytest.mark.parametrize("keyed", [False, True], ids=["unkeyed", "keyed"])
 @pytest.mark.parametrize("gso", ["1", "0"], ids=["gso on", "gso off"])
-def test_coalesced_datagrams_are_the_models_frames_both_ways(gso, monkeypatch):
+def test_coalesced_datagrams_are_the_models_frames_both_ways(gso, keyed, monkeypatch):
     assert kernel_has_gso(), (
         "this kernel has no UDP GSO/GRO (Linux < 5.0): the engine falls back to plain sends, "
         "but this test needs a kernel >= 5.0 to check the coalesced path"
@@ -92,7 +102,8 @@ def test_coalesced_datagrams_are_the_models_frames_both_ways(gso, monkeypatch):
     fake.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)  # 14 datagrams of 16 KiB
     fake.bind(("127.0.0.1", 0))
     fake.setsockopt(SOL_UDP, UDP_GRO, 1)
-    tr0 = UdpTransport(0)
+    key = bytes(range(32)) if keyed else None
+    tr0 = UdpTransport(0, key=key)
     tr0.connect([tr0.address, fake.getsockname()])
     nic0 = NativeNic(p, 0, 2, tr0, lambda props: [max(e, exponent) for e in props])
     got0: list = []
@@ -102,7 +113,7 @@ def test_coalesced_datagrams_are_the_models_frames_both_ways(gso, monkeypatch):
         model = NicModel(p, 1, 2)
         model.start_op(0, 0, xs[1], exponent)
         own = [t.frame[L2_L4:] for t in model.poll_tx()]  # its scatter packets for rank 0
-        scatter, coalesced_scatter = receive(fake, 14)
+        scatter, coalesced_scatter = receive(fake, 14, key=key)
         expected = NicModel(p, 0, 2)
         expected.start_op(0, 0, xs[0], exponent)
         assert sorted(scatter) == sorted(t.frame[L2_L4:] for t in expected.poll_tx())
@@ -110,8 +121,8 @@ def test_coalesced_datagrams_are_the_models_frames_both_ways(gso, monkeypatch):
             model.receive_datagram(0, d)
         gathers = [t.frame[L2_L4:] for t in model.poll_tx()]  # phase 1 complete: its means
         assert len(own) == len(gathers) == 14
-        send_gso(fake, tr0.address, own + gathers)
-        rank0_gathers, coalesced_gather = receive(fake, 14)
+        send_gso(fake, tr0.address, own + gathers, key=key)
+        rank0_gathers, coalesced_gather = receive(fake, 14, key=key)
         for d in rank0_gathers:
             model.receive_datagram(0, d)
         worker.join(timeout=30)
@@ -127,7 +138,7 @@ def test_coalesced_datagrams_are_the_models_frames_both_ways(gso, monkeypatch):
     assert stats0[0].phase1_reason == stats0[0].phase2_reason == "complete"
     assert counters["rx_datagrams"] == counters["rx_scatter"] + counters["rx_gather"] == 28
     assert counters["tx_datagrams"] == 28 and counters["tx_resent"] == 0
-    assert counters["not_member"] == counters["rx_oversize"] == 0
+    assert counters["not_member"] == counters["rx_oversize"] == counters["bad_tag"] == 0
     assert sum(counters[k] for k in ubt.DROP_REASONS) == 0
     if gso == "1":  # 14 datagrams to one peer: messages of 3 (49 KiB), so some coalesced
         assert coalesced_scatter > 0 and coalesced_gather > 0

@@ -189,6 +189,9 @@ void UdpTransport::set_peers(const std::vector<PeerAddr>& peers, int own_rank) {
 }
 
 void UdpTransport::set_key(const JobKey& key) {
+    if (key && max_datagram_ + TAG_LEN > MAX_UDP_PAYLOAD)
+        throw std::invalid_argument("a keyed job's datagrams carry an 8-byte tag: max_datagram "
+                                    "must be at most 65499");
     if (key)
         key_ = tag_key(key->data());
     else
