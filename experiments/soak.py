@@ -160,6 +160,7 @@ def _marked_with(needle: bytes) -> set[int]:
 def _reap_campaign(start: Baseline, grace_s: float = 5.0) -> None:
     """Kill every process this campaign's runs started: its descendants since `start`, and
     the orphans that carry one of its runs' marks ("{our pid}-{run}"); wait until gone."""
+
     def ours() -> set[int]:
         mine = _marked_with(f"{MARK}={os.getpid()}-".encode())
         return (_descendants(os.getpid()) - start.children) | mine
