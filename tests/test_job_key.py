@@ -33,6 +33,11 @@ from optireduce.params import NicParams
 from tests.native.test_live_native import ThreadAgreement, inputs
 
 
+def _file_key(data: bytes) -> bytes:
+    """The key a key file's bytes give (docs/security.md), computed here from the definition."""
+    return hashlib.blake2b(data, digest_size=32, person=b"optireduce-key").digest()
+
+
 def test_the_native_tag_is_keyed_blake2b_as_hashlib_computes_it():
     rng = np.random.default_rng(3)
     for n in (0, 1, 7, 8, 31, 32, 33, 1056):
@@ -52,8 +57,7 @@ def test_the_key_comes_from_a_file_every_host_holds(tmp_path):
     b.write_bytes(bytes(range(1, 33)))
     ka, kb = job_key({KEY_FILE_VAR: str(a)}), job_key({KEY_FILE_VAR: str(b)})
     assert len(ka) == ubt.KEY_LEN and ka != kb
-    want = hashlib.blake2b(bytes(range(32)), digest_size=32, person=b"optireduce-key").digest()
-    assert ka == want
+    assert ka == _file_key(bytes(range(32)))
     assert fingerprint(ka) != fingerprint(kb) and fingerprint(None) == "none"
     with pytest.raises(JobKeyError, match="cannot read it"):
         job_key({KEY_FILE_VAR: str(tmp_path / "missing")})
@@ -128,13 +132,14 @@ def test_native_and_python_ranks_train_together_in_a_keyed_job(tmp_path, monkeyp
     the other's tags), and untagged or wrongly tagged datagrams from a member are counted
     as bad_tag on both backends and change nothing."""
     path = tmp_path / "job.key"
-    path.write_bytes(os.urandom(32))
+    secret = os.urandom(32)
+    path.write_bytes(secret)
     monkeypatch.setenv(KEY_FILE_VAR, str(path))
     world, n = 3, 40_000
     p = NicParams(t_b_us=5_000_000, t_c_min_us=5_000_000)
     xs = inputs(world, n, seed=11)
     trs = [UdpTransport(r, bind=("127.0.0.1", 0)) for r in range(world)]
-    assert all(t.key == job_key() for t in trs)
+    assert all(t.key == _file_key(secret) for t in trs)
     for t in trs:
         t.connect([u.address for u in trs])
     agreement = ThreadAgreement(world)
@@ -173,7 +178,7 @@ def test_an_unkeyed_transport_ignores_the_key_file_only_when_told(tmp_path, monk
     monkeypatch.setenv(KEY_FILE_VAR, str(path))
     with UdpTransport(0, bind=("127.0.0.1", 0)) as keyed, \
          UdpTransport(0, bind=("127.0.0.1", 0), key=None) as plain:  # fmt: skip
-        assert keyed.key == job_key() and plain.key is None
+        assert keyed.key == _file_key(b"k" * 32) and plain.key is None
     with pytest.raises(ValueError, match="32 bytes"):
         UdpTransport(0, bind=("127.0.0.1", 0), key=b"short")
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from optireduce.experiments.netns import NO_NETNS_VAR, NetnsCluster, NetnsError
+from optireduce.experiments.netns import NetnsCluster, NetnsError
 from optireduce.host.job_key import KEY_FILE_VAR
 
 VENV_BIN = Path(sys.executable).parent
@@ -76,9 +76,7 @@ class Cluster(NetnsCluster):
 
 
 @pytest.fixture
-def cluster(tmp_path):
-    if os.environ.get(NO_NETNS_VAR) == "1":
-        pytest.skip(f"{NO_NETNS_VAR}=1: this machine cannot make network namespaces")
+def cluster(tmp_path, netns_ready):
     c = Cluster(4, tmp_path)
     try:
         try:

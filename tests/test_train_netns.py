@@ -5,13 +5,11 @@ says this machine cannot make namespaces."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
 from optireduce.experiments import train
-from optireduce.experiments.netns import NO_NETNS_VAR, NetnsError, sh
+from optireduce.experiments.netns import NetnsError, sh
 from optireduce.experiments.train import TrainConfig
 from tests.test_train import _reference_sgd
 
@@ -20,10 +18,8 @@ def _namespaces() -> set[str]:
     return {line.split()[0] for line in sh("ip", "netns", "list").stdout.splitlines() if line}
 
 
-def test_both_methods_train_with_each_rank_on_its_own_network_stack(tmp_path):
-    if os.environ.get(NO_NETNS_VAR) == "1":
-        pytest.skip(f"{NO_NETNS_VAR}=1: this machine cannot make network namespaces")
-    before = _namespaces() if os.geteuid() == 0 else set()
+def test_both_methods_train_with_each_rank_on_its_own_network_stack(tmp_path, netns_ready):
+    before = _namespaces()
     cfg = TrainConfig(world=4, steps=10, straggler_median_ms=5, packet_median_us=100,
                       cluster="netns")  # fmt: skip
     try:

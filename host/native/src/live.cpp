@@ -36,14 +36,6 @@ int64_t mono_ns() {
 constexpr size_t RX_BATCHES_PER_TURN = 16;  // then send and fire timers before reading more
 constexpr size_t RELEASE_BATCH = 256;
 
-std::unique_ptr<UdpTransport> open_transport(const LiveConfig& c, size_t max_datagram) {
-    auto t = c.adopt_fd >= 0
-                 ? std::make_unique<UdpTransport>(c.adopt_fd, c.buffer_bytes, max_datagram)
-                 : std::make_unique<UdpTransport>(c.bind_ip, c.port, c.buffer_bytes, max_datagram);
-    t->set_key(c.key);
-    return t;
-}
-
 }  // namespace
 
 LiveNic::LiveNic(const LiveConfig& cfg)
@@ -55,7 +47,8 @@ LiveNic::LiveNic(const LiveConfig& cfg)
         throw std::invalid_argument("max_wait_us must be in 1..1000000");
     engine_ = std::make_unique<Engine>(cfg.p, cfg.rank, cfg.world, Addressing{}, cfg.first_op,
                                        cfg.inband);
-    tr_ = open_transport(cfg, HEADER_LEN + 4 * static_cast<size_t>(cfg.p.p));
+    tr_ = open_transport(cfg.adopt_fd, cfg.bind_ip, cfg.port, cfg.buffer_bytes,
+                         HEADER_LEN + 4 * static_cast<size_t>(cfg.p.p), cfg.key);
     local_ = tr_->local();
     rcvbuf_ = tr_->rcvbuf();
     sndbuf_ = tr_->sndbuf();

@@ -77,14 +77,6 @@ std::string seconds(int64_t us) {
 // Microseconds of the engine's clock modulo 2^32 (round trips are far shorter).
 uint32_t stamp(int64_t us) { return static_cast<uint32_t>(us); }
 
-std::unique_ptr<UdpTransport> open_transport(const ReliableLiveConfig& c) {
-    auto t = c.adopt_fd >= 0
-                 ? std::make_unique<UdpTransport>(c.adopt_fd, c.buffer_bytes, c.max_datagram)
-                 : std::make_unique<UdpTransport>(c.bind_ip, c.port, c.buffer_bytes, c.max_datagram);
-    t->set_key(c.key);
-    return t;
-}
-
 }  // namespace
 
 void ReliableLiveConfig::check() const {
@@ -116,7 +108,8 @@ ReliableLive::ReliableLive(const ReliableLiveConfig& cfg)
       imp_(cfg.impairment, cfg.seed),
       queue_(cfg.max_datagram),
       rto_(cfg.rto_init_us) {
-    tr_ = open_transport(cfg_);
+    tr_ = open_transport(cfg_.adopt_fd, cfg_.bind_ip, cfg_.port, cfg_.buffer_bytes,
+                         cfg_.max_datagram, cfg_.key);
     local_ = tr_->local();
     scratch_.resize(cfg_.max_datagram);
     c_[R_SRTT_US] = -1;

@@ -188,6 +188,16 @@ void UdpTransport::set_peers(const std::vector<PeerAddr>& peers, int own_rank) {
     last_hit_ = 0;
 }
 
+std::unique_ptr<UdpTransport> open_transport(int adopt_fd, const std::string& bind_ip, int port,
+                                             int buffer_bytes, size_t max_datagram,
+                                             const JobKey& key) {
+    auto t = adopt_fd >= 0
+                 ? std::make_unique<UdpTransport>(adopt_fd, buffer_bytes, max_datagram)
+                 : std::make_unique<UdpTransport>(bind_ip, port, buffer_bytes, max_datagram);
+    t->set_key(key);
+    return t;
+}
+
 void UdpTransport::set_key(const JobKey& key) {
     if (key && max_datagram_ + TAG_LEN > MAX_UDP_PAYLOAD)
         throw std::invalid_argument("a keyed job's datagrams carry an 8-byte tag: max_datagram "

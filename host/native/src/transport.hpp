@@ -24,8 +24,9 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <string>
+#include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "header_tag.hpp"
@@ -70,6 +71,14 @@ struct OutDatagram {
     const uint8_t* data;
     size_t len;
 };
+
+class UdpTransport;
+
+// A transport on (a dup of) the bound socket adopt_fd when >= 0, else a new socket bound to
+// bind_ip:port; keyed with `key` (the live NIC's and the reliable baselines' one way in).
+std::unique_ptr<UdpTransport> open_transport(int adopt_fd, const std::string& bind_ip, int port,
+                                             int buffer_bytes, size_t max_datagram,
+                                             const JobKey& key);
 
 class UdpTransport {
 public:
