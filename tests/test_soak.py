@@ -81,12 +81,13 @@ def test_config_checks(fault):
         assert soak.schedule(soak.quick_config())[:2] == [("train", "none"), ("train", fault)]
 
 
-def _soak_ranks() -> set[int]:
-    """Processes a soak run started (their environment carries the run's mark)."""
+def _soak_ranks(soak_pid: int) -> set[int]:
+    """Processes the runs of the soak `soak_pid` started (their environment carries a run's
+    mark, "{soak pid}-{run}"; another test's soak beside this one has marks of its own)."""
     import os
     from pathlib import Path
 
-    needle = f"{soak.MARK}=".encode()
+    needle = f"{soak.MARK}={soak_pid}-".encode()
     out = set()
     for d in Path("/proc").iterdir():
         if d.name.isdigit() and int(d.name) != os.getpid():
@@ -108,16 +109,15 @@ def test_sigint_to_the_soak_alone_leaves_no_rank_behind():
 
     cmd = [sys.executable, "-c", "from optireduce.cli import main; raise SystemExit(main())",
            "soak", "--runs", "1", "--minutes", "2"]  # fmt: skip
-    before = _soak_ranks()
     # SIGINT at its default even when this test runs in a background job
     proc = subprocess.Popen(soak.ctrl_c_reaches(cmd), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)  # fmt: skip
     try:
         deadline = time.monotonic() + 120
-        while not _soak_ranks() - before and time.monotonic() < deadline:
+        while not _soak_ranks(proc.pid) and time.monotonic() < deadline:
             assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
             time.sleep(0.2)
-        assert _soak_ranks() - before, "no rank of the soak's run started within 120 s"
+        assert _soak_ranks(proc.pid), "no rank of the soak's run started within 120 s"
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 130, err.decode()[-2000:]
@@ -126,9 +126,9 @@ def test_sigint_to_the_soak_alone_leaves_no_rank_behind():
             proc.kill()
             proc.wait()
     end = time.monotonic() + 10
-    while _soak_ranks() - before and time.monotonic() < end:
+    while _soak_ranks(proc.pid) and time.monotonic() < end:
         time.sleep(0.2)
-    assert not _soak_ranks() - before, "ranks outlived the soak"
+    assert not _soak_ranks(proc.pid), "ranks outlived the soak"
 
 
 def test_a_failed_runs_folder_is_kept_when_asked(tmp_path, monkeypatch):
