@@ -21,11 +21,17 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
+from collections.abc import Sequence
+
+from optireduce.ubt import DEFAULT_ADDRESSING
 
 CLONE_NEWNET = 0x40000000
 NO_NETNS_VAR = "OPTIREDUCE_NO_NETNS"  # "1": this machine cannot make namespaces (README)
 IFNAME = "eth0"  # each host's interface towards the bridge
+BOARD_HOST_IF = "brd0"  # a board host's interface to its board's host port
+BOARD_HOST_OFFSET = 100  # a board host's own address: its rank's + this
 
 
 class NetnsError(RuntimeError):
@@ -68,20 +74,47 @@ def enter(name: str) -> None:
 
 
 class NetnsCluster:
-    """`hosts` namespaces (and a stranger's, if asked) on one bridge."""
+    """`hosts` namespaces (and a stranger's, if asked) on one bridge.
+
+    With `boards` (host indices), the hosts take the NIC's build addressing
+    (optireduce.ubt.DEFAULT_ADDRESSING): host i is rank i at ip_base + i + 1 with MAC
+    mac_base + i, except that a board's host keeps that rank address for its board and
+    has BOARD_HOST_OFFSET added to its own. Each board gets a namespace of its own with
+    two cables: `BOARD_HOST_IF` in its host's namespace to the board's `hp` (host port),
+    and the board's `np` (network port) on the bridge. `start_board(i, exe)` runs a
+    virtual board (sim/cosim/board_harness.cpp) on them. No host sends anything the NIC
+    model would not (IPv6 off, every address's neighbour entry static, the bridge
+    floods nothing to a board), so a board's counters can be compared with the model's.
+    """
 
     def __init__(self, hosts: int, *, subnet: str = "10.77.0", rate: str = "1gbit",
-                 stranger: bool = False) -> None:  # fmt: skip
+                 stranger: bool = False, boards: Sequence[int] = ()) -> None:  # fmt: skip
         self.tag = f"ort{os.getpid() % 100000}{secrets.token_hex(2)}"
         self.hosts, self.subnet, self.rate = hosts, subnet, rate
         self.sw = f"{self.tag}-sw"
         self.ns = [f"{self.tag}-h{i}" for i in range(hosts)]
         self.stranger = f"{self.tag}-x" if stranger else None
+        self.boards = {b: f"{self.tag}-b{b}" for b in boards}
+        if any(not 0 <= b < hosts for b in self.boards) or (self.boards and stranger):
+            raise ValueError("NetnsCluster: boards are host indices, and no stranger with them")
         self.made: list[str] = []
-        self.procs: list[subprocess.Popen] = []  # killed by down()
+        self.procs: list[subprocess.Popen] = []  # stopped by down()
+
+    def rank_ip(self, i: int) -> str:
+        """Rank i's data address: the NIC addressing's with boards, else the host's."""
+        if not self.boards:
+            return self.ip(i)
+        return socket.inet_ntoa(DEFAULT_ADDRESSING.ip(i))
+
+    def rank_mac(self, i: int) -> str:
+        return DEFAULT_ADDRESSING.mac(i).hex(":")
 
     def ip(self, i: int) -> str:
-        return f"{self.subnet}.{i + 1}"
+        """Host i's own address."""
+        if not self.boards:
+            return f"{self.subnet}.{i + 1}"
+        a = int.from_bytes(DEFAULT_ADDRESSING.ip(i), "big")
+        return socket.inet_ntoa((a + BOARD_HOST_OFFSET * (i in self.boards)).to_bytes(4, "big"))
 
     @property
     def stranger_ip(self) -> str:
@@ -95,6 +128,7 @@ class NetnsCluster:
                              "kernel with network namespaces; or set "
                              f"{NO_NETNS_VAR}=1")  # fmt: skip
         self.made.append(self.sw)
+        self._quiet(self.sw)
         sh("ip", "-n", self.sw, "link", "add", "br0", "type", "bridge")
         sh("ip", "-n", self.sw, "link", "set", "br0", "up")
         hosts = [(ns, self.ip(i)) for i, ns in enumerate(self.ns)]
@@ -106,14 +140,73 @@ class NetnsCluster:
             port = f"p{k}"
             sh("ip", "link", "add", IFNAME, "netns", ns, "type", "veth",
                "peer", "name", port, "netns", self.sw)  # fmt: skip
-            sh("ip", "-n", self.sw, "link", "set", port, "master", "br0", "up")
+            if self.boards:
+                self._quiet(ns)
+                if k not in self.boards:
+                    sh("ip", "-n", ns, "link", "set", IFNAME, "address", self.rank_mac(k))
+            self._cable(ns, IFNAME, port)
             sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", IFNAME)
-            sh("ip", "-n", ns, "link", "set", IFNAME, "up")
             sh("ip", "-n", ns, "link", "set", "lo", "up")
-            for where, dev in ((ns, IFNAME), (self.sw, port)):  # both directions shaped
-                sh("ip", "netns", "exec", where, "tc", "qdisc", "add", "dev", dev, "root",
-                   "tbf", "rate", self.rate, "burst", "128kb", "latency", "20ms")  # fmt: skip
+        for b, ns in self.boards.items():
+            self._board_up(b, ns)
+        if self.boards:
+            self._static_neighbours()
         return self
+
+    def _cable(self, ns: str, dev: str, port: str) -> None:
+        """A host's veth end `dev` and its bridge port `port`: up, both directions shaped."""
+        sh("ip", "-n", self.sw, "link", "set", port, "master", "br0", "up")
+        sh("ip", "-n", ns, "link", "set", dev, "up")
+        for where, d in ((ns, dev), (self.sw, port)):
+            sh("ip", "netns", "exec", where, "tc", "qdisc", "add", "dev", d, "root",
+               "tbf", "rate", self.rate, "burst", "128kb", "latency", "20ms")  # fmt: skip
+
+    @staticmethod
+    def _quiet(ns: str) -> None:
+        """No IPv6 (router and neighbour solicitations) in namespace ns."""
+        sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1",
+           "net.ipv6.conf.default.disable_ipv6=1")  # fmt: skip
+
+    def _board_up(self, b: int, ns: str) -> None:
+        sh("ip", "netns", "add", ns)
+        self.made.append(ns)
+        self._quiet(ns)
+        sh("ip", "link", "add", BOARD_HOST_IF, "netns", self.ns[b], "type", "veth",
+           "peer", "name", "hp", "netns", ns)  # fmt: skip
+        sh("ip", "-n", self.ns[b], "link", "set", BOARD_HOST_IF, "up")
+        sh("ip", "-n", ns, "link", "set", "hp", "up")
+        port = f"pb{b}"
+        sh("ip", "link", "add", "np", "netns", ns, "type", "veth", "peer", "name", port,
+           "netns", self.sw)  # fmt: skip
+        # a wire carries frames: what a host hands its stack as one GSO batch reaches the
+        # board segmented, as a NIC would put it on the cable
+        sh("ip", "-n", self.sw, "link", "set", port, "gso_max_segs", "1")
+        self._cable(ns, "np", port)
+        # the switch sends the board only what is addressed to it, as a learned port would
+        sh("ip", "netns", "exec", self.sw, "bridge", "link", "set", "dev", port, "flood", "off",
+           "mcast_flood", "off")  # fmt: skip
+        sh("ip", "netns", "exec", self.sw, "bridge", "fdb", "add", self.rank_mac(b), "dev", port,
+           "master", "static")  # fmt: skip
+
+    def _static_neighbours(self) -> None:
+        """Every host knows every rank's and host's MAC: no ARP broadcasts reach a board."""
+        macs = {self.rank_ip(i): self.rank_mac(i) for i in range(self.hosts)}
+        for b in self.boards:
+            macs[self.ip(b)] = self.mac(b)
+        for ns in self.ns:
+            for ip, mac in macs.items():
+                sh("ip", "-n", ns, "neigh", "replace", ip, "lladdr", mac, "dev", IFNAME,
+                   "nud", "permanent")  # fmt: skip
+
+    def start_board(self, b: int, exe: str, stats: str | None = None) -> subprocess.Popen:
+        """The virtual board `exe` (sim/cosim_build.board_harness_path) of host b, running
+        in its namespace until down()."""
+        cmd = [*self.exec_prefix(self.boards[b]), exe, "--host", "hp", "--net", "np"]
+        if stats:
+            cmd += ["--stats", stats]
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.procs.append(proc)
+        return proc
 
     def mac(self, i: int) -> str:
         return sh("ip", "netns", "exec", self.ns[i], "cat", f"/sys/class/net/{IFNAME}/address"
@@ -131,14 +224,19 @@ class NetnsCluster:
 
     def down(self) -> None:
         """Everything removed; one stuck command does not stop the rest."""
+        for p in self.procs:  # asked first: a virtual board writes its figures as it ends
+            with contextlib.suppress(ProcessLookupError):
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(timeout=10)
         for ns in self.made:
             with contextlib.suppress(subprocess.TimeoutExpired, OSError):
                 self.kill_ns(ns)
-        for p in self.procs:
-            with contextlib.suppress(ProcessLookupError):
-                p.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=10)
         for ns in reversed(self.made):
             with contextlib.suppress(subprocess.TimeoutExpired, OSError):
                 sh("ip", "netns", "del", ns, check=False)

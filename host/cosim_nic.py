@@ -27,7 +27,6 @@ from optireduce.host.driver import (
     HostNic,
 )
 from optireduce.host.model.nic_model import EXP_COUNTERS, OpResult
-from optireduce.op_stats import OpStats
 from optireduce.sim.replay import cmd_bits, config_writes, counter_offsets, host_record
 from optireduce.ubt import DEFAULT_ADDRESSING, proposal_word
 
@@ -39,13 +38,6 @@ INFO_KEYS = (
     "cycles", "ticks", "busy_ns", "wall_ns", "rx", "tx", "dropped", "rx_queued", "cmd_queued",
     "idle", "cpu_ns",
 )  # fmt: skip
-
-
-def op_stats(d: dict, rank: int) -> OpStats:
-    """OpStats from a decoded STATS record (host_port.stats_from_words)."""
-    fields = {k: v for k, v in d.items() if k in OpStats.__dataclass_fields__}
-    fields["t_c_us"] = (d["t_c_phase1_us"], d["t_c_phase2_us"])
-    return OpStats(rank=rank, **fields)
 
 
 class SimNic(HostNic):
@@ -250,7 +242,8 @@ class SimNic(HostNic):
             self._host.append(data)
         data = self._host.popleft()
         op_id, res, words = host_record(np.frombuffer(data, "<u4").tolist(), self.world)
-        return [OpResult(op_id, res, op_stats(host_port.stats_from_words(words), self.rank))]
+        st = host_port.op_stats(host_port.stats_from_words(words), self.rank)
+        return [OpResult(op_id, res, st)]
 
     def close(self) -> None:
         proc, self.proc = self.proc, None

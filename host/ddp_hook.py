@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from optireduce.host.board_nic import board_address, board_requested
 from optireduce.host.control import ControlPlane
 from optireduce.host.driver import Nic, select_nic
 from optireduce.host.model.deadline import calibrate_t_b, phase_times
@@ -172,8 +173,10 @@ class OptiReduceState:
         rank, world = dist.get_rank(), dist.get_world_size()
         self._group = dist.new_group(backend="gloo")
         store = dist.distributed_c10d._get_default_store()
+        # a board rank's peers send to its NIC, at the NIC's build addressing
+        board = board_address(rank, self.params) if board_requested() else None
         transport = transport_from_store(store, rank, world, impairment=self.impairment,
-                                         seed=self.seed * 1000 + rank)  # fmt: skip
+                                         seed=self.seed * 1000 + rank, publish=board)  # fmt: skip
         # the injected impairment hits control traffic as data (the reliable layer resends)
         self._control = ControlPlane(rank, world, store, timeout_s=WARMUP_T_B_US * 1e-6,
                                      impairment=self.impairment,
@@ -195,7 +198,7 @@ class OptiReduceState:
         atexit.register(self.close)
         # the line to read on a cluster: which NIC, which addresses (docs/cluster.md)
         log.info("optireduce rank %d/%d: %s NIC, data %s, control %s; peers %s; %s", rank,
-                 world, self._nic.backend, _addr(transport.address),
+                 world, self._nic.backend, _addr(transport.peers[rank]),
                  _addr(self._control.transport.address),
                  " ".join(_addr(a) for a in transport.peers),
                  "keyed (OPTIREDUCE_KEY_FILE)" if transport.key else "unkeyed")  # fmt: skip

@@ -324,8 +324,13 @@ class LocalNic:
         self.transport.close()
 
 
-def _board() -> Nic:
-    raise BackendUnavailable("the driver has no board backend (a NIC's host port over AF_PACKET)")
+def _board(p: NicParams, rank: int, world: int, transport: UdpTransport,
+           agree: ExponentAgreement) -> Nic:  # fmt: skip
+    """BackendUnavailable only when no board was asked for: a board named by
+    OPTIREDUCE_BOARD_IFNAME that fails raises (the rank published the board's address)."""
+    from optireduce.host.board_nic import BoardNic
+
+    return BoardNic(p, rank, world, transport, agree)
 
 
 def _sim(p: NicParams, rank: int, world: int, transport: UdpTransport,
@@ -370,7 +375,7 @@ def select_nic(
     for name in dict.fromkeys(prefer or default_backends()):
         try:
             if name == "board":
-                nic = _board()
+                nic = _board(p, rank, world, transport, agree)
             elif name == "sim":
                 nic = _sim(p, rank, world, transport, agree)
             elif name == "native":
@@ -383,6 +388,8 @@ def select_nic(
             reasons.append(f"{name}: {e}")
             continue
         why = "; ".join(reasons) if reasons else "requested"
+        if getattr(nic, "found", None):
+            why = f"{nic.found}; {why}"
         log.info("optireduce rank %d: using the %s NIC (%s)", rank, name, why)
         return nic
     raise BackendUnavailable("no backend available: " + "; ".join(reasons))

@@ -227,11 +227,13 @@ class UdpTransport:
 
 def transport_from_store(store, rank: int, world: int, *, impairment: ImpairmentSpec | None = None,
                          seed: int = 0, prefix: str = STORE_PREFIX,
-                         key: bytes | str | None = FROM_ENV) -> UdpTransport:  # fmt: skip
-    """This rank's transport, connected to every rank's through the store."""
+                         key: bytes | str | None = FROM_ENV,
+                         publish: Address | None = None) -> UdpTransport:  # fmt: skip
+    """This rank's transport, connected to every rank's through the store. `publish`: the
+    address peers send to instead of the transport's own (a board NIC's)."""
     transport = UdpTransport(rank, impairment=impairment, seed=seed, key=key)
     try:
-        transport.connect(addresses_from_store(store, rank, world, transport.address,
+        transport.connect(addresses_from_store(store, rank, world, publish or transport.address,
                                                prefix=prefix, key=transport.key))  # fmt: skip
     except BaseException:
         transport.close()

@@ -24,16 +24,14 @@ record does not say n = its start and the same world is counted in `bad_records`
 
 REG (host_port.REG, kind 5): `count` words of (address | 1 << 31 for a
 write, data) pairs; each is applied to the register bank in order and the frame comes
-back to the host with reads' data filled in (`reg_request`, `reg_reply` are its model).
+back to the host with reads' data filled in (`host_port.reg_request`, `host_port.reg_reply`
+are its model).
 
 Model: host_port.build / parse / ChunkAssembler / stats_frame (tests/hw/test_host_adapter.py).
 """
 
 from __future__ import annotations
 
-import struct
-
-import numpy as np
 from amaranth import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
@@ -51,8 +49,7 @@ from optireduce.hw.streams import float_stream, frame_layout, frame_stream
 from optireduce.params import NicParams
 
 REG = host_port.REG  # register access on the board (CONFIG is the replay's JSON)
-WRITE = 1 << 31  # REG address word: bit 31 set = write
-HEAD = 14 + host_port.HEADER.size  # Ethernet header + host-port header: 34 bytes
+WRITE, HEAD = host_port.WRITE, host_port.HEAD
 RECORD_FIXED = len(host_port.STATS_FIELDS)  # STATS words before the histogram
 
 CMD_LAYOUT = host_cmd_layout()  # the core's host port, defined once in hw/nic_core.py
@@ -71,27 +68,6 @@ COUNTERS = (
     "truncated_ops",  # ops padded with zeros because a START came before their last words
     "bad_records",  # host_o messages whose STATS record does not fit (dropped)
 )
-
-
-def reg_request(accesses: list[tuple[int, int | None]]) -> bytes:
-    """A REG frame to the NIC: (address, value) writes and (address, None) reads."""
-    words = []
-    for addr, value in accesses:
-        words += [addr | WRITE, value] if value is not None else [addr, 0]
-    payload = np.asarray(words, dtype=">u4").tobytes()
-    head = host_port.HEADER.pack(host_port.VERSION, REG, len(words), 0, 0, 0, 0, 0, 0)
-    eth = host_port.NIC_MAC + host_port.HOST_MAC + struct.pack("!H", host_port.ETHERTYPE)
-    return eth + head + payload
-
-
-def reg_reply(request: bytes, read: dict[int, int]) -> bytes:
-    """The NIC's answer to a REG frame, given the registers' values (model of the gateware)."""
-    words = np.frombuffer(request[HEAD:], ">u4").tolist()
-    for k in range(0, len(words), 2):
-        if not words[k] & WRITE:
-            words[k + 1] = read.get(words[k], 0)
-    eth = host_port.HOST_MAC + host_port.NIC_MAC + request[12:14]
-    return eth + request[14:HEAD] + np.asarray(words, dtype=">u4").tobytes()
 
 
 def _be(value, nbytes: int) -> list:

@@ -100,20 +100,57 @@ def config_frame(
 
 
 def chunk_frames(
-    kind: int, op_id: int, data: np.ndarray, exponent: int | None, proposal: int = 0
+    kind: int,
+    op_id: int,
+    data: np.ndarray,
+    exponent: int | None,
+    proposal: int = 0,
+    fragment: int = FRAGMENT,
 ) -> list[bytes]:
-    """An op's float32 chunk (START then DATA) or result (RESULT), in fragments. A START
-    with exponent None takes the NIC's in-band exponent; `proposal` is its proposal word."""
+    """An op's float32 chunk (START then DATA) or result (RESULT), in fragments of at most
+    `fragment` elements. A START with exponent None takes the NIC's in-band exponent;
+    `proposal` is its proposal word."""
     data = np.asarray(data, dtype=">f4")
     flags = FLAG_INBAND if exponent is None else 0
     out = []
-    for off in range(0, max(1, len(data)), FRAGMENT):
+    for off in range(0, max(1, len(data)), fragment):
         k = kind if kind == RESULT or off == 0 else DATA
         head = (flags, proposal) if k == START else (0, 0)
         f = HostFrame(k, op_id, off, len(data), exponent or 0,
-                      data[off : off + FRAGMENT].tobytes(), *head)  # fmt: skip
+                      data[off : off + fragment].tobytes(), *head)  # fmt: skip
         out.append(build(f, to_nic=kind != RESULT))
     return out
+
+
+WRITE = 1 << 31  # REG address word: bit 31 set = write
+HEAD = 14 + HEADER.size  # Ethernet header + host-port header: 34 bytes
+
+
+def reg_request(accesses: list[tuple[int, int | None]], tag: int = 0) -> bytes:
+    """A REG frame to the NIC: (address, value) writes and (address, None) reads. The NIC
+    echoes the header, so `tag` (the op_id field) matches a reply to its request."""
+    words = []
+    for addr, value in accesses:
+        words += [addr | WRITE, value] if value is not None else [addr, 0]
+    payload = np.asarray(words, dtype=">u4").tobytes()
+    head = HEADER.pack(VERSION, REG, len(words), tag, 0, 0, 0, 0, 0)
+    return NIC_MAC + HOST_MAC + struct.pack("!H", ETHERTYPE) + head + payload
+
+
+def reg_reply(request: bytes, read: dict[int, int]) -> bytes:
+    """The NIC's answer to a REG frame, given the registers' values (model of the gateware)."""
+    words = np.frombuffer(request[HEAD:], ">u4").tolist()
+    for k in range(0, len(words), 2):
+        if not words[k] & WRITE:
+            words[k + 1] = read.get(words[k], 0)
+    eth = HOST_MAC + NIC_MAC + request[12:14]
+    return eth + request[14:HEAD] + np.asarray(words, dtype=">u4").tobytes()
+
+
+def reg_values(reply: HostFrame) -> list[int]:
+    """The data words of a REG reply, one per access, in order (writes give back what
+    was written)."""
+    return np.frombuffer(reply.payload, ">u4")[1::2].tolist()
 
 
 # The STATS record: one 32-bit word per field, in this order, then world + 1 words of
@@ -159,6 +196,13 @@ def stats_from_words(words: list[int]) -> dict:
     d["exponent"] = d["exponent"] - (1 << 32) if d["exponent"] >> 31 else d["exponent"]
     d["contributor_hist"] = [int(w) for w in words[nf:]]
     return d
+
+
+def op_stats(d: dict, rank: int) -> OpStats:
+    """OpStats from a decoded STATS record (stats_from_words)."""
+    fields = {k: v for k, v in d.items() if k in OpStats.__dataclass_fields__}
+    fields["t_c_us"] = (d["t_c_phase1_us"], d["t_c_phase2_us"])
+    return OpStats(rank=rank, **fields)
 
 
 def stats_frame(words: list[int]) -> bytes:

@@ -1,7 +1,9 @@
-"""Build the co-simulation harness: the Verilated NIC core plus sim/cosim/nic_harness.cpp.
+"""Build the co-simulation harnesses: the Verilated NIC core plus sim/cosim/nic_harness.cpp
+(the live `sim` backend and the replay), and the Verilated board shell plus
+sim/cosim/board_harness.cpp (the virtual board).
 
 One executable per configuration, cached under build/cosim/<hash>/ (the hash covers
-the core's Verilog and the harness source), so a rebuild happens only when one of
+the top's Verilog and the harness sources), so a rebuild happens only when one of
 them changes. A file lock makes concurrent pytest-xdist workers build it once.
 """
 
@@ -22,13 +24,19 @@ from optireduce.sim import verilog
 from optireduce.sim.toolchain import FIX, ToolchainError, use_verilator
 
 HARNESS_DIR = Path(__file__).resolve().parent / "cosim"
-SOURCES = ("nic_harness.cpp",)
 TOP = "nic_core"
+BOARD_TOP = "virtual_board"
+SOURCES = {TOP: ("nic_harness.cpp",), BOARD_TOP: ("board_harness.cpp",)}
+SHARED = ("harness.hpp",)
 BUILD_TIMEOUT_S = 1800
-_BUILT: dict[NicParams, Path] = {}
+_BUILT: dict[tuple[str, NicParams], Path] = {}
 
 
-def _core(p: NicParams) -> wiring.Component:
+def _top(top: str, p: NicParams) -> wiring.Component:
+    if top == BOARD_TOP:
+        from optireduce.hw.virtual_board import VirtualBoard
+
+        return VirtualBoard(p)
     from optireduce.hw.nic_core import NicCore
 
     return NicCore(p)
@@ -38,33 +46,44 @@ def harness_path(p: NicParams, component: wiring.Component | None = None) -> Pat
     """The harness executable for NicCore(p) (or `component`, which must have the
     NicCore ports); built on first use. ToolchainError names the fix if Verilator
     is missing; RuntimeError carries the compiler's output if the build fails."""
-    if component is None and p in _BUILT and _BUILT[p].exists():
-        return _BUILT[p]  # elaborating the core takes seconds: once per process
+    return _harness(TOP, p, component)
+
+
+def board_harness_path(p: NicParams) -> Path:
+    """The virtual board's executable: VirtualBoard(p) and sim/cosim/board_harness.cpp
+    (built on first use, as harness_path)."""
+    return _harness(BOARD_TOP, p, None)
+
+
+def _harness(top: str, p: NicParams, component: wiring.Component | None) -> Path:
+    if component is None and (top, p) in _BUILT and _BUILT[top, p].exists():
+        return _BUILT[top, p]  # elaborating the core takes seconds: once per process
     root = use_verilator()
-    vpath = verilog.write(component if component is not None else _core(p), TOP, kind="cosim")
+    vpath = verilog.write(component if component is not None else _top(top, p), top,
+                          kind="cosim")  # fmt: skip
     h = hashlib.sha256(vpath.read_bytes())
-    for name in SOURCES:
+    for name in (*SOURCES[top], *SHARED):
         h.update((HARNESS_DIR / name).read_bytes())
     out = vpath.parent / f"harness-{h.hexdigest()[:12]}"
-    exe = out / "nic_harness"
+    exe = out / Path(SOURCES[top][0]).stem
     with FileLock(str(vpath.parent / ".lock"), timeout=BUILD_TIMEOUT_S):
         if not exe.exists():
-            _build(root, vpath, out, exe)
+            _build(root, vpath, top, out, exe)
     if component is None:
-        _BUILT[p] = exe
+        _BUILT[top, p] = exe
     return exe
 
 
-def _build(root: Path, vpath: Path, out: Path, exe: Path) -> None:
+def _build(root: Path, vpath: Path, top: str, out: Path, exe: Path) -> None:
     if not (root / "include" / "verilated.h").exists():
         raise ToolchainError(f"{root}/include/verilated.h is missing: {FIX}")
     out.mkdir(parents=True, exist_ok=True)
     cmd = [
         str(root / "bin" / "verilator"), "--cc", "--exe", "--build", "-j", "2",
-        "-O3", "-Wno-fatal", "-Wno-lint", "-Wno-style", "--top-module", TOP,
+        "-O3", "-Wno-fatal", "-Wno-lint", "-Wno-style", "--top-module", top,
         "-MAKEFLAGS", "OPT_FAST=-O2 OPT_SLOW=-O1",
         "-CFLAGS", "-std=c++17", "--Mdir", str(out / "obj"), "-o", str(exe),
-        str(vpath), *(str(HARNESS_DIR / n) for n in SOURCES),
+        str(vpath), *(str(HARNESS_DIR / n) for n in SOURCES[top]),
     ]  # fmt: skip
     t0 = time.monotonic()
     print(f"optireduce: building the co-simulation harness in {out} ...", file=sys.stderr)

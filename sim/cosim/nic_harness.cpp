@@ -19,6 +19,7 @@
 
 #include "Vnic_core.h"
 #include "verilated.h"
+#include "harness.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -41,37 +42,6 @@
 #include <vector>
 
 namespace {
-
-// ---- bit access on Verilated ports of any width ---------------------------------------
-template <typename T>
-typename std::enable_if<std::is_integral<T>::value>::type setb(T& s, int lsb, int w,
-                                                               uint64_t v) {
-    const uint64_t m = (w >= 64 ? ~0ULL : ((1ULL << w) - 1)) << lsb;
-    s = static_cast<T>((static_cast<uint64_t>(s) & ~m) | ((v << lsb) & m));
-}
-template <typename T>
-typename std::enable_if<std::is_integral<T>::value, uint64_t>::type getb(const T& s, int lsb,
-                                                                         int w) {
-    const uint64_t v = static_cast<uint64_t>(s) >> lsb;
-    return w >= 64 ? v : v & ((1ULL << w) - 1);
-}
-template <std::size_t N>
-void setb(VlWide<N>& s, int lsb, int w, uint64_t v) {
-    for (int i = 0; i < w; i++) {
-        const int b = lsb + i;
-        const uint32_t bit = 1u << (b % 32);
-        if ((v >> i) & 1)
-            s[b / 32] |= bit;
-        else
-            s[b / 32] &= ~bit;
-    }
-}
-template <std::size_t N>
-uint64_t getb(const VlWide<N>& s, int lsb, int w) {
-    uint64_t v = 0;
-    for (int i = 0; i < w; i++) v |= static_cast<uint64_t>((s[(lsb + i) / 32] >> ((lsb + i) % 32)) & 1) << i;
-    return v;
-}
 
 struct Error : std::runtime_error {
     using std::runtime_error::runtime_error;
@@ -601,12 +571,6 @@ struct Live {
     std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
     uint64_t busy_ns = 0;  // time not asleep in poll, up to busy_from
     std::chrono::steady_clock::time_point busy_from = std::chrono::steady_clock::now();
-    // CPU time of this process: the speed figure that a loaded machine does not skew.
-    static uint64_t cpu_ns() {
-        timespec ts{};
-        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-        return static_cast<uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<uint64_t>(ts.tv_nsec);
-    }
     uint64_t wall_ns() const {
         return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                          std::chrono::steady_clock::now() - t0)

@@ -16,9 +16,9 @@ import pytest
 from amaranth.sim import Simulator
 
 from optireduce import host_port
-from optireduce.host_port import DATA, START, HostFrame
+from optireduce.host_port import DATA, START, HostFrame, reg_reply, reg_request
 from optireduce.hw.csr import register_map
-from optireduce.hw.host_adapter import COUNTERS, HostAdapter, reg_reply, reg_request
+from optireduce.hw.host_adapter import COUNTERS, HostAdapter
 from optireduce.op_stats import OpStats
 from optireduce.params import NicParams
 from optireduce.sim.stream_sim import send_bytes

@@ -3,7 +3,7 @@
 amaranth.sim: sync at 125 MHz, core at 52.08 MHz. Frames on the network port cross
 into the core and are counted there by drop reason, as the software parser
 (optireduce/ubt.py parse_frame) classifies them; a REG frame on the host port crosses to the
-core's register bank and comes back as the model (host_adapter.reg_reply) says, with
+core's register bank and comes back as the model (host_port.reg_reply) says, with
 the counters' values and the writes applied. With a loopback in place of the core, an
 op's words go out and its RESULT and STATS frames come back, network frames come back
 whole, and the core counts every microsecond tick: every crossing carries data."""
@@ -16,9 +16,9 @@ import random
 import numpy as np
 
 from optireduce import host_port, ubt
-from optireduce.host_port import HostFrame
+from optireduce.host_port import HostFrame, reg_reply, reg_request
 from optireduce.hw.csr import register_map
-from optireduce.hw.host_adapter import RECORD_FIXED, reg_reply, reg_request
+from optireduce.hw.host_adapter import RECORD_FIXED
 from optireduce.hw.loopback_core import LoopbackCore
 from optireduce.hw.nic_shell import NicShell
 from optireduce.sim.stream_sim import send_bytes, two_clock_sim

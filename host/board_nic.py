@@ -1,0 +1,349 @@
+"""The driver's `board` backend: an FPGA NIC, or a virtual board, on one of the host's
+network interfaces (docs/boards.md, "From the box to training").
+
+The host reaches the NIC's host port with host-port frames (optireduce/host_port.py,
+EtherType 0x88B5) on a raw AF_PACKET socket bound to the interface named by
+OPTIREDUCE_BOARD_IFNAME. It identifies the NIC by reading its ID and build-parameter
+registers (REG frames, a bounded wait), configures it (rank, world, t_B, the peers'
+addresses, admission), streams each op's chunk as START and DATA frames and takes back
+RESULT fragments and the STATS record. Same `Nic` interface and results as every
+backend; counters are read from the NIC's registers.
+
+The NIC's network addresses are fixed by its build (hw/nic_core.py, Addressing): rank r
+is at ip_base + r + 1, UDP port udp_port, MAC mac_base + r. A job with a board rank
+therefore needs every rank at those addresses; `BoardNic` checks the addresses the
+ranks published and says what to set when they differ.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import socket
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from optireduce import host_port
+from optireduce.host.driver import BackendUnavailable, HostNic
+from optireduce.host.model.nic_model import EXP_COUNTERS, OpResult
+from optireduce.params import NicParams
+from optireduce.ubt import DEFAULT_ADDRESSING, Addressing, proposal_word
+
+log = logging.getLogger("optireduce")
+
+BOARD_IFNAME_VAR = "OPTIREDUCE_BOARD_IFNAME"
+NIC_TYPE = 0x4F52_0001  # the `nic` register block's type (docs/registers.md)
+# START/DATA fragments: 256 words is a 1058-byte frame, inside a 1500-byte MTU and the
+# board MAC's 2048-byte receive FIFO (docs/boards.md, "Fragment size")
+FRAGMENT = 256
+MAX_PAIRS = 128  # REG accesses per frame: 256 words, half the adapter's frame buffer
+IDENT = ("type", "version", "param_p", "param_b", "param_c", "param_n_max", "param_lanes",
+         "param_ops_in_flight", "param_w_wire")  # fmt: skip
+# NicParams fields the NIC's registers give back: the job must use the board's values
+PARAM_REGS = {"param_p": "p", "param_b": "b", "param_c": "c", "param_n_max": "n_max",
+              "param_lanes": "lanes", "param_ops_in_flight": "ops_in_flight",
+              "param_w_wire": "w_wire"}  # fmt: skip
+
+
+class BoardError(RuntimeError):
+    """The board could not be reached or answered wrongly; the message says what to do."""
+
+
+def _offsets(p: NicParams) -> dict[str, int]:
+    """Register offsets by name; every block has a `type`, `version` and `next`: the
+    `nic` block's (the first) are the ones named."""
+    from optireduce.hw.csr import register_map
+
+    out: dict[str, int] = {}
+    for blk in register_map(p):
+        for r in blk.regs:
+            out.setdefault(r.name, r.offset)
+    return out
+
+
+def board_address(rank: int, p: NicParams, addressing: Addressing = DEFAULT_ADDRESSING
+                  ) -> tuple[str, int]:  # fmt: skip
+    """Where a board NIC of `rank` sends and receives UBT datagrams (its build's addressing)."""
+    return socket.inet_ntoa(addressing.ip(rank)), p.udp_port
+
+
+def board_requested(env: dict[str, str] | None = None) -> bool:
+    """Did the job ask for a board (OPTIREDUCE_BOARD_IFNAME set, the board backend allowed)?"""
+    from optireduce.host.driver import default_backends
+
+    env = os.environ if env is None else env
+    return bool(env.get(BOARD_IFNAME_VAR, "").strip()) and "board" in default_backends()
+
+
+class HostPortLink:
+    """Host-port frames on one interface: a raw AF_PACKET socket for EtherType 0x88B5.
+    Frames that are not the NIC's (another source, a bad header) are counted and dropped."""
+
+    def __init__(self, ifname: str) -> None:
+        self.ifname = ifname
+        self.drops = {"not_from_nic": 0, "malformed": 0}
+        try:
+            self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW,
+                                      socket.htons(host_port.ETHERTYPE))  # fmt: skip
+        except PermissionError as e:
+            raise BoardError(f"a raw socket for the host port needs CAP_NET_RAW ({e}): run as "
+                             "root or grant the capability (docs/boards.md)") from e  # fmt: skip
+        try:
+            self.sock.bind((ifname, host_port.ETHERTYPE))
+        except OSError as e:
+            self.sock.close()
+            raise BoardError(f"cannot use interface {ifname!r} for the host port ({e}); "
+                             f"`ip link` lists the interfaces") from e  # fmt: skip
+        for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+            self.sock.setsockopt(socket.SOL_SOCKET, opt, 8 << 20)
+        self.sock.setblocking(False)
+
+    def send(self, frames: list[bytes]) -> None:
+        for f in frames:
+            while True:
+                try:
+                    self.sock.send(f)
+                    break
+                except BlockingIOError:  # the interface's queue is full: wait for room
+                    select.select([], [self.sock], [], 0.1)
+
+    def recv(self, timeout_s: float) -> list[host_port.HostFrame]:
+        """The NIC's frames that came within timeout_s (at least one, or none by then)."""
+        out: list[host_port.HostFrame] = []
+        if not select.select([self.sock], [], [], max(0.0, timeout_s))[0]:
+            return out
+        while True:
+            try:
+                frame, addr = self.sock.recvfrom(65536)
+            except BlockingIOError:
+                return out
+            if addr[2] == socket.PACKET_OUTGOING:
+                continue  # our own send, seen by the socket
+            if frame[6:12] != host_port.NIC_MAC or frame[:6] != host_port.HOST_MAC:
+                self.drops["not_from_nic"] += 1
+                continue
+            try:
+                out.append(host_port.parse(frame))
+            except ValueError:
+                self.drops["malformed"] += 1
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class RegisterPort:
+    """REG transactions on a link: a request tagged with its own number, the reply matched
+    by the tag (a bounded wait, retried: reads and writes may be applied twice). Frames
+    that are not the awaited reply go to `others`."""
+
+    def __init__(self, link: HostPortLink, timeout_s: float = 2.0, tries: int = 3) -> None:
+        self.link, self.timeout_s, self.tries = link, timeout_s, tries
+        self.others: deque[host_port.HostFrame] = deque()
+        self.tag = 0
+        self.stale = 0  # replies to earlier tries
+
+    def access(self, accesses: list[tuple[int, int | None]]) -> list[int]:
+        """Apply (offset, value) writes and (offset, None) reads in order; the values."""
+        out: list[int] = []
+        for k in range(0, len(accesses), MAX_PAIRS):
+            out += self._frame(accesses[k : k + MAX_PAIRS])
+        return out
+
+    def _frame(self, accesses: list[tuple[int, int | None]]) -> list[int]:
+        for _ in range(self.tries):
+            self.tag = (self.tag + 1) & 0xFFFF_FFFF
+            self.link.send([host_port.reg_request(accesses, self.tag)])
+            deadline = time.monotonic() + self.timeout_s
+            while (left := deadline - time.monotonic()) > 0:
+                for f in self.link.recv(left):
+                    if f.kind != host_port.REG:
+                        self.others.append(f)
+                    elif f.op_id == self.tag and f.count == 2 * len(accesses):
+                        return host_port.reg_values(f)
+                    else:
+                        self.stale += 1
+        raise BoardError(f"no answer from a NIC on {self.link.ifname} to a register access "
+                         f"in {self.tries} x {self.timeout_s} s: is the board powered, "
+                         "programmed (optireduce board program) and cabled to this "
+                         "interface?")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class BoardInfo:
+    ifname: str
+    version: int
+    params: dict[str, int]  # NicParams fields from the build-parameter registers
+
+    def describe(self) -> str:
+        v = f"{self.version >> 16}.{self.version & 0xFFFF}"
+        ps = ", ".join(f"{k}={v}" for k, v in self.params.items())
+        return f"optireduce NIC v{v} on {self.ifname} ({ps})"
+
+
+def identify(regs: RegisterPort, p: NicParams | None = None) -> BoardInfo:
+    """Read the NIC's ID and build parameters; BoardError if it is not an optireduce NIC."""
+    off = _offsets(p or NicParams())
+    values = dict(zip(IDENT, regs.access([(off[name], None) for name in IDENT]), strict=True))
+    if values["type"] != NIC_TYPE:
+        raise BoardError(f"the device on {regs.link.ifname} answers with type "
+                         f"{values['type']:#x}, not an optireduce NIC ({NIC_TYPE:#x})")  # fmt: skip
+    params = {PARAM_REGS[k]: v for k, v in values.items() if k in PARAM_REGS}
+    return BoardInfo(regs.link.ifname, values["version"], params)
+
+
+def interfaces() -> list[str]:
+    """The host's interfaces that are up, loopback aside."""
+    out = []
+    for d in sorted(Path("/sys/class/net").iterdir()):
+        try:
+            up = (d / "operstate").read_text().strip() in ("up", "unknown")
+            loop = int((d / "type").read_text()) == 772  # ARPHRD_LOOPBACK
+        except OSError:
+            continue
+        if up and not loop:
+            out.append(d.name)
+    return out
+
+
+def detect(ifnames: list[str] | None = None, timeout_s: float = 0.5) -> list[BoardInfo]:
+    """The NICs answering on `ifnames` (default: every interface that is up): one REG read
+    each, all sent at once, answers awaited for timeout_s."""
+    found = []
+    for name in ifnames or interfaces():
+        try:
+            link = HostPortLink(name)
+        except BoardError:
+            continue
+        try:
+            found.append(identify(RegisterPort(link, timeout_s, tries=1)))
+        except BoardError:
+            pass
+        finally:
+            link.close()
+    return found
+
+
+class BoardNic(HostNic):
+    """One rank's NIC as an FPGA board on a host interface (same API as SoftwareNic)."""
+
+    backend = "board"
+    reply_s = 0.05  # how long one _poll waits for a frame
+
+    def _open(self) -> None:
+        ifname = os.environ.get(BOARD_IFNAME_VAR, "").strip()
+        if not ifname:
+            raise BackendUnavailable(f"{BOARD_IFNAME_VAR} is not set (`optireduce board "
+                                     "detect` lists the NICs answering)")  # fmt: skip
+        self.gone: set[int] = set()
+        self._check_addresses()
+        self.link = HostPortLink(ifname)
+        try:
+            self.regs = RegisterPort(self.link)
+            self.info = identify(self.regs, self.p)
+            wrong = {k: (v, getattr(self.p, k)) for k, v in self.info.params.items()
+                     if getattr(self.p, k) != v}  # fmt: skip
+            if wrong:
+                raise BoardError(f"the NIC on {ifname} was built for other parameters "
+                                 f"(board, job): {wrong}; run the job with the board's "
+                                 "NicParams or program a matching bitstream")  # fmt: skip
+            self._off = _offsets(self.p)
+            self._configure()
+        except BaseException:
+            self.link.close()
+            raise
+        self.found = self.info.describe()
+        self._parts: dict[int, dict] = {}  # op_id -> RESULT fragments so far
+        self.lost_results = 0
+
+    def _check_addresses(self) -> None:
+        want = [board_address(r, self.p) for r in range(self.world)]
+        got = [(h, int(port)) for h, port in self.transport.peers]
+        if len(got) == self.world and got != want:
+            pairs = enumerate(zip(got, want, strict=True))
+            bad = "; ".join(f"rank {r} published {g[0]}:{g[1]}, needs {w[0]}:{w[1]}"
+                            for r, (g, w) in pairs if g != w)  # fmt: skip
+            raise BoardError(
+                f"a job with a board NIC needs every rank at the NIC's build addressing: {bad}; "
+                "on those hosts set OPTIREDUCE_IFNAME to the interface holding that address "
+                f"and OPTIREDUCE_PORT={want[0][1]} (docs/boards.md)"
+            )
+
+    def _configure(self) -> None:
+        from optireduce.sim.replay import config_writes
+
+        peers = [(int.from_bytes(socket.inet_aton(h), "big"), port)
+                 for h, port in (board_address(r, self.p) for r in range(self.world))]  # fmt: skip
+        writes = config_writes(self.p, self.rank, self.world, peers)
+        self.regs.access([(self._off["ctrl"], 1), *writes])  # counters cleared, then set up
+
+    # ---- the Nic API --------------------------------------------------------------------
+    def exclude(self, rank: int) -> None:
+        """The NIC has no exclude input (docs/nic_core.md, gaps): a dead peer is noted, and
+        the NIC's deadlines still bound every op it takes part in."""
+        self.gone.add(rank)
+
+    def counters(self) -> dict[str, int]:
+        """The NIC's counters (the exponent counters included) and the host side's drops."""
+        from optireduce.sim.replay import counter_offsets
+
+        offsets = {**counter_offsets(self.p), **counter_offsets(self.p, EXP_COUNTERS)}
+        values = self.regs.access([(a, None) for a in offsets.values()])
+        out = dict(zip(offsets, values, strict=True))
+        out.update({f"host_{k}": v for k, v in self.link.drops.items()})
+        out["host_lost_results"] = self.lost_results
+        return out
+
+    def set_t_b(self, t_b_us: int) -> None:
+        self.p = self.p.replace(t_b_us=int(t_b_us))
+        self.regs.access([(self._off["t_b_us"], self.p.t_b_us)])
+
+    # ---- the op loop's primitives (HostNic._allreduce) ------------------------------
+    def _room(self, op_id: int, done: int) -> bool:
+        # a START beyond the window would stall the host port, and a board's MAC drops
+        # what arrives meanwhile
+        return op_id < done + self.p.ops_in_flight
+
+    def _start(
+        self, op_id: int, chunk: np.ndarray, exponent: int | None, ahead: int | None
+    ) -> None:
+        self.link.send(host_port.chunk_frames(host_port.START, op_id, chunk, exponent,
+                                              proposal_word(ahead), fragment=FRAGMENT))  # fmt: skip
+
+    def _poll(self, deadline: float) -> list[OpResult]:
+        """The ops whose STATS came (their RESULT fragments came before it)."""
+        frames = list(self.regs.others)
+        self.regs.others.clear()
+        if not frames:
+            frames = self.link.recv(min(self.reply_s, deadline - time.monotonic()))
+        out = []
+        for f in frames:
+            if f.kind == host_port.RESULT:
+                st = self._parts.setdefault(f.op_id, {"buf": np.zeros(f.n, np.float32), "got": 0})
+                if f.offset + f.count > len(st["buf"]):
+                    self.link.drops["malformed"] += 1
+                    continue
+                st["buf"][f.offset : f.offset + f.count] = np.frombuffer(f.payload, ">f4")
+                st["got"] += f.count
+            elif f.kind == host_port.STATS:
+                words = np.frombuffer(f.payload, ">u4").tolist()
+                d = host_port.stats_from_words(words)
+                st = self._parts.pop(f.op_id, None)
+                if st is None or st["got"] != d["n"]:
+                    self.lost_results += 1
+                    raise BoardError(f"op {f.op_id}: the NIC on {self.link.ifname} sent "
+                                     f"{0 if st is None else st['got']} of {d['n']} result "
+                                     "words before its STATS (frames lost on the host "
+                                     "link?)")  # fmt: skip
+                out.append(OpResult(f.op_id, st["buf"], host_port.op_stats(d, self.rank)))
+            else:
+                self.link.drops["malformed"] += 1
+        return out
+
+    def close(self) -> None:
+        self.link.close()
+        self.transport.close()
