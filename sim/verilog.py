@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 from amaranth.back import verilog
@@ -12,8 +13,20 @@ REPO = Path(__file__).resolve().parents[1]
 BUILD = Path.cwd() / "build" if not (REPO / "pyproject.toml").exists() else REPO / "build"
 
 
+_MODULE = re.compile(r"^(module [^(]+\()(.*)(\);)$", re.MULTILINE)
+
+
+def _sorted_ports(m: re.Match) -> str:
+    # escaped identifiers keep the space that ends them
+    ports = sorted(t.lstrip() for t in m.group(2).split(","))
+    return m.group(1) + ", ".join(ports) + m.group(3)
+
+
 def convert(component: wiring.Component, name: str) -> str:
-    return verilog.convert(component, name=name, emit_src=False)
+    """The Verilog text, the same in every process: Amaranth orders the ports of a design
+    with several clock domains by string hashes, which differ from process to process, so
+    each module's port list is sorted (every instance connects its ports by name)."""
+    return _MODULE.sub(_sorted_ports, verilog.convert(component, name=name, emit_src=False))
 
 
 def write(component: wiring.Component, name: str, kind: str = "rtl") -> Path:

@@ -1,0 +1,196 @@
+"""The `board` backend against the virtual board: the Verilated shell of a board (host
+adapter, crossings, NIC core) on two Linux interfaces, its host port cabled to a host's
+namespace and its network port on the bridge of the namespace cluster. The host drives
+it exactly as it would a board on a cable (host/board_nic.py). Needs root, as every
+namespace test; fails with the fix elsewhere unless OPTIREDUCE_NO_NETNS=1."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import socket
+import time
+
+import numpy as np
+import pytest
+
+from optireduce import host_port, simulate_allreduce
+from optireduce.experiments.bench_cosim import LIVE_PARAMS, inputs
+from optireduce.experiments.board_cluster import run_board_cluster
+from optireduce.experiments.netns import BOARD_HOST_IF, NetnsCluster, enter
+from optireduce.host.model.nic_model import EXP_COUNTERS
+from optireduce.sim.cosim_build import board_harness_path
+from optireduce.sim.replay import COUNTERS
+
+
+def _start_in_namespace(ns: str, fn, *args):
+    """fn(*args) in a process on namespace ns; (process, queue of its outcome)."""
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+
+    def run():
+        enter(ns)
+        try:
+            q.put(("ok", fn(*args)))
+        except Exception as e:
+            q.put(("error", f"{type(e).__name__}: {e}"))
+
+    proc = ctx.Process(target=run, daemon=True)
+    proc.start()
+    return proc, q
+
+
+def _outcome(proc, q):
+    try:
+        return q.get(timeout=60)
+    finally:
+        proc.join(timeout=10)
+        if proc.is_alive():
+            proc.kill()
+
+
+def _in_namespace(ns: str, fn, *args):
+    """fn(*args) in a process on namespace ns; its return value (or its exception's text)."""
+    return _outcome(*_start_in_namespace(ns, fn, *args))
+
+
+def _detect() -> list[dict]:
+    from optireduce.host.board_nic import detect
+
+    return [dict(ifname=b.ifname, version=b.version, **b.params) for b in detect([BOARD_HOST_IF])]
+
+
+def _silent_register_read() -> float:
+    from optireduce.host.board_nic import BoardError, HostPortLink, RegisterPort
+
+    link = HostPortLink(BOARD_HOST_IF)
+    t0 = time.monotonic()
+    try:
+        RegisterPort(link, timeout_s=0.3, tries=2).access([(0, None)])
+    except BoardError as e:
+        assert "no answer from a NIC on brd0" in str(e) and "board program" in str(e)
+        return time.monotonic() - t0
+    finally:
+        link.close()
+    raise AssertionError("a register read with nothing on the cable returned")
+
+
+def _send_from_board(frames: list[bytes]) -> None:
+    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+    s.bind(("hp", 0))
+    for f in frames:
+        s.send(f)
+    s.close()
+
+
+def _receive_junk() -> dict:
+    from optireduce.host.board_nic import HostPortLink
+
+    link = HostPortLink(BOARD_HOST_IF)
+    try:
+        time.sleep(0.2)
+        got = link.recv(1.0)
+        return {"frames": len(got), **link.drops}
+    finally:
+        link.close()
+
+
+def test_detect_finds_the_virtual_board_and_bad_answers_are_errors_or_drops(tmp_path, netns_ready):
+    exe = board_harness_path(LIVE_PARAMS)
+    with NetnsCluster(2, boards=(0,)) as c:
+        board = c.start_board(0, str(exe))
+        found = _in_namespace(c.ns[0], _detect)
+        assert found == ("ok", [{
+            "ifname": "brd0", "version": 0x10000, "p": LIVE_PARAMS.p, "b": LIVE_PARAMS.b,
+            "c": LIVE_PARAMS.c, "n_max": LIVE_PARAMS.n_max, "lanes": LIVE_PARAMS.lanes,
+            "ops_in_flight": LIVE_PARAMS.ops_in_flight, "w_wire": LIVE_PARAMS.w_wire}])  # fmt: skip
+        # a board with nothing on its host port: a clear error within the bound
+        board.terminate()
+        board.wait(timeout=10)
+        status, waited = _in_namespace(c.ns[0], _silent_register_read)
+        assert status == "ok" and 0.6 <= waited < 2.0, waited
+        # frames on the host link that are not the NIC's are counted, not taken: one
+        # from another source, one with a bad header, one good RESULT fragment's worth
+        nic_to_host = host_port.HOST_MAC + host_port.NIC_MAC + b"\x88\xb5"
+        stranger = host_port.HOST_MAC + bytes.fromhex("02aabbccddee") + b"\x88\xb5"
+        good = host_port.chunk_frames(host_port.RESULT, 0, np.ones(4, np.float32), 0)[0]
+        receiver = _start_in_namespace(c.ns[0], _receive_junk)
+        time.sleep(0.1)
+        sent = _in_namespace(c.boards[0], _send_from_board, [
+            stranger + good[14:], nic_to_host + b"\x07" + good[15:], good])  # fmt: skip
+        assert sent == ("ok", None)
+        assert _outcome(*receiver) == ("ok", {"frames": 1, "not_from_nic": 1, "malformed": 1})
+
+
+def _check_against_model(run, xs, boards) -> None:
+    want, st = simulate_allreduce(xs, params=LIVE_PARAMS, calibrate=False)
+    for r in range(len(xs)):
+        np.testing.assert_array_equal(run.outs[r].view(np.uint32), want[r].view(np.uint32))
+    for b in boards:
+        got = run.counters[b]
+        assert {k: got[k] for k in COUNTERS} == {k: st.counters[b][k] for k in COUNTERS}
+        assert {k: got[k] for k in EXP_COUNTERS} == {k: st.exp_counters[b][k]
+                                                     for k in EXP_COUNTERS}  # fmt: skip
+        assert got["host_not_from_nic"] == got["host_malformed"] == got["host_lost_results"] == 0
+        fig = run.boards[b]
+        assert fig["ops_started"] == fig["ops_done"] == 6 and fig["cycles"] > 0
+    ops = len(want[0]) // LIVE_PARAMS.c + 1
+    for stats in run.stats:
+        assert len(stats) == ops
+        assert all(s["phase1_reason"] == s["phase2_reason"] == "complete" for s in stats)
+
+
+@pytest.mark.timeout(900)
+def test_one_virtual_board_among_native_ranks_gives_the_models_bits(tmp_path, netns_ready):
+    xs = inputs(3, 1500, 11)  # 6 ops of at most c = 256, the last one partial
+    run = run_board_cluster(LIVE_PARAMS, xs, boards=(1,), tmp=tmp_path, timeout_s=300)
+    assert run.backends == ["native", "board", "native"]
+    _check_against_model(run, xs, (1,))
+
+
+@pytest.mark.timeout(900)
+def test_every_rank_a_virtual_board(tmp_path, netns_ready):
+    xs = inputs(3, 1500, 12)
+    run = run_board_cluster(LIVE_PARAMS, xs, boards=(0, 1, 2), tmp=tmp_path, timeout_s=300)
+    assert run.backends == ["board"] * 3
+    _check_against_model(run, xs, (0, 1, 2))
+
+
+def test_without_the_variable_the_board_is_not_tried(monkeypatch, caplog):
+    from optireduce.host import driver
+    from optireduce.host.transport import UdpTransport
+
+    monkeypatch.delenv("OPTIREDUCE_BOARD_IFNAME", raising=False)
+    tr = [UdpTransport(r, key=None) for r in range(2)]
+    for t in tr:
+        t.connect([u.address for u in tr])
+    with caplog.at_level("INFO", logger="optireduce"):
+        nic = driver.select_nic(LIVE_PARAMS, 0, 2, transport=tr[0], agree=lambda e: e,
+                                prefer=("board", "software"))  # fmt: skip
+    try:
+        assert nic.backend == "software"
+        lines = [r.getMessage() for r in caplog.records if r.name == "optireduce"]
+        assert len(lines) == 1 and "board: OPTIREDUCE_BOARD_IFNAME is not set" in lines[0]
+    finally:
+        nic.close()
+        tr[1].close()
+
+
+def test_a_named_interface_that_does_not_exist_stops_the_rank(monkeypatch):
+    from optireduce.host import driver
+    from optireduce.host.board_nic import BoardError
+    from optireduce.host.transport import UdpTransport
+
+    monkeypatch.setenv("OPTIREDUCE_BOARD_IFNAME", "nosuch0")
+    t, t2 = UdpTransport(0, key=None), UdpTransport(0, key=None)
+    t.connect([t.address, ("127.0.0.1", 9)])
+    try:
+        with pytest.raises(BoardError, match="needs every rank at the NIC's build addressing"):
+            driver.select_nic(LIVE_PARAMS, 0, 2, transport=t, agree=lambda e: e,
+                              prefer=("board", "software"))  # fmt: skip
+        t2.connect([("198.18.0.1", LIVE_PARAMS.udp_port), ("198.18.0.2", LIVE_PARAMS.udp_port)])
+        with pytest.raises(BoardError, match="cannot use interface 'nosuch0'"):
+            driver.select_nic(LIVE_PARAMS, 0, 2, transport=t2, agree=lambda e: e,
+                              prefer=("board", "software"))  # fmt: skip
+    finally:
+        t.close()
+        t2.close()
