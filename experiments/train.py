@@ -112,6 +112,7 @@ class TrainConfig:
     methods: tuple[str, ...] = METHODS
     cosim_rank: int | None = None  # optireduce: this rank's NIC is the co-simulated RTL
     cluster: str = "local"  # CLUSTERS
+    boards: tuple[int, ...] = ()  # optireduce, netns: these ranks' NICs are virtual boards
     test_size: int = 450
     timeout_s: float = 600.0  # per method: the workers are killed past it
 
@@ -122,6 +123,11 @@ class TrainConfig:
             raise ValueError(f"train: target_acc={self.target_acc}: not in (0, 1]")
         if self.cosim_rank is not None and not 0 <= self.cosim_rank < self.world:
             raise ValueError(f"train: cosim_rank={self.cosim_rank} is not a rank")
+        object.__setattr__(self, "boards", tuple(sorted(set(self.boards))))  # frozen
+        if any(not 0 <= b < self.world for b in self.boards):
+            raise ValueError(f"train: boards={self.boards}: not ranks")
+        if self.boards and (self.cluster != "netns" or self.cosim_rank is not None):
+            raise ValueError("train: virtual boards need --cluster netns (and no cosim rank)")
         self.nic_params()  # its own checks, before any process starts
         if self.schedule not in SCHEDULES:
             raise ValueError(f"train: schedule {self.schedule!r} is not one of {SCHEDULES}")
@@ -136,9 +142,9 @@ class TrainConfig:
     def nic_params(self):
         from optireduce.params import NicParams
 
-        # in-band exponents and progress_ahead on host backends; the co-simulated gateware
-        # agrees by exchange and has no progress_ahead
-        host = self.cosim_rank is None
+        # in-band exponents and progress_ahead on host backends; the gateware (co-simulated
+        # or a virtual board) agrees by exchange and has no progress_ahead
+        host = self.cosim_rank is None and not self.boards
         return NicParams(n_max=max(8, self.world), exp_inband=host, progress_ahead=host,
                          **{k: getattr(self, k) for k in NIC_FIELDS})  # fmt: skip
 
@@ -239,6 +245,13 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str, hosts: list[str]
 
         enter(hosts[rank])
         os.environ["GLOO_SOCKET_IFNAME"] = os.environ["OPTIREDUCE_IFNAME"] = IFNAME
+        if cfg.boards:  # every rank at the NIC's addressing; a board rank drives its board
+            from optireduce.experiments.netns import BOARD_HOST_IF
+            from optireduce.host.board_nic import BOARD_IFNAME_VAR
+
+            os.environ["OPTIREDUCE_PORT"] = str(cfg.nic_params().udp_port)
+            if rank in cfg.boards:
+                os.environ[BOARD_IFNAME_VAR] = BOARD_HOST_IF
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     import torch
     import torch.distributed as dist
@@ -264,15 +277,16 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str, hosts: list[str]
         from optireduce import OptiReduceState, optireduce_hook
         from optireduce.host.ddp_hook import CONTROL_FLOOR_S
 
-        sim = rank == cfg.cosim_rank
-        if sim:
+        sim = rank == cfg.cosim_rank or rank in cfg.boards  # sends on the wire itself
+        if rank == cfg.cosim_rank:
             os.environ["OPTIREDUCE_NIC"] = "sim"  # the driver's backend choice (host/driver.py)
         spec = ImpairmentSpec(median_us=cfg.packet_median_us, p99_ratio=cfg.tail)
         state = OptiReduceState(
             cfg.nic_params(), warmup_iters=cfg.warmup_iters, policy=cfg.policy,
             checksum_every=cfg.checksum_every, impairment=None if sim else spec, seed=cfg.seed,
             control_floor_s=cfg.control_floor_s or (
-                CONTROL_FLOOR_S if cfg.cosim_rank is None else COSIM_CONTROL_FLOOR_S),
+                COSIM_CONTROL_FLOOR_S if cfg.cosim_rank is not None or cfg.boards
+                else CONTROL_FLOOR_S),
         )  # fmt: skip
 
         def timed_hook(st, bucket):  # when DDP hands the bucket over, for the evidence
@@ -398,7 +412,12 @@ def _worker(rank: int, cfg: TrainConfig, method: str, out: str, hosts: list[str]
         res["rx_gather"] = np.array(counters["rx_gather"] - rx_verify)
         res["verify"] = verify
         res["backend"] = np.array(nic.backend)
-        res["address"] = np.array(nic.transport.address[0])  # OptiReduce's data address
+        if rank in cfg.boards:  # its board's data address
+            from optireduce.host.board_nic import board_address
+
+            res["address"] = np.array(board_address(rank, cfg.nic_params())[0])
+        else:
+            res["address"] = np.array(nic.transport.address[0])  # OptiReduce's data address
         # -1: not calibrated (a run shorter than the warm-up)
         res["t_b_us"] = np.array(-1 if state.t_b_us is None else state.t_b_us)
         res["step_lost"] = np.array([s.lost_fraction for s in state.history])
@@ -462,7 +481,15 @@ def run_method(
     if cfg.cluster == "netns":  # new namespaces per method, removed whatever happens
         from optireduce.experiments.netns import NetnsCluster
 
-        with NetnsCluster(cfg.world) as net:
+        boards = cfg.boards if method == "optireduce" else ()
+        exe = None
+        if boards:  # built before the namespaces: the first build takes a minute or more
+            from optireduce.sim.cosim_build import board_harness_path
+
+            exe = str(board_harness_path(cfg.nic_params()))
+        with NetnsCluster(cfg.world, boards=boards) as net:
+            for b in boards:
+                net.start_board(b, exe, stats=str(out / f"board{b}.json"))
             _spawn(cfg, method, str(out), tick, net.ns)
     else:
         _spawn(cfg, method, str(out), tick, [])
@@ -514,6 +541,9 @@ def run_method(
             summary["verify_bit_exact"][c] if c is not None and ranks[c]["backend"] == "sim"
             else None
         )  # fmt: skip
+        if cfg.boards:  # each virtual board's figures, written as the namespaces went down
+            summary["boards"] = {b: json.loads((out / f"board{b}.json").read_text())
+                                 for b in cfg.boards}  # fmt: skip
     op_ms = np.concatenate([r["op_ms"] for r in ranks])  # every rank's ops
     summary["op_p50_ms"] = float(np.percentile(op_ms, 50))
     summary["op_p99_ms"] = float(np.percentile(op_ms, 99))

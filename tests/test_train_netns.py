@@ -39,3 +39,26 @@ def test_both_methods_train_with_each_rank_on_its_own_network_stack(tmp_path, ne
     assert len(got) == len(ref) == 2
     assert max(float(np.abs(a - b).max()) for a, b in zip(got, ref, strict=True)) < 1e-4
     assert _namespaces() == before  # every namespace removed
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("boards", [(1,), (0, 1, 2)], ids=["one_board", "every_rank_a_board"])
+def test_training_through_virtual_boards(tmp_path, netns_ready, boards):
+    """The DDP hook on namespace hosts where some ranks (or all) drive a virtual board over
+    its host port and the rest run the native engine."""
+    cfg = TrainConfig(world=3, steps=10, straggler_median_ms=5, packet_median_us=100,
+                      cluster="netns", boards=boards, methods=("optireduce",))  # fmt: skip
+    out, _ = train.run_train(cfg, str(tmp_path))
+    o = out["optireduce"]
+    assert o["backends"] == ["board" if r in boards else "native" for r in range(3)]
+    # every rank at the NIC's build addressing, the boards' included
+    assert o["addresses"] == [f"198.18.0.{r + 1}" for r in range(3)]
+    # the lossless check op: each rank's result, boards included, is the model's bit for bit
+    assert o["verify_bit_exact"] == [True] * 3
+    # a virtual board runs far slower than a board, so native ranks' deadlines may cut
+    # some of its packets (then replicas may differ, as with any loss); no rank drops out
+    assert o["entries_lost"] < 0.5 and not o["exclusions"]
+    for b in boards:  # the check op and one op per step went through each board
+        fig = o["boards"][b]
+        assert fig["ops_started"] == fig["ops_done"] == 1 + cfg.steps
+        assert fig["too_long"] == fig["send_failed"] == 0
