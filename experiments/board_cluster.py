@@ -72,8 +72,9 @@ def _worker(rank: int, p: NicParams, xs: list[np.ndarray], boards: tuple[int, ..
 
 def run_board_cluster(p: NicParams, xs: Sequence[np.ndarray], boards: Sequence[int],
                       tmp: Path, timeout_s: float = 600.0) -> BoardRun:  # fmt: skip
-    """One allreduce of xs[r] at each rank r; ranks in `boards` on virtual boards. The
-    namespaces and every process are removed at the end, whatever happens."""
+    """One allreduce of xs[r] at each rank r; ranks in `boards` on virtual boards, each
+    capturing its two ports to tmp/board<b>-host.pcap and -net.pcap. The namespaces and
+    every process are removed at the end, whatever happens."""
     from optireduce.sim.cosim_build import board_harness_path
 
     exe = board_harness_path(p)  # before the namespaces: the first build takes minutes
@@ -84,7 +85,8 @@ def run_board_cluster(p: NicParams, xs: Sequence[np.ndarray], boards: Sequence[i
     got: dict[int, tuple] = {}
     with NetnsCluster(world, boards=boards) as c:
         for b in boards:
-            c.start_board(b, str(exe), stats=str(tmp / f"board{b}.json"))
+            c.start_board(b, str(exe), stats=str(tmp / f"board{b}.json"),
+                          pcap=str(tmp / f"board{b}"))  # fmt: skip
         for r in range(world):
             args = (r, p, list(xs), tuple(boards), c.ns[r], str(tmp / "store"), barrier, results)
             procs.append(ctx.Process(target=_worker, args=args, daemon=True))

@@ -198,12 +198,15 @@ class NetnsCluster:
                 sh("ip", "-n", ns, "neigh", "replace", ip, "lladdr", mac, "dev", IFNAME,
                    "nud", "permanent")  # fmt: skip
 
-    def start_board(self, b: int, exe: str, stats: str | None = None) -> subprocess.Popen:
+    def start_board(self, b: int, exe: str, stats: str | None = None,
+                    pcap: str | None = None) -> subprocess.Popen:  # fmt: skip
         """The virtual board `exe` (sim/cosim_build.board_harness_path) of host b, running
-        in its namespace until down()."""
+        in its namespace until down(): its figures to `stats` (JSON) as it ends, its two
+        ports' frames to `pcap`-host.pcap and `pcap`-net.pcap."""
         cmd = [*self.exec_prefix(self.boards[b]), exe, "--host", "hp", "--net", "np"]
-        if stats:
-            cmd += ["--stats", stats]
+        for opt, v in (("--stats", stats), ("--pcap", pcap)):
+            if v:
+                cmd += [opt, v]
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.procs.append(proc)
         return proc

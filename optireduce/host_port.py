@@ -36,6 +36,9 @@ from optireduce.params import NicParams
 ETHERTYPE = 0x88B5
 VERSION = 1
 HEADER = struct.Struct("!BBHIIIbBH")
+HEADER_FIELDS = (
+    "version", "kind", "count", "op_id", "offset", "n", "exponent", "flags", "proposal",
+)  # fmt: skip
 FLAG_INBAND = 0x01  # START: the exponent is the NIC's in-band agreed value
 CONFIG, START, DATA, RESULT, STATS, REG = 0, 1, 2, 3, 4, 5
 KINDS = {CONFIG: "config", START: "start", DATA: "data", RESULT: "result", STATS: "stats",

@@ -119,3 +119,46 @@ function ubt.dissector(tvb, pinfo, tree)
 end
 
 DissectorTable.get("udp.port"):add(17017, ubt)
+
+-- The host port (NIC <-> its host; docs/boards.md): EtherType 0x88B5
+local orhost = Proto("orhost", "OptiReduce host port")
+local host_kinds = { [0] = "config", [1] = "start", [2] = "data", [3] = "result", [4] = "stats", [5] = "reg" }
+local hf_version = ProtoField.uint8("orhost.version", "version", base.DEC, nil)
+local hf_kind = ProtoField.uint8("orhost.kind", "kind", base.DEC, host_kinds)
+local hf_count = ProtoField.uint16("orhost.count", "count", base.DEC, nil)
+local hf_op_id = ProtoField.uint32("orhost.op_id", "op_id", base.DEC, nil)
+local hf_offset = ProtoField.uint32("orhost.offset", "offset", base.DEC, nil)
+local hf_n = ProtoField.uint32("orhost.n", "n", base.DEC, nil)
+local hf_exponent = ProtoField.int8("orhost.exponent", "exponent", base.DEC, nil)
+local hf_flags = ProtoField.uint8("orhost.flags", "flags", base.HEX, nil)
+local hf_proposal = ProtoField.uint16("orhost.proposal", "proposal", base.HEX, nil)
+local hf_words = ProtoField.uint32("orhost.words", "words", base.DEC, nil, nil, "32-bit payload words")
+orhost.fields = { hf_version, hf_kind, hf_count, hf_op_id, hf_offset, hf_n, hf_exponent, hf_flags, hf_proposal, hf_words }
+
+function orhost.dissector(tvb, pinfo, tree)
+    local head = 20
+    local len = tvb:len()
+    pinfo.cols.protocol = "ORHOST"
+    local st = tree:add(orhost, tvb())
+    if len < head then
+        pinfo.cols.info = "[truncated host-port header]"
+        return len
+    end
+    st:add(hf_version, tvb(0, 1))
+    st:add(hf_kind, tvb(1, 1))
+    st:add(hf_count, tvb(2, 2))
+    st:add(hf_op_id, tvb(4, 4))
+    st:add(hf_offset, tvb(8, 4))
+    st:add(hf_n, tvb(12, 4))
+    st:add(hf_exponent, tvb(16, 1))
+    st:add(hf_flags, tvb(17, 1))
+    st:add(hf_proposal, tvb(18, 2))
+    local words = st:add(hf_words, tvb(head, len - head), math.floor((len - head) / 4))
+    words:set_generated()
+    local kind = tvb(1, 1):uint()
+    pinfo.cols.info = string.format("%s op=%d offset=%d n=%d count=%d",
+        host_kinds[kind] or ("kind" .. kind), tvb(4, 4):uint(), tvb(8, 4):uint(), tvb(12, 4):uint(), tvb(2, 2):uint())
+    return len
+end
+
+DissectorTable.get("ethertype"):add(0x88B5, orhost)

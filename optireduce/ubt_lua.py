@@ -15,9 +15,10 @@ first `max_elements` only: preference ubt.max_elements, default 16).
 
 from __future__ import annotations
 
+import struct
 import sys
 
-from optireduce import ubt
+from optireduce import host_port, ubt
 from optireduce.params import NicParams
 
 DEFAULT_PORT = NicParams().udp_port
@@ -154,8 +155,57 @@ def lua_dissector(port: int = DEFAULT_PORT, max_elements: int = DEFAULT_MAX_ELEM
         "",
         f'DissectorTable.get("udp.port"):add({port}, ubt)',
         "",
+        *_host_port_lua(),
     ]
     return "\n".join(lines)
+
+
+def _host_port_lua() -> list[str]:
+    """The host port's frames (optireduce/host_port.py, EtherType 0x88B5): the header's
+    fields by name (orhost.<field>), the payload's 32-bit words counted."""
+    fmts = host_port.HEADER.format.lstrip("!")
+    sizes = [struct.calcsize("!" + c) for c in fmts]
+    offs = [sum(sizes[:k]) for k in range(len(sizes))]
+    kinds = ", ".join(f"[{k}] = {_lua_str(v)}" for k, v in sorted(host_port.KINDS.items()))
+    fields = list(zip(host_port.HEADER_FIELDS, fmts, sizes, offs, strict=True))
+    hexed = ("flags", "proposal")
+    at = {name: f"tvb({o}, {z})" for name, _, z, o in fields}
+    return [
+        "-- The host port (NIC <-> its host; docs/boards.md): EtherType 0x88B5",
+        'local orhost = Proto("orhost", "OptiReduce host port")',
+        f"local host_kinds = {{ {kinds} }}",
+        *(
+            f"local hf_{name} = ProtoField.{_PROTOFIELD[c]}({_lua_str('orhost.' + name)}, "
+            f"{_lua_str(name)}, {'base.HEX' if name in hexed else 'base.DEC'}, "
+            f"{'host_kinds' if name == 'kind' else 'nil'})"
+            for name, c, _, _ in fields
+        ),
+        'local hf_words = ProtoField.uint32("orhost.words", "words", base.DEC, nil, nil, '
+        '"32-bit payload words")',
+        "orhost.fields = { " + ", ".join(f"hf_{n}" for n, *_ in fields) + ", hf_words }",
+        "",
+        "function orhost.dissector(tvb, pinfo, tree)",
+        f"    local head = {host_port.HEADER.size}",
+        "    local len = tvb:len()",
+        '    pinfo.cols.protocol = "ORHOST"',
+        "    local st = tree:add(orhost, tvb())",
+        "    if len < head then",
+        '        pinfo.cols.info = "[truncated host-port header]"',
+        "        return len",
+        "    end",
+        *(f"    st:add(hf_{name}, {at[name]})" for name, *_ in fields),
+        "    local words = st:add(hf_words, tvb(head, len - head), math.floor((len - head) / 4))",
+        "    words:set_generated()",
+        f"    local kind = {at['kind']}:uint()",
+        '    pinfo.cols.info = string.format("%s op=%d offset=%d n=%d count=%d",',
+        f'        host_kinds[kind] or ("kind" .. kind), {at["op_id"]}:uint(), '
+        f"{at['offset']}:uint(), {at['n']}:uint(), {at['count']}:uint())",
+        "    return len",
+        "end",
+        "",
+        f'DissectorTable.get("ethertype"):add(0x{host_port.ETHERTYPE:04X}, orhost)',
+        "",
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

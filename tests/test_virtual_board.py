@@ -6,8 +6,11 @@ namespace test; fails with the fix elsewhere unless OPTIREDUCE_NO_NETNS=1."""
 
 from __future__ import annotations
 
+import collections
 import multiprocessing as mp
+import os
 import socket
+import subprocess
 import time
 
 import numpy as np
@@ -20,6 +23,8 @@ from optireduce.experiments.netns import BOARD_HOST_IF, NetnsCluster, enter
 from optireduce.host.model.nic_model import EXP_COUNTERS
 from optireduce.sim.cosim_build import board_harness_path
 from optireduce.sim.replay import COUNTERS
+from optireduce.ubt import DEFAULT_ADDRESSING
+from tests.test_protocol import LUA_PATH, tshark_or_fail
 
 
 def _start_in_namespace(ns: str, fn, *args):
@@ -139,12 +144,51 @@ def _check_against_model(run, xs, boards) -> None:
         assert all(s["phase1_reason"] == s["phase2_reason"] == "complete" for s in stats)
 
 
+def _dissect(exe: str, pcap, tmp, *fields: str) -> list[list[str]]:
+    """tshark with the project's dissectors: one row of `fields` per frame."""
+    env = dict(os.environ, WIRESHARK_CONFIG_DIR=str(tmp / "wsconf"))  # no personal prefs
+    (tmp / "wsconf").mkdir(exist_ok=True)
+    cmd = [exe, "-n", "-X", f"lua_script:{LUA_PATH}", "-r", str(pcap), "-T", "fields",
+           *(a for f in fields for a in ("-e", f))]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env, check=False)
+    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stderr}"
+    return [line.split("\t") for line in proc.stdout.splitlines()]
+
+
 @pytest.mark.timeout(900)
 def test_one_virtual_board_among_native_ranks_gives_the_models_bits(tmp_path, netns_ready):
+    exe = tshark_or_fail()
     xs = inputs(3, 1500, 11)  # 6 ops of at most c = 256, the last one partial
     run = run_board_cluster(LIVE_PARAMS, xs, boards=(1,), tmp=tmp_path, timeout_s=300)
     assert run.backends == ["native", "board", "native"]
     _check_against_model(run, xs, (1,))
+    # Wireshark reads both cables of the board from its capture. Host port: the NIC's
+    # frames come from NIC_MAC; per op one START in, one RESULT and one STATS out
+    # (c = 256 words: one fragment each way), every REG request answered.
+    fig = run.boards[1]
+    rows = _dissect(exe, tmp_path / "board1-host.pcap", tmp_path, "eth.src", "orhost.kind",
+                    "orhost.op_id", "orhost.n")  # fmt: skip
+    assert len(rows) == fig["host_rx"] + fig["host_tx"]
+    nic = host_port.NIC_MAC.hex(":")
+    ins = collections.Counter(k for src, k, *_ in rows if src != nic)
+    outs = collections.Counter(k for src, k, *_ in rows if src == nic)
+    kind = {v: str(k) for k, v in host_port.KINDS.items()}
+    assert ins[kind["start"]] == outs[kind["result"]] == outs[kind["stats"]] == 6
+    assert ins[kind["reg"]] == outs[kind["reg"]] >= 3  # identify, configure, counters
+    starts = [(int(op), int(n)) for src, k, op, n in rows if k == kind["start"]]
+    assert starts == [(op, min(256, 1500 - 256 * op)) for op in range(6)]
+    # Network port: every frame is UBT; what the board sent and took, by type, is what
+    # its counters say
+    rows = _dissect(exe, tmp_path / "board1-net.pcap", tmp_path, "eth.src", "ubt.msg_type",
+                    "ubt.sender")  # fmt: skip
+    assert len(rows) == fig["net_rx"] + fig["net_tx"]
+    own = DEFAULT_ADDRESSING.mac_str(1)
+    sent = collections.Counter(t for src, t, _ in rows if src == own)
+    took = collections.Counter(t for src, t, _ in rows if src != own)
+    c = run.counters[1]
+    assert (sent["1"], sent["2"]) == (c["tx_scatter"], c["tx_gather"])
+    assert (took["1"], took["2"]) == (c["rx_scatter"], c["rx_gather"])
+    assert {snd for src, _, snd in rows if src == own} == {"1"}
 
 
 @pytest.mark.timeout(900)

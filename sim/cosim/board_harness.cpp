@@ -2,6 +2,7 @@
 // hw/virtual_board.py) on two Linux interfaces (docs/boards.md, "The virtual board").
 //
 //   board_harness --host IF --net IF [--core-div D] [--tick-gap G] [--stats FILE]
+//                 [--pcap PREFIX]
 //
 // Every frame that arrives on IF (an AF_PACKET socket, promiscuous, outgoing frames
 // skipped) goes into the matching port a byte per `sync` cycle, as a board's MAC hands
@@ -10,7 +11,9 @@
 // wall clock while an op is in flight (a START taken, its STATS not yet sent), at most
 // one every G cycles, so a simulation slower than the board runs its time slower; with
 // no op in flight time stands still. SIGTERM or SIGINT end it (and its parent's death:
-// PR_SET_PDEATHSIG), writing the run's figures as JSON to FILE.
+// PR_SET_PDEATHSIG), writing the run's figures as JSON to FILE. With --pcap, every frame
+// each port takes or sends is written to PREFIX-host.pcap and PREFIX-net.pcap, as a
+// capture on the board's two cables would show them.
 //
 // Port layouts (hw/streams.py frame_layout(1)): payload data[7:0], keep[8], last[9]. On a
 // byte stream every beat is a byte: keep is set going in and ignored coming out, as the
@@ -68,6 +71,7 @@ struct Port {
     size_t off = 0;
     std::vector<uint8_t> txbuf;
     uint64_t rx = 0, tx = 0, too_long = 0, send_failed = 0;
+    FILE* pcap = nullptr;
 
     explicit Port(const std::string& ifname) : name(ifname) {
         const unsigned idx = if_nametoindex(ifname.c_str());
@@ -92,6 +96,25 @@ struct Port {
     }
     ~Port() {
         if (fd >= 0) ::close(fd);
+        if (pcap) std::fclose(pcap);
+    }
+
+    void capture(const std::string& path) {
+        pcap = std::fopen(path.c_str(), "wb");
+        if (!pcap) throw Error("cannot write " + path);
+        // pcap: magic, version 2.4, zone 0, sigfigs 0, snaplen, linktype 1 (Ethernet)
+        const uint32_t head[6] = {0xA1B2C3D4u, 0x00040002u, 0, 0, 65535, 1};
+        std::fwrite(head, 4, 6, pcap);
+    }
+    void record(const uint8_t* f, size_t n) {
+        if (!pcap) return;
+        timespec ts{};
+        clock_gettime(CLOCK_REALTIME, &ts);
+        const uint32_t rec[4] = {static_cast<uint32_t>(ts.tv_sec),
+                                 static_cast<uint32_t>(ts.tv_nsec / 1000),
+                                 static_cast<uint32_t>(n), static_cast<uint32_t>(n)};
+        std::fwrite(rec, 4, 4, pcap);
+        std::fwrite(f, 1, n, pcap);
     }
 
     void recv_all(uint64_t& starts) {
@@ -109,12 +132,14 @@ struct Port {
                 continue;
             }
             rx++;
+            record(buf, static_cast<size_t>(k));
             rxq.emplace_back(buf, buf + k);
             if (host_kind(rxq.back(), KIND_START)) starts++;
         }
     }
 
     void send(const std::vector<uint8_t>& f) {
+        record(f.data(), f.size());
         if (::send(fd, f.data(), f.size(), MSG_DONTWAIT) >= 0)
             tx++;
         else {
@@ -244,7 +269,7 @@ std::string json_figures(const Board& b, const Port& h, const Port& n, uint64_t 
 }
 
 int run(int argc, char** argv) {
-    std::string host_if, net_if, stats;
+    std::string host_if, net_if, stats, pcap;
     unsigned core_div = 2;
     uint64_t tick_gap = 125;  // a board at 125 MHz strobes one tick in 125 cycles
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -254,15 +279,20 @@ int run(int argc, char** argv) {
         else if (k == "--core-div") core_div = static_cast<unsigned>(std::stoul(v));
         else if (k == "--tick-gap") tick_gap = std::stoull(v);
         else if (k == "--stats") stats = v;
+        else if (k == "--pcap") pcap = v;
         else throw Error("unknown option " + k);
     }
     if (host_if.empty() || net_if.empty() || core_div == 0 || argc % 2 == 0)
         throw Error("usage: board_harness --host IF --net IF [--core-div D] [--tick-gap G] "
-                    "[--stats FILE]");
+                    "[--stats FILE] [--pcap PREFIX]");
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     std::signal(SIGTERM, on_signal);
     std::signal(SIGINT, on_signal);
     Port host(host_if), net(net_if);
+    if (!pcap.empty()) {
+        host.capture(pcap + "-host.pcap");
+        net.capture(pcap + "-net.pcap");
+    }
     VerilatedContext ctx;
     Board b(&ctx);
     b.core_div = core_div;
