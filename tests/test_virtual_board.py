@@ -7,10 +7,12 @@ namespace test; fails with the fix elsewhere unless OPTIREDUCE_NO_NETNS=1."""
 from __future__ import annotations
 
 import collections
+import json
 import multiprocessing as mp
 import os
 import socket
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -238,3 +240,38 @@ def test_a_named_interface_that_does_not_exist_stops_the_rank(monkeypatch):
     finally:
         t.close()
         t2.close()
+
+
+def test_board_detect_on_the_command_line_lists_the_virtual_board(netns_ready):
+    exe = board_harness_path(LIVE_PARAMS)
+    cli = [sys.executable, "-m", "optireduce.cli"]
+    with NetnsCluster(2, boards=(0,)) as c:
+        c.start_board(0, str(exe))
+        r = subprocess.run([*c.exec_prefix(c.ns[0]), *cli, "board", "detect", "--json"],
+                           capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        (found,) = json.loads(r.stdout)
+        assert found["ifname"] == BOARD_HOST_IF and found["params"]["c"] == LIVE_PARAMS.c
+        # the host's other interface (eth0 on the bridge) has no NIC on it: not listed
+        r = subprocess.run([*c.exec_prefix(c.ns[1]), *cli, "board", "detect"],
+                           capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+        assert r.returncode == 1 and "no optireduce NIC answered on eth0" in r.stdout
+
+
+def test_board_program_without_a_cable_fails_at_once_saying_what_it_looked_for(tmp_path):
+    bit = tmp_path / "top.bit"
+    bit.write_bytes(b"\xff" * 64)
+    cli = [sys.executable, "-m", "optireduce.cli", "board", "program"]
+    t0 = time.monotonic()
+    r = subprocess.run([*cli, "--board", "colorlight", "--bitstream", str(bit)],
+                       capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert time.monotonic() - t0 < 30
+    assert r.returncode == 2
+    assert "looked for an FT232H JTAG cable (USB 0403:6014)" in r.stderr
+    assert "unable to open ftdi device" in r.stderr  # openFPGALoader's own words
+    r = subprocess.run([*cli, "--board", "butterstick", "--bitstream", str(bit)],
+                       capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert r.returncode == 2 and "writes the flash only: add --flash" in r.stderr
+    r = subprocess.run([*cli, "--board", "ecpix5", "--bitstream", str(tmp_path / "none.bit")],
+                       capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert r.returncode == 2 and "no bitstream at" in r.stderr
