@@ -31,6 +31,7 @@ import numpy as np
 from optireduce import host_port
 from optireduce.host.driver import BackendUnavailable, HostNic
 from optireduce.host.model.nic_model import EXP_COUNTERS, OpResult
+from optireduce.host.native import _engine, why
 from optireduce.params import NicParams
 from optireduce.ubt import DEFAULT_ADDRESSING, Addressing, proposal_word
 
@@ -42,6 +43,8 @@ NIC_TYPE = 0x4F52_0001  # the `nic` register block's type (docs/registers.md)
 # board MAC's 2048-byte receive FIFO (docs/boards.md, "Fragment size")
 FRAGMENT = 256
 MAX_PAIRS = 128  # REG accesses per frame: 256 words, half the adapter's frame buffer
+RECV_BATCH = 256  # frames taken from the socket per recv()
+SEND_WAIT_S = 5.0  # longest wait for room in the interface's queue
 IDENT = ("type", "version", "param_p", "param_b", "param_c", "param_n_max", "param_lanes",
          "param_ops_in_flight", "param_w_wire")  # fmt: skip
 # NicParams fields the NIC's registers give back: the job must use the board's values
@@ -80,6 +83,22 @@ def board_requested(env: dict[str, str] | None = None) -> bool:
     return bool(env.get(BOARD_IFNAME_VAR, "").strip()) and "board" in default_backends()
 
 
+def _batched() -> bool:
+    """Are frames sent and received in batches by the native engine (sendmmsg, recvmmsg)?
+    Without it, one frame per system call, said once in the log."""
+    global _SAID
+    if _engine is not None:
+        return True
+    if not _SAID:
+        _SAID = True
+        log.info("optireduce: the board's host port sends and receives a frame per system "
+                 "call (%s)", why)  # fmt: skip
+    return False
+
+
+_SAID = False
+
+
 class HostPortLink:
     """Host-port frames on one interface: a raw AF_PACKET socket for EtherType 0x88B5.
     Frames that are not the NIC's (another source, a bad header) are counted and dropped."""
@@ -103,27 +122,39 @@ class HostPortLink:
             self.sock.setsockopt(socket.SOL_SOCKET, opt, 8 << 20)
         self.sock.setblocking(False)
 
+        self.native = _batched()
+
     def send(self, frames: list[bytes]) -> None:
+        """Every frame, in order (a full interface queue is waited out, SEND_WAIT_S)."""
+        if self.native:
+            sent = _engine.send_frames(self.sock.fileno(), frames, SEND_WAIT_S)
+            if sent < len(frames):
+                raise BoardError(f"{self.ifname}: the interface's queue stayed full for "
+                                 f"{SEND_WAIT_S} s ({sent} of {len(frames)} sent)")  # fmt: skip
+            return
         for f in frames:
-            while True:
-                try:
-                    self.sock.send(f)
-                    break
-                except BlockingIOError:  # the interface's queue is full: wait for room
-                    select.select([], [self.sock], [], 0.1)
+            if not select.select([], [self.sock], [], SEND_WAIT_S)[1]:
+                raise BoardError(f"{self.ifname}: the interface's queue stayed full for "
+                                 f"{SEND_WAIT_S} s")  # fmt: skip
+            self.sock.send(f)
 
     def recv(self, timeout_s: float) -> list[host_port.HostFrame]:
         """The NIC's frames that came within timeout_s (at least one, or none by then)."""
+        timeout_s = max(0.0, timeout_s)
+        if self.native:
+            raw, _ = _engine.recv_frames(self.sock.fileno(), RECV_BATCH, timeout_s)
+        else:
+            raw = []
+            if select.select([self.sock], [], [], timeout_s)[0]:
+                while len(raw) < RECV_BATCH:
+                    try:
+                        frame, addr = self.sock.recvfrom(65536)
+                    except BlockingIOError:
+                        break
+                    if addr[2] != socket.PACKET_OUTGOING:  # not our own send
+                        raw.append(frame)
         out: list[host_port.HostFrame] = []
-        if not select.select([self.sock], [], [], max(0.0, timeout_s))[0]:
-            return out
-        while True:
-            try:
-                frame, addr = self.sock.recvfrom(65536)
-            except BlockingIOError:
-                return out
-            if addr[2] == socket.PACKET_OUTGOING:
-                continue  # our own send, seen by the socket
+        for frame in raw:
             if frame[6:12] != host_port.NIC_MAC or frame[:6] != host_port.HOST_MAC:
                 self.drops["not_from_nic"] += 1
                 continue
@@ -131,6 +162,7 @@ class HostPortLink:
                 out.append(host_port.parse(frame))
             except ValueError:
                 self.drops["malformed"] += 1
+        return out
 
     def close(self) -> None:
         self.sock.close()

@@ -671,10 +671,27 @@ int run_live(int argc, char** argv) {
 
 }  // namespace
 
+// The core idle, a tick every 125 cycles, for N cycles: the evaluation's own cost (an
+// idle cycle costs what a busy one does: every eval computes the whole design).
+int run_speed(uint64_t n) {
+    VerilatedContext ctx;
+    Core core(&ctx);
+    const uint64_t t0 = cpu_ns();
+    for (uint64_t k = 0; k < n; k++) {
+        core.tick_req = k % 125 == 0;
+        core.cycle();
+    }
+    const double s = static_cast<double>(cpu_ns() - t0) * 1e-9;
+    std::printf("{\"cycles\": %llu, \"cpu_s\": %.6f, \"cycles_per_second\": %.1f}\n",
+                static_cast<unsigned long long>(n), s, static_cast<double>(n) / s);
+    return 0;
+}
+
 int main(int argc, char** argv) {
     Verilated::commandArgs(1, argv);
     try {
         if (argc == 4 && std::string(argv[1]) == "replay") return run_replay(argv[2], argv[3]);
+        if (argc == 3 && std::string(argv[1]) == "speed") return run_speed(std::stoull(argv[2]));
         if (argc >= 2 && std::string(argv[1]) == "live") return run_live(argc, argv);
         std::fprintf(stderr, "usage: %s replay IN OUT | live --rank R --world W --sock-fd FD "
                              "--peers ip:port,... --mac-base M --ip-base I --udp-port P\n",

@@ -20,6 +20,7 @@
 #include "bind_convert.hpp"
 #include "bind_stats.hpp"
 #include "engine.hpp"
+#include "frame_batch.hpp"
 #include "impairment.hpp"
 #include "live.hpp"
 #include "py_params.hpp"
@@ -61,6 +62,35 @@ void bind_live(nb::module_& m) {
             return nb::bytes(reinterpret_cast<const char*>(tag), TAG_LEN);
         },
         "key"_a, "datagram"_a, "ubt.header_tag, as the native transport computes it.");
+
+    m.def(
+        "send_frames",
+        [](int fd, const std::vector<nb::bytes>& frames, double timeout_s) {
+            std::vector<std::string> fs;
+            fs.reserve(frames.size());
+            for (const nb::bytes& f : frames) fs.emplace_back(f.c_str(), f.size());
+            nb::gil_scoped_release unlocked;
+            return send_frames(fd, fs, static_cast<int>(to_us(timeout_s) / 1000));
+        },
+        "fd"_a, "frames"_a, "timeout_s"_a,
+        "Ethernet frames out on a packet socket, FRAME_BATCH per sendmmsg; the number sent "
+        "(fewer only when the queue stayed full for timeout_s).");
+    m.def(
+        "recv_frames",
+        [](int fd, size_t max, double timeout_s) {
+            std::vector<std::string> got;
+            uint64_t calls = 0;
+            {
+                nb::gil_scoped_release unlocked;
+                got = recv_frames(fd, max, static_cast<int>(to_us(timeout_s) / 1000), &calls);
+            }
+            nb::list out;
+            for (const std::string& f : got) out.append(nb::bytes(f.data(), f.size()));
+            return nb::make_tuple(out, calls);
+        },
+        "fd"_a, "max"_a, "timeout_s"_a,
+        "(frames, recvmmsg calls): up to max frames from a packet socket, waiting up to "
+        "timeout_s for the first; its own sends (PACKET_OUTGOING) skipped.");
 
     nb::class_<Impairment>(m, "Impairment",
                            "The C++ impairment (ImpairmentSpec semantics), for tests.")
