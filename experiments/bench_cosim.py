@@ -69,6 +69,39 @@ def _worker(rank, p, xs, sim_ranks, transports, barrier, results) -> None:
         nic.close()
 
 
+def collect(results, procs: list, world: int, timeout_s: float,
+            check: Callable[[], None] | None = None) -> dict[int, tuple]:  # fmt: skip
+    """Every rank's result tuple (rank first) from `results`; RuntimeError as soon as a
+    process fails (or `check` raises), TimeoutError past timeout_s. The processes joined."""
+    got: dict[int, tuple] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(got) < world:
+        try:
+            item = results.get(timeout=1.0)
+        except queue.Empty:
+            dead = [q.exitcode for q in procs if q.exitcode not in (None, 0)]
+            if dead:
+                raise RuntimeError(f"a cluster worker failed (exit codes {dead})") from None
+            if check is not None:
+                check()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"cluster: {len(got)}/{world} ranks done in {timeout_s} s"
+                                   ) from None  # fmt: skip
+            continue
+        got[item[0]] = item
+    for q in procs:
+        q.join(timeout=30)
+    return got
+
+
+def reap(procs: list) -> None:
+    """Kill whatever still runs."""
+    for q in procs:
+        if q.is_alive():
+            q.kill()
+            q.join(timeout=5)
+
+
 def run_cluster(
     p: NicParams,
     xs: Sequence[np.ndarray],
@@ -89,27 +122,9 @@ def run_cluster(
             args = (r, p, list(xs), tuple(sim_ranks), transports, barrier, results)
             procs.append(ctx.Process(target=_worker, args=args, daemon=True))
             procs[-1].start()
-        got = {}
-        deadline = time.monotonic() + timeout_s
-        while len(got) < world:
-            try:
-                item = results.get(timeout=1.0)
-            except queue.Empty:
-                dead = [q.exitcode for q in procs if q.exitcode not in (None, 0)]
-                if dead:
-                    raise RuntimeError(f"a cluster worker failed (exit codes {dead})") from None
-                if time.monotonic() > deadline:
-                    msg = f"cluster: {len(got)}/{world} ranks done in {timeout_s} s"
-                    raise TimeoutError(msg) from None
-                continue
-            got[item[0]] = item
-        for q in procs:
-            q.join(timeout=30)
+        got = collect(results, procs, world, timeout_s)
     finally:
-        for q in procs:
-            if q.is_alive():
-                q.kill()
-                q.join(timeout=5)
+        reap(procs)
         for t in transports:
             t.sock.close()
     ranks = [got[r] for r in range(world)]

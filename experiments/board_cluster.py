@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
-import queue
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from optireduce.experiments.bench_cosim import collect, reap
 from optireduce.experiments.netns import BOARD_HOST_IF, IFNAME, NetnsCluster, enter
 from optireduce.host.model.quantize import propose_exponent
 from optireduce.params import NicParams
@@ -82,7 +82,6 @@ def run_board_cluster(p: NicParams, xs: Sequence[np.ndarray], boards: Sequence[i
     ctx = mp.get_context("fork")
     barrier, results = ctx.Barrier(world), ctx.Queue()
     procs = []
-    got: dict[int, tuple] = {}
     with NetnsCluster(world, boards=boards) as c:
         for b in boards:
             c.start_board(b, str(exe), stats=str(tmp / f"board{b}.json"),
@@ -91,31 +90,17 @@ def run_board_cluster(p: NicParams, xs: Sequence[np.ndarray], boards: Sequence[i
             args = (r, p, list(xs), tuple(boards), c.ns[r], str(tmp / "store"), barrier, results)
             procs.append(ctx.Process(target=_worker, args=args, daemon=True))
             procs[-1].start()
+
+        def boards_alive() -> None:
+            for b, proc in zip(boards, c.procs, strict=True):
+                if proc.poll() is not None:
+                    why = proc.stderr.read()[-2000:]
+                    raise RuntimeError(f"rank {b}'s virtual board exited: {why}")
+
         try:
-            deadline = time.monotonic() + timeout_s
-            while len(got) < world:
-                try:
-                    item = results.get(timeout=1.0)
-                except queue.Empty:
-                    dead = [q.exitcode for q in procs if q.exitcode not in (None, 0)]
-                    if dead:
-                        raise RuntimeError(f"a rank failed (exit codes {dead})") from None
-                    for b, proc in zip(boards, c.procs, strict=True):
-                        if proc.poll() is not None:
-                            why = proc.stderr.read()[-2000:]
-                            raise RuntimeError(f"rank {b}'s virtual board exited: {why}") from None
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"{len(got)}/{world} ranks done in {timeout_s} s"
-                                           ) from None  # fmt: skip
-                    continue
-                got[item[0]] = item
-            for q in procs:
-                q.join(timeout=30)
+            got = collect(results, procs, world, timeout_s, boards_alive)
         finally:
-            for q in procs:
-                if q.is_alive():
-                    q.kill()
-                    q.join(timeout=5)
+            reap(procs)
     figures = {b: json.loads((tmp / f"board{b}.json").read_text()) for b in boards
                if (tmp / f"board{b}.json").exists()}  # fmt: skip
     ranks = [got[r] for r in range(world)]

@@ -19,6 +19,7 @@ import contextlib
 import ctypes
 import os
 import secrets
+import select
 import shutil
 import signal
 import socket
@@ -32,6 +33,7 @@ NO_NETNS_VAR = "OPTIREDUCE_NO_NETNS"  # "1": this machine cannot make namespaces
 IFNAME = "eth0"  # each host's interface towards the bridge
 BOARD_HOST_IF = "brd0"  # a board host's interface to its board's host port
 BOARD_HOST_OFFSET = 100  # a board host's own address: its rank's + this
+BOARD_START_S = 60.0  # a virtual board opens its interfaces within this
 
 
 class NetnsError(RuntimeError):
@@ -209,6 +211,12 @@ class NetnsCluster:
                 cmd += [opt, v]
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.procs.append(proc)
+        # ready once its sockets are open: it says so in its first line (bounded wait)
+        if not select.select([proc.stderr], [], [], BOARD_START_S)[0]:
+            raise RuntimeError(f"the virtual board of host {b} did not start in {BOARD_START_S} s")
+        line = proc.stderr.readline()
+        if not line.startswith("virtual board: host port on"):
+            raise RuntimeError(f"the virtual board of host {b} failed: {line}{proc.stderr.read()}")
         return proc
 
     def mac(self, i: int) -> str:

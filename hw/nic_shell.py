@@ -48,15 +48,16 @@ class NicShell(wiring.Component):
         self.p, self.core_domain = p, core_domain
         self.core = core(p)
         self.host = HostAdapter(p, **adapter_args)
-        super().__init__(
-            {
-                "host_rx": In(frame_stream(1)),
-                "host_tx": Out(frame_stream(1)),
-                "net_rx": In(frame_stream(1)),
-                "net_tx": Out(frame_stream(1)),
-                "tick": In(1),
-            }
-        )
+        super().__init__(self.ports())
+
+    def ports(self) -> dict:
+        return {
+            "host_rx": In(frame_stream(1)),
+            "host_tx": Out(frame_stream(1)),
+            "net_rx": In(frame_stream(1)),
+            "net_tx": Out(frame_stream(1)),
+            "tick": In(1),
+        }
 
     def elaborate(self, platform):
         m = Module()

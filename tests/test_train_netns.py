@@ -41,7 +41,7 @@ def test_both_methods_train_with_each_rank_on_its_own_network_stack(tmp_path, ne
     assert _namespaces() == before  # every namespace removed
 
 
-@pytest.mark.timeout(1200)
+@pytest.mark.timeout(1800)  # the virtual board's first build: over 10 min beside the suite
 @pytest.mark.parametrize("boards", [(1,), (0, 1, 2)], ids=["one_board", "every_rank_a_board"])
 def test_training_through_virtual_boards(tmp_path, netns_ready, boards):
     """The DDP hook on namespace hosts where some ranks (or all) drive a virtual board over

@@ -28,6 +28,9 @@ from optireduce.sim.replay import COUNTERS
 from optireduce.ubt import DEFAULT_ADDRESSING
 from tests.test_protocol import LUA_PATH, tshark_or_fail
 
+# the virtual board's first Verilator build takes 1-2 min alone, over 10 beside the suite
+pytestmark = pytest.mark.timeout(1800)
+
 
 def _start_in_namespace(ns: str, fn, *args):
     """fn(*args) in a process on namespace ns; (process, queue of its outcome)."""
@@ -157,7 +160,6 @@ def _dissect(exe: str, pcap, tmp, *fields: str) -> list[list[str]]:
     return [line.split("\t") for line in proc.stdout.splitlines()]
 
 
-@pytest.mark.timeout(900)
 def test_one_virtual_board_among_native_ranks_gives_the_models_bits(tmp_path, netns_ready):
     exe = tshark_or_fail()
     xs = inputs(3, 1500, 11)  # 6 ops of at most c = 256, the last one partial
@@ -193,7 +195,6 @@ def test_one_virtual_board_among_native_ranks_gives_the_models_bits(tmp_path, ne
     assert {snd for src, _, snd in rows if src == own} == {"1"}
 
 
-@pytest.mark.timeout(900)
 def test_every_rank_a_virtual_board(tmp_path, netns_ready):
     xs = inputs(3, 1500, 12)
     run = run_board_cluster(LIVE_PARAMS, xs, boards=(0, 1, 2), tmp=tmp_path, timeout_s=300)
