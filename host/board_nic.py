@@ -43,6 +43,7 @@ NIC_TYPE = 0x4F52_0001  # the `nic` register block's type (docs/registers.md)
 # board MAC's 2048-byte receive FIFO (docs/boards.md, "Fragment size")
 FRAGMENT = 256
 MAX_PAIRS = 128  # REG accesses per frame: 256 words, half the adapter's frame buffer
+MIN_PAIRS = -(-(host_port.ETH_MIN - host_port.HEAD) // 8)  # a REG frame's fewest: no padding
 RECV_BATCH = 256  # frames taken from the socket per recv()
 SEND_WAIT_S = 5.0  # longest wait for room in the interface's queue
 IDENT = ("type", "version", "param_p", "param_b", "param_c", "param_n_max", "param_lanes",
@@ -154,7 +155,7 @@ class HostPortLink:
                     if addr[2] != socket.PACKET_OUTGOING:  # not our own send
                         raw.append(frame)
         out: list[host_port.HostFrame] = []
-        for frame in raw:
+        for frame in map(host_port.unpad, raw):
             if frame[6:12] != host_port.NIC_MAC or frame[:6] != host_port.HOST_MAC:
                 self.drops["not_from_nic"] += 1
                 continue
@@ -187,6 +188,10 @@ class RegisterPort:
         return out
 
     def _frame(self, accesses: list[tuple[int, int | None]]) -> list[int]:
+        asked = len(accesses)
+        # a frame under Ethernet's 60 bytes arrives padded, and the NIC's host adapter drops
+        # it (drop_bad_length): fill it up with reads of the ID register
+        accesses = accesses + [(0, None)] * (MIN_PAIRS - asked)
         for _ in range(self.tries):
             self.tag = (self.tag + 1) & 0xFFFF_FFFF
             self.link.send([host_port.reg_request(accesses, self.tag)])
@@ -196,7 +201,7 @@ class RegisterPort:
                     if f.kind != host_port.REG:
                         self.others.append(f)
                     elif f.op_id == self.tag and f.count == 2 * len(accesses):
-                        return host_port.reg_values(f)
+                        return host_port.reg_values(f)[:asked]
                     else:
                         self.stale += 1
         raise BoardError(f"no answer from a NIC on {self.link.ifname} to a register access "
@@ -343,8 +348,15 @@ class BoardNic(HostNic):
     def _start(
         self, op_id: int, chunk: np.ndarray, exponent: int | None, ahead: int | None
     ) -> None:
+        if len(chunk) < host_port.MIN_WORDS:
+            raise BoardError(
+                f"op {op_id} has {len(chunk)} elements: its START frame is shorter than "
+                f"Ethernet's {host_port.ETH_MIN} bytes, and the NIC's host adapter drops a "
+                f"padded frame; an op needs at least {host_port.MIN_WORDS} (docs/boards.md)"
+            )
         self.link.send(host_port.chunk_frames(host_port.START, op_id, chunk, exponent,
-                                              proposal_word(ahead), fragment=FRAGMENT))  # fmt: skip
+                                              proposal_word(ahead), fragment=FRAGMENT,
+                                              min_words=host_port.MIN_WORDS))  # fmt: skip
 
     def _poll(self, deadline: float) -> list[OpResult]:
         """The ops whose STATS came (their RESULT fragments came before it)."""

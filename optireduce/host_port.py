@@ -45,6 +45,9 @@ KINDS = {CONFIG: "config", START: "start", DATA: "data", RESULT: "result", STATS
          REG: "reg"}  # fmt: skip
 WORD_KINDS = (START, DATA, RESULT, STATS, REG)  # payload of 32-bit words, `count` of them
 FRAGMENT = 2048
+HEAD = 14 + HEADER.size  # Ethernet header + host-port header: 34 bytes
+ETH_MIN = 60  # an Ethernet frame's least length without its FCS: shorter ones are padded
+MIN_WORDS = 7  # the fewest words whose frame needs no padding (HEAD + 4 * 7 >= ETH_MIN)
 HOST_MAC = bytes.fromhex("024f52ffffff")
 NIC_MAC = bytes.fromhex("024f52fffffe")
 
@@ -109,24 +112,37 @@ def chunk_frames(
     exponent: int | None,
     proposal: int = 0,
     fragment: int = FRAGMENT,
+    min_words: int = 1,
 ) -> list[bytes]:
     """An op's float32 chunk (START then DATA) or result (RESULT), in fragments of at most
-    `fragment` elements. A START with exponent None takes the NIC's in-band exponent;
-    `proposal` is its proposal word."""
+    `fragment` elements, the last of at least `min_words` when there are several (the one
+    before it gives them up). A START with exponent None takes the NIC's in-band
+    exponent; `proposal` is its proposal word."""
     data = np.asarray(data, dtype=">f4")
     flags = FLAG_INBAND if exponent is None else 0
+    offs = list(range(0, max(1, len(data)), fragment))
+    if len(offs) > 1 and len(data) - offs[-1] < min_words:
+        offs[-1] = len(data) - min_words
     out = []
-    for off in range(0, max(1, len(data)), fragment):
+    for off, end in zip(offs, [*offs[1:], len(data)], strict=True):
         k = kind if kind == RESULT or off == 0 else DATA
         head = (flags, proposal) if k == START else (0, 0)
-        f = HostFrame(k, op_id, off, len(data), exponent or 0,
-                      data[off : off + fragment].tobytes(), *head)  # fmt: skip
+        f = HostFrame(k, op_id, off, len(data), exponent or 0, data[off:end].tobytes(), *head)
         out.append(build(f, to_nic=kind != RESULT))
     return out
 
 
+def unpad(frame: bytes) -> bytes:
+    """A frame without the padding Ethernet adds to frames under ETH_MIN bytes (a word
+    kind's length is its header's; anything else is returned as it came)."""
+    if len(frame) != ETH_MIN or not is_host_frame(frame) or len(frame) < HEAD:
+        return frame
+    kind, count = frame[15], int.from_bytes(frame[16:18], "big")
+    want = HEAD + 4 * count
+    return frame[:want] if kind in WORD_KINDS and want < ETH_MIN else frame
+
+
 WRITE = 1 << 31  # REG address word: bit 31 set = write
-HEAD = 14 + HEADER.size  # Ethernet header + host-port header: 34 bytes
 
 
 def reg_request(accesses: list[tuple[int, int | None]], tag: int = 0) -> bytes:

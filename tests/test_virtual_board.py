@@ -69,6 +69,17 @@ def _detect() -> list[dict]:
     return [dict(ifname=b.ifname, version=b.version, **b.params) for b in detect([BOARD_HOST_IF])]
 
 
+def _read_one(name: str) -> int:
+    from optireduce.host.board_nic import HostPortLink, RegisterPort, _offsets
+
+    link = HostPortLink(BOARD_HOST_IF)
+    try:
+        (v,) = RegisterPort(link).access([(_offsets(LIVE_PARAMS)[name], None)])
+        return v
+    finally:
+        link.close()
+
+
 def _silent_register_read() -> float:
     from optireduce.host.board_nic import BoardError, HostPortLink, RegisterPort
 
@@ -113,6 +124,8 @@ def test_detect_finds_the_virtual_board_and_bad_answers_are_errors_or_drops(tmp_
             "ifname": "brd0", "version": 0x10000, "p": LIVE_PARAMS.p, "b": LIVE_PARAMS.b,
             "c": LIVE_PARAMS.c, "n_max": LIVE_PARAMS.n_max, "lanes": LIVE_PARAMS.lanes,
             "ops_in_flight": LIVE_PARAMS.ops_in_flight, "w_wire": LIVE_PARAMS.w_wire}])  # fmt: skip
+        # one register read: its frame is filled up to Ethernet's least length, both ways
+        assert _in_namespace(c.ns[0], _read_one, "param_c") == ("ok", LIVE_PARAMS.c)
         # a board with nothing on its host port: a clear error within the bound
         board.terminate()
         board.wait(timeout=10)
@@ -122,7 +135,9 @@ def test_detect_finds_the_virtual_board_and_bad_answers_are_errors_or_drops(tmp_
         # from another source, one with a bad header, one good RESULT fragment's worth
         nic_to_host = host_port.HOST_MAC + host_port.NIC_MAC + b"\x88\xb5"
         stranger = host_port.HOST_MAC + bytes.fromhex("02aabbccddee") + b"\x88\xb5"
+        # a 4-word RESULT is 50 bytes: on a wire it comes padded to 60
         good = host_port.chunk_frames(host_port.RESULT, 0, np.ones(4, np.float32), 0)[0]
+        good += bytes(host_port.ETH_MIN - len(good))
         receiver = _start_in_namespace(c.ns[0], _receive_junk)
         time.sleep(0.1)
         sent = _in_namespace(c.boards[0], _send_from_board, [

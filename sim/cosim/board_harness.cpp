@@ -6,7 +6,8 @@
 //
 // Every frame that arrives on IF (an AF_PACKET socket, promiscuous, outgoing frames
 // skipped) goes into the matching port a byte per `sync` cycle, as a board's MAC hands
-// it over without its FCS; every frame the shell sends leaves on that interface. The
+// it over without its FCS; every frame the shell sends leaves on that interface. Frames
+// under Ethernet's 60 bytes are padded both ways, as a wire and the MAC pad them. The
 // core's clock is `sync` / D (2: 62.5 MHz against the board's 125). The tick follows the
 // wall clock while an op is in flight (a START taken, its STATS not yet sent), at most
 // one every G cycles, so a simulation slower than the board runs its time slower; with
@@ -35,6 +36,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -56,6 +58,7 @@ volatile std::sig_atomic_t g_stop = 0;
 void on_signal(int) { g_stop = 1; }
 
 const size_t MAX_FRAME = 2048;  // a board MAC's receive FIFO (hw/rgmii_rx.py)
+const size_t MIN_FRAME = 60;    // Ethernet's least frame without its FCS: shorter is padded
 const uint16_t HOST_ETHERTYPE = 0x88B5;
 const uint8_t KIND_START = 1, KIND_STATS = 4;  // optireduce/host_port.py
 
@@ -132,13 +135,17 @@ struct Port {
                 continue;
             }
             rx++;
-            record(buf, static_cast<size_t>(k));
-            rxq.emplace_back(buf, buf + k);
+            // a sender's NIC pads a short frame on the wire; a veth does not
+            const size_t n = std::max(static_cast<size_t>(k), MIN_FRAME);
+            std::fill(buf + k, buf + n, 0);
+            record(buf, n);
+            rxq.emplace_back(buf, buf + n);
             if (host_kind(rxq.back(), KIND_START)) starts++;
         }
     }
 
-    void send(const std::vector<uint8_t>& f) {
+    void send(std::vector<uint8_t>& f) {
+        if (f.size() < MIN_FRAME) f.resize(MIN_FRAME, 0);  // as the MAC's transmitter pads
         record(f.data(), f.size());
         if (::send(fd, f.data(), f.size(), MSG_DONTWAIT) >= 0)
             tx++;
