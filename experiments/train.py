@@ -543,7 +543,8 @@ def run_method(
         )  # fmt: skip
         if cfg.boards:  # each virtual board's figures, written as the namespaces went down
             summary["boards"] = {b: json.loads((out / f"board{b}.json").read_text())
-                                 for b in cfg.boards}  # fmt: skip
+                                 for b in cfg.boards
+                                 if (out / f"board{b}.json").exists()}  # fmt: skip
     op_ms = np.concatenate([r["op_ms"] for r in ranks])  # every rank's ops
     summary["op_p50_ms"] = float(np.percentile(op_ms, 50))
     summary["op_p99_ms"] = float(np.percentile(op_ms, 99))

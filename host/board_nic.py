@@ -21,6 +21,7 @@ import logging
 import os
 import select
 import socket
+import struct
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from optireduce import host_port
 from optireduce.host.driver import BackendUnavailable, HostNic
 from optireduce.host.model.nic_model import EXP_COUNTERS, OpResult
 from optireduce.host.native import _engine, why
+from optireduce.op_stats import OpStats
 from optireduce.params import NicParams
 from optireduce.ubt import DEFAULT_ADDRESSING, Addressing, proposal_word
 
@@ -44,6 +46,7 @@ NIC_TYPE = 0x4F52_0001  # the `nic` register block's type (docs/registers.md)
 FRAGMENT = 256
 MAX_PAIRS = 128  # REG accesses per frame: 256 words, half the adapter's frame buffer
 MIN_PAIRS = -(-(host_port.ETH_MIN - host_port.HEAD) // 8)  # a REG frame's fewest: no padding
+SOL_PACKET, PACKET_ADD_MEMBERSHIP, PACKET_MR_UNICAST = 263, 1, 3  # <linux/if_packet.h>
 RECV_BATCH = 256  # frames taken from the socket per recv()
 SEND_WAIT_S = 5.0  # longest wait for room in the interface's queue
 IDENT = ("type", "version", "param_p", "param_b", "param_c", "param_n_max", "param_lanes",
@@ -88,7 +91,7 @@ def _batched() -> bool:
     """Are frames sent and received in batches by the native engine (sendmmsg, recvmmsg)?
     Without it, one frame per system call, said once in the log."""
     global _SAID
-    if _engine is not None:
+    if _engine is not None and hasattr(_engine, "send_frames"):
         return True
     if not _SAID:
         _SAID = True
@@ -121,6 +124,16 @@ class HostPortLink:
                              f"`ip link` lists the interfaces") from e  # fmt: skip
         for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
             self.sock.setsockopt(socket.SOL_SOCKET, opt, 8 << 20)
+        # the NIC sends to HOST_MAC, not to this interface's own address: have the
+        # interface's filter take it (struct packet_mreq, PACKET_MR_UNICAST)
+        mreq = struct.pack("iHH8s", socket.if_nametoindex(ifname), PACKET_MR_UNICAST,
+                           len(host_port.HOST_MAC), host_port.HOST_MAC)  # fmt: skip
+        try:
+            self.sock.setsockopt(SOL_PACKET, PACKET_ADD_MEMBERSHIP, mreq)
+        except OSError as e:
+            self.sock.close()
+            raise BoardError(f"{ifname}: cannot have it receive frames for the host-port "
+                             f"address {host_port.HOST_MAC.hex(':')} ({e})") from e  # fmt: skip
         self.sock.setblocking(False)
 
         self.native = _batched()
@@ -128,22 +141,35 @@ class HostPortLink:
     def send(self, frames: list[bytes]) -> None:
         """Every frame, in order (a full interface queue is waited out, SEND_WAIT_S)."""
         if self.native:
-            sent = _engine.send_frames(self.sock.fileno(), frames, SEND_WAIT_S)
+            try:
+                sent = _engine.send_frames(self.sock.fileno(), frames, SEND_WAIT_S)
+            except RuntimeError as e:
+                raise BoardError(f"{self.ifname}: sending to the NIC failed: {e}") from e
             if sent < len(frames):
                 raise BoardError(f"{self.ifname}: the interface's queue stayed full for "
                                  f"{SEND_WAIT_S} s ({sent} of {len(frames)} sent)")  # fmt: skip
             return
         for f in frames:
-            if not select.select([], [self.sock], [], SEND_WAIT_S)[1]:
-                raise BoardError(f"{self.ifname}: the interface's queue stayed full for "
-                                 f"{SEND_WAIT_S} s")  # fmt: skip
-            self.sock.send(f)
+            while True:
+                if not select.select([], [self.sock], [], SEND_WAIT_S)[1]:
+                    raise BoardError(f"{self.ifname}: the interface's queue stayed full for "
+                                     f"{SEND_WAIT_S} s")  # fmt: skip
+                try:
+                    self.sock.send(f)
+                    break
+                except BlockingIOError:
+                    continue  # room went to another frame: wait again
+                except OSError as e:
+                    raise BoardError(f"{self.ifname}: sending to the NIC failed: {e}") from e
 
     def recv(self, timeout_s: float) -> list[host_port.HostFrame]:
         """The NIC's frames that came within timeout_s (at least one, or none by then)."""
         timeout_s = max(0.0, timeout_s)
         if self.native:
-            raw, _ = _engine.recv_frames(self.sock.fileno(), RECV_BATCH, timeout_s)
+            try:
+                raw, _ = _engine.recv_frames(self.sock.fileno(), RECV_BATCH, timeout_s)
+            except RuntimeError as e:
+                raise BoardError(f"{self.ifname}: receiving from the NIC failed: {e}") from e
         else:
             raw = []
             if select.select([self.sock], [], [], timeout_s)[0]:
@@ -247,14 +273,18 @@ def interfaces() -> list[str]:
     return out
 
 
-def detect(ifnames: list[str] | None = None, timeout_s: float = 0.5) -> list[BoardInfo]:
+def detect(ifnames: list[str] | None = None, timeout_s: float = 0.5,
+           errors: dict[str, str] | None = None) -> list[BoardInfo]:  # fmt: skip
     """The NICs answering on `ifnames` (default: every interface that is up): one REG read
-    each, all sent at once, answers awaited for timeout_s."""
+    on each, one interface after another, answers awaited for timeout_s. An interface
+    that could not be asked (no raw socket: not root) goes into `errors` with the reason."""
     found = []
     for name in ifnames or interfaces():
         try:
             link = HostPortLink(name)
-        except BoardError:
+        except BoardError as e:
+            if errors is not None:
+                errors[name] = str(e)
             continue
         try:
             found.append(identify(RegisterPort(link, timeout_s, tries=1)))
@@ -316,6 +346,13 @@ class BoardNic(HostNic):
         peers = [(int.from_bytes(socket.inet_aton(h), "big"), port)
                  for h, port in (board_address(r, self.p) for r in range(self.world))]  # fmt: skip
         writes = config_writes(self.p, self.rank, self.world, peers)
+        # the NIC numbers ops from 0 only after a reset (clearing counters does not), and
+        # its host adapter drops a START that is not the next op id
+        (ran,) = self.regs.access([(self._off["ops_started"], None)])
+        if ran:
+            raise BoardError(f"the NIC on {self.link.ifname} has run {ran} ops since it was "
+                             "loaded and expects the next op id; a job starts at op 0: reload "
+                             "it (optireduce board program) before this job")  # fmt: skip
         self.regs.access([(self._off["ctrl"], 1), *writes])  # counters cleared, then set up
 
     # ---- the Nic API --------------------------------------------------------------------
@@ -339,6 +376,20 @@ class BoardNic(HostNic):
         self.p = self.p.replace(t_b_us=int(t_b_us))
         self.regs.access([(self._off["t_b_us"], self.p.t_b_us)])
 
+    def _allreduce(self, x: np.ndarray) -> tuple[np.ndarray, list[OpStats]]:
+        """HostNic's op loop, once every op of the call is known to fit a frame: an op
+        refused halfway would leave the NIC ahead of the host's op ids."""
+        n, c = int(np.size(x)), self.p.c
+        short = [k for k in range(0, n, c) if min(c, n - k) < host_port.MIN_WORDS]
+        if short:
+            raise BoardError(
+                f"an allreduce of {n} elements makes an op of {min(c, n - short[0])}: its "
+                f"START frame is shorter than Ethernet's {host_port.ETH_MIN} bytes, and the "
+                f"NIC's host adapter drops a padded frame; an op needs at least "
+                f"{host_port.MIN_WORDS} elements (docs/boards.md)"
+            )
+        return super()._allreduce(x)
+
     # ---- the op loop's primitives (HostNic._allreduce) ------------------------------
     def _room(self, op_id: int, done: int) -> bool:
         # a START beyond the window would stall the host port, and a board's MAC drops
@@ -348,12 +399,6 @@ class BoardNic(HostNic):
     def _start(
         self, op_id: int, chunk: np.ndarray, exponent: int | None, ahead: int | None
     ) -> None:
-        if len(chunk) < host_port.MIN_WORDS:
-            raise BoardError(
-                f"op {op_id} has {len(chunk)} elements: its START frame is shorter than "
-                f"Ethernet's {host_port.ETH_MIN} bytes, and the NIC's host adapter drops a "
-                f"padded frame; an op needs at least {host_port.MIN_WORDS} (docs/boards.md)"
-            )
         self.link.send(host_port.chunk_frames(host_port.START, op_id, chunk, exponent,
                                               proposal_word(ahead), fragment=FRAGMENT,
                                               min_words=host_port.MIN_WORDS))  # fmt: skip
@@ -375,7 +420,11 @@ class BoardNic(HostNic):
                 st["got"] += f.count
             elif f.kind == host_port.STATS:
                 words = np.frombuffer(f.payload, ">u4").tolist()
-                d = host_port.stats_from_words(words)
+                try:
+                    d = host_port.stats_from_words(words)
+                except ValueError as e:
+                    raise BoardError(f"op {f.op_id}: the NIC on {self.link.ifname} sent a "
+                                     f"STATS record the host cannot read ({e})") from e  # fmt: skip
                 st = self._parts.pop(f.op_id, None)
                 if st is None or st["got"] != d["n"]:
                     self.lost_results += 1

@@ -619,7 +619,10 @@ def cmd_board_detect(args: argparse.Namespace) -> int:
     from optireduce.host.board_nic import detect, interfaces
 
     names = [n for n in (args.ifname or "").split(",") if n] or interfaces()
-    found = detect(names, timeout_s=args.timeout)
+    errors: dict[str, str] = {}
+    found = detect(names, timeout_s=args.timeout, errors=errors)
+    for reason in errors.values():
+        print(f"optireduce board detect: {reason}", file=sys.stderr)
     if args.json:
         print(json.dumps([{"ifname": b.ifname, "version": b.version, "params": b.params}
                           for b in found], indent=2))  # fmt: skip

@@ -153,11 +153,12 @@ function orhost.dissector(tvb, pinfo, tree)
     st:add(hf_exponent, tvb(16, 1))
     st:add(hf_flags, tvb(17, 1))
     st:add(hf_proposal, tvb(18, 2))
-    local words = st:add(hf_words, tvb(head, len - head), math.floor((len - head) / 4))
+    local count = tvb(2, 2):uint()  -- the header's: padding is not a word
+    local words = st:add(hf_words, tvb(head, math.min(len - head, 4 * count)), count)
     words:set_generated()
     local kind = tvb(1, 1):uint()
     pinfo.cols.info = string.format("%s op=%d offset=%d n=%d count=%d",
-        host_kinds[kind] or ("kind" .. kind), tvb(4, 4):uint(), tvb(8, 4):uint(), tvb(12, 4):uint(), tvb(2, 2):uint())
+        host_kinds[kind] or ("kind" .. kind), tvb(4, 4):uint(), tvb(8, 4):uint(), tvb(12, 4):uint(), count)
     return len
 end
 

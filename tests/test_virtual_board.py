@@ -80,6 +80,22 @@ def _read_one(name: str) -> int:
         link.close()
 
 
+def _short_op_refused() -> tuple[str, int, int]:
+    from optireduce.host.board_nic import BOARD_IFNAME_VAR, BoardError, BoardNic, board_address
+    from optireduce.host.transport import UdpTransport
+
+    os.environ[BOARD_IFNAME_VAR] = BOARD_HOST_IF
+    t = UdpTransport(0, key=None)
+    t.connect([board_address(r, LIVE_PARAMS) for r in range(2)])
+    nic = BoardNic(LIVE_PARAMS, 0, 2, t, lambda e: e)
+    try:
+        with pytest.raises(BoardError) as e:
+            nic.allreduce(np.ones(LIVE_PARAMS.c + 3, np.float32))
+        return str(e.value), nic.next_op, nic.counters()["ops_started"]
+    finally:
+        nic.close()
+
+
 def _silent_register_read() -> float:
     from optireduce.host.board_nic import BoardError, HostPortLink, RegisterPort
 
@@ -126,6 +142,10 @@ def test_detect_finds_the_virtual_board_and_bad_answers_are_errors_or_drops(tmp_
             "ops_in_flight": LIVE_PARAMS.ops_in_flight, "w_wire": LIVE_PARAMS.w_wire}])  # fmt: skip
         # one register read: its frame is filled up to Ethernet's least length, both ways
         assert _in_namespace(c.ns[0], _read_one, "param_c") == ("ok", LIVE_PARAMS.c)
+        # an allreduce whose last op would be under a frame's least length is refused
+        # before any op starts: the NIC and the host still agree on the next op id
+        status, (msg, next_op, ran) = _in_namespace(c.ns[0], _short_op_refused)
+        assert status == "ok" and "makes an op of 3" in msg and next_op == ran == 0
         # a board with nothing on its host port: a clear error within the bound
         board.terminate()
         board.wait(timeout=10)

@@ -10,8 +10,8 @@
 // under Ethernet's 60 bytes are padded both ways, as a wire and the MAC pad them. The
 // core's clock is `sync` / D (2: 62.5 MHz against the board's 125). The tick follows the
 // wall clock while an op is in flight (a START taken, its STATS not yet sent), at most
-// one every G cycles, so a simulation slower than the board runs its time slower; with
-// no op in flight time stands still. SIGTERM or SIGINT end it (and its parent's death:
+// one every G cycles (8 D with the core idle), so a simulation slower than the board runs
+// its time slower; with no op in flight time stands still. SIGTERM or SIGINT end it (and its parent's death:
 // PR_SET_PDEATHSIG), writing the run's figures as JSON to FILE. With --pcap, every frame
 // each port takes or sends is written to PREFIX-host.pcap and PREFIX-net.pcap, as a
 // capture on the board's two cables would show them.
@@ -312,6 +312,10 @@ int run(int argc, char** argv) {
         return static_cast<uint64_t>(
             std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - a).count());
     };
+    // Even with the core idle, ticks are spaced: the tick crosses to the core's clock
+    // through a toggle synchronizer, where two pulses inside one core cycle cancel, and
+    // the core shows the work a tick starts only a few of its cycles later.
+    const uint64_t idle_gap = 8 * core_div;
     uint64_t wall = 0, last_strobe = 0, offset = 0, busy_ns = 0;
     auto busy_from = clock::now();
     int quiet = 0;
@@ -321,7 +325,8 @@ int run(int argc, char** argv) {
         const bool in_flight = b.ops_started > b.ops_done;
         if (!in_flight) {
             offset = wall - b.ticks;  // no timer is live: time stands still
-        } else if (b.ticks + offset < wall && (b.idle() || b.cycles >= last_strobe + tick_gap)) {
+        } else if (b.ticks + offset < wall &&
+                   b.cycles >= last_strobe + (b.idle() ? idle_gap : tick_gap)) {
             b.tick_req = true;
             last_strobe = b.cycles;
         }
