@@ -38,6 +38,9 @@ def pair() -> list[UdpTransport]:
     return tr
 
 
+# the harness build inside it takes minutes alone and over 10 beside the suite (a CI run
+# timed out at 600 s)
+@pytest.mark.timeout(1800)
 def test_a_silent_peer_ends_both_phases_by_their_deadlines_in_ticks(monkeypatch):
     harness_path(PARAMS)  # a first build takes minutes (cosim_status, `optireduce demo`)
     x = np.random.default_rng(5).standard_normal(200).astype(np.float32)
