@@ -44,6 +44,17 @@ def inputs(world: int, n: int, seed: int) -> list[np.ndarray]:
     return [(rng.standard_normal(n) * (1 + r)).astype(np.float32) for r in range(world)]
 
 
+def known_agreement(p: NicParams, xs: Sequence[np.ndarray], rank: int):
+    """The exponent agreement every rank reaches, from everyone's inputs (known here):
+    per op the largest proposal."""
+
+    def agree(proposals: list[int]) -> list[int]:
+        bounds = range(0, xs[rank].size, p.c)
+        return [max(propose_exponent(y[a : a + p.c], p) for y in xs) for a in bounds]
+
+    return agree
+
+
 def _worker(rank, p, xs, sim_ranks, transports, barrier, results) -> None:
     from optireduce.host.driver import select_nic
 
@@ -52,9 +63,7 @@ def _worker(rank, p, xs, sim_ranks, transports, barrier, results) -> None:
             t.sock.close()  # the fork's copies of the other ranks' sockets
     x = xs[rank]
 
-    def agree(proposals: list[int]) -> list[int]:
-        bounds = range(0, x.size, p.c)
-        return [max(propose_exponent(y[a : a + p.c], p) for y in xs) for a in bounds]
+    agree = known_agreement(p, xs, rank)
 
     prefer = ("sim", "software") if rank in sim_ranks else ("software",)
     nic = select_nic(p, rank, len(xs), transport=transports[rank], agree=agree, prefer=prefer)

@@ -19,9 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from optireduce.experiments.bench_cosim import collect, reap
+from optireduce.experiments.bench_cosim import collect, known_agreement, reap
 from optireduce.experiments.netns import BOARD_HOST_IF, IFNAME, NetnsCluster, enter
-from optireduce.host.model.quantize import propose_exponent
 from optireduce.params import NicParams
 
 
@@ -53,10 +52,7 @@ def _worker(rank: int, p: NicParams, xs: list[np.ndarray], boards: tuple[int, ..
     transport = transport_from_store(store, rank, world, key=None,
                                      publish=board_address(rank, p) if board else None)  # fmt: skip
 
-    def agree(proposals: list[int]) -> list[int]:
-        bounds = range(0, xs[rank].size, p.c)
-        return [max(propose_exponent(y[a : a + p.c], p) for y in xs) for a in bounds]
-
+    agree = known_agreement(p, xs, rank)
     prefer = ("board",) if board else ("native",)
     nic = select_nic(p, rank, world, transport=transport, agree=agree, prefer=prefer)
     try:
