@@ -6,7 +6,7 @@ comma  := ,
 EXTRAS ?= dev,sim,fpga,torch
 STAMP  := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: install tools demo test bench lint clean
+.PHONY: install tools demo test deep bench lint clean
 
 install: $(STAMP)
 
@@ -42,7 +42,12 @@ demo: install
 	$(VENV)/bin/optireduce demo
 
 test: install tools
-	$(PY) -m pytest -n 2 -q --durations=25
+	$(PY) -m pytest -n 2 -q --durations=25 -m "not deep"
+
+# the checks too long for make test (tests marked deep: the aggregator's bounded model
+# checks, two solvers at a time); CI runs them after make test
+deep: install tools
+	$(PY) -m pytest -q --durations=10 -m deep
 
 # every `optireduce bench` group that is installed, one JSON file (also printed)
 bench: install

@@ -12,6 +12,14 @@ os.environ.setdefault("NUMBA_NUM_THREADS", "1")
 sys.setrecursionlimit(max(sys.getrecursionlimit(), 20_000))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "deep: a check too long for make test's 25 minutes on 2 cores (the aggregator's "
+        "bounded model checks); `make deep` runs them, and CI runs both",
+    )
+
+
 @pytest.fixture
 def netns_ready() -> None:
     """Network namespaces can be made here, or the test fails saying how to fix it (root,

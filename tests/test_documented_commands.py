@@ -57,6 +57,7 @@ PROGRAMS = re.compile(r"^(?:\.venv/bin/)?(?:optireduce |make\b|python -m |torchr
 NOT_RUN: dict[str, str] = {
     # itself, and the suite it belongs to
     r"^make test$": "the whole test suite, this test among it",
+    r"^make deep$": "the deep checks (the aggregator's bounded model checks, 10-15 min)",
     r"^(?:\.venv/bin/)?python -m pytest\b": "a test run: those tests are part of make test",
     # make demo = make install + `optireduce demo`, which runs here (README's table)
     r"^make demo$": "make install + optireduce demo; the demo line itself runs here",
