@@ -154,14 +154,12 @@ def rtl_config(cfg):
 def cosim_status(cfg=None) -> tuple[bool, str]:
     """(usable, reason): can rank 0 of the OptiReduce run be the co-simulated NIC? Builds
     the harness for the hook's NicParams if needed (minutes, once; cached under build/)."""
-    from optireduce.host.ddp_hook import WARMUP_T_B_US
-
     cfg = cfg or rtl_config(demo_config())
     try:
         from optireduce.sim.cosim_build import harness_path
 
-        # the hook's NIC starts with the warm-up t_B (a reset value in the gateware)
-        harness_path(cfg.nic_params().replace(t_b_us=WARMUP_T_B_US))
+        # the hook's NIC: with the warm-up t_B (a reset value in the gateware)
+        harness_path(cfg.nic_params())
     except ImportError as e:
         return False, f"the co-simulation is not installed: {e}"
     except Exception as e:  # a missing toolchain or a failed build: say why, run software

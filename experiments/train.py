@@ -140,12 +140,15 @@ class TrainConfig:
                 raise ValueError(f"train: method {m!r} is not one of {','.join(METHODS)}")
 
     def nic_params(self):
-        from optireduce.params import NicParams
+        """The NICs' parameters as the hook starts them: with the warm-up t_B (a virtual
+        board's build takes its t_C's first value from it, as the model does)."""
+        from optireduce.params import WARMUP_T_B_US, NicParams
 
         # in-band exponents and progress_ahead on host backends; the gateware (co-simulated
         # or a virtual board) agrees by exchange and has no progress_ahead
         host = self.cosim_rank is None and not self.boards
         return NicParams(n_max=max(8, self.world), exp_inband=host, progress_ahead=host,
+                         t_b_us=WARMUP_T_B_US,
                          **{k: getattr(self, k) for k in NIC_FIELDS})  # fmt: skip
 
 
@@ -525,13 +528,10 @@ def run_method(
         summary["addresses"] = [str(r["address"]) for r in ranks]
         # The check op against the model on the virtual cluster: same inputs, op 0,
         # lossless, the warm-up's NicParams (t_B changes no result bit, only timing).
-        from optireduce.host.ddp_hook import WARMUP_T_B_US
         from optireduce.host.model.virtual_cluster import simulate_allreduce
 
-        ref, _ = simulate_allreduce(
-            verification_inputs(cfg), params=cfg.nic_params().replace(t_b_us=WARMUP_T_B_US),
-            calibrate=False,
-        )  # fmt: skip
+        ref, _ = simulate_allreduce(verification_inputs(cfg), params=cfg.nic_params(),
+                                    calibrate=False)  # fmt: skip
         summary["verify_bit_exact"] = [
             bool(np.array_equal(r["verify"].view(np.uint32), ref[i].view(np.uint32)))
             for i, r in enumerate(ranks)

@@ -55,11 +55,10 @@ from optireduce.host.driver import Nic, select_nic
 from optireduce.host.model.deadline import calibrate_t_b, phase_times
 from optireduce.host.model.impairment import ImpairmentSpec
 from optireduce.host.transport import transport_from_store
-from optireduce.params import NicParams
+from optireduce.params import WARMUP_T_B_US, NicParams
 
 log = logging.getLogger("optireduce")
 POLICIES = ("accept", "skip", "redo", "stop")
-WARMUP_T_B_US = 30_000_000  # the bound of warm-up phases: only a dead peer reaches it
 CONTROL_FLOOR_S = 1.0  # least wait of a control exchange: exclusion must mean dead
 # Default floor of a phase's timeout (NicParams.t_c_min_us). t_C tracks a phase's typical
 # length (~0.3 ms for a 64 KiB op on loopback), far below how long the peers' engine threads

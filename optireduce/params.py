@@ -11,6 +11,9 @@ from dataclasses import dataclass
 
 ESTIMATORS = ("unbiased", "plain")
 TC_SAMPLES = ("duration", "last_arrival")
+# t_B of the DDP hook's warm-up phases: only a dead peer reaches it. A NIC starts with it
+# (its t_C starts there too), and the hook sets the calibrated t_B after the warm-up.
+WARMUP_T_B_US = 30_000_000
 
 
 class ParamError(ValueError):

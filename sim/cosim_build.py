@@ -20,7 +20,7 @@ from amaranth.lib import wiring
 from filelock import FileLock
 
 from optireduce.params import NicParams
-from optireduce.sim import verilog
+from optireduce.sim import ico_gate, verilog
 from optireduce.sim.toolchain import FIX, ToolchainError, use_verilator
 
 HARNESS_DIR = Path(__file__).resolve().parent / "cosim"
@@ -64,6 +64,7 @@ def _harness(top: str, p: NicParams, component: wiring.Component | None) -> Path
     h = hashlib.sha256(vpath.read_bytes())
     for name in (*SOURCES[top], *SHARED):
         h.update((HARNESS_DIR / name).read_bytes())
+    h.update(Path(ico_gate.__file__).read_bytes())
     out = vpath.parent / f"harness-{h.hexdigest()[:12]}"
     exe = out / Path(SOURCES[top][0]).stem
     with FileLock(str(vpath.parent / ".lock"), timeout=BUILD_TIMEOUT_S):
@@ -74,19 +75,7 @@ def _harness(top: str, p: NicParams, component: wiring.Component | None) -> Path
     return exe
 
 
-def _build(root: Path, vpath: Path, top: str, out: Path, exe: Path) -> None:
-    if not (root / "include" / "verilated.h").exists():
-        raise ToolchainError(f"{root}/include/verilated.h is missing: {FIX}")
-    out.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        str(root / "bin" / "verilator"), "--cc", "--exe", "--build", "-j", "2",
-        "-O3", "-Wno-fatal", "-Wno-lint", "-Wno-style", "--top-module", top,
-        "-MAKEFLAGS", "OPT_FAST=-O2 OPT_SLOW=-O1",
-        "-CFLAGS", "-std=c++17", "--Mdir", str(out / "obj"), "-o", str(exe),
-        str(vpath), *(str(HARNESS_DIR / n) for n in SOURCES[top]),
-    ]  # fmt: skip
-    t0 = time.monotonic()
-    print(f"optireduce: building the co-simulation harness in {out} ...", file=sys.stderr)
+def _run(cmd: list[str], what: str) -> None:
     try:
         r = subprocess.run(
             ["nice", *cmd], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S,
@@ -94,8 +83,28 @@ def _build(root: Path, vpath: Path, top: str, out: Path, exe: Path) -> None:
         )  # fmt: skip
     except FileNotFoundError as e:
         raise ToolchainError(f"cannot run {cmd[0]}: {e}: {FIX}") from e
-    if r.returncode != 0 or not exe.exists():
+    if r.returncode != 0:
         tail = (r.stdout + r.stderr)[-4000:]
-        raise RuntimeError(f"the harness build failed ({' '.join(cmd)}):\n{tail}")
-    shutil.rmtree(out / "obj", ignore_errors=True)  # ~150 MB of objects; the exe stands alone
+        raise RuntimeError(f"the harness {what} failed ({' '.join(cmd)}):\n{tail}")
+
+
+def _build(root: Path, vpath: Path, top: str, out: Path, exe: Path) -> None:
+    """Verilate, gate the input-combinational region (sim/ico_gate.py), compile."""
+    if not (root / "include" / "verilated.h").exists():
+        raise ToolchainError(f"{root}/include/verilated.h is missing: {FIX}")
+    out.mkdir(parents=True, exist_ok=True)
+    mdir, prefix = out / "obj", f"V{top}"
+    t0 = time.monotonic()
+    print(f"optireduce: building the co-simulation harness in {out} ...", file=sys.stderr)
+    _run([
+        str(root / "bin" / "verilator"), "--cc", "--exe", "-O3", "-Wno-fatal", "-Wno-lint",
+        "-Wno-style", "--top-module", top, "-CFLAGS", "-std=c++17", "--Mdir", str(mdir),
+        "-o", str(exe), str(vpath), *(str(HARNESS_DIR / n) for n in SOURCES[top]),
+    ], "verilation")  # fmt: skip
+    ico_gate.gate_ico(mdir, prefix)
+    _run(["make", "-C", str(mdir), "-f", f"{prefix}.mk", "-j", "2", "OPT_FAST=-O2",
+          "OPT_SLOW=-O1"], "compilation")  # fmt: skip
+    if not exe.exists():
+        raise RuntimeError(f"the harness build made no {exe}")
+    shutil.rmtree(mdir, ignore_errors=True)  # ~150 MB of objects; the exe stands alone
     print(f"optireduce: harness built in {time.monotonic() - t0:.0f} s", file=sys.stderr)

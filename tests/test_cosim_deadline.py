@@ -20,14 +20,13 @@ import pytest
 
 from optireduce.experiments.demo import demo_config, rtl_config
 from optireduce.host.cosim_nic import SimNic
-from optireduce.host.ddp_hook import WARMUP_T_B_US
 from optireduce.host.driver import SoftwareNic
 from optireduce.host.transport import UdpTransport
 from optireduce.sim.cosim_build import harness_path
 
 # The demo's co-simulated NIC (its harness is the demo's, cached under build/cosim/),
 # started as the DDP hook starts it: with the warm-up t_B.
-PARAMS = rtl_config(demo_config()).nic_params().replace(t_b_us=WARMUP_T_B_US)
+PARAMS = rtl_config(demo_config()).nic_params()
 T_B_US = 10_000  # two deadlines: 20 000 ticks, 10-11 s of co-simulation at load 17-19
 
 

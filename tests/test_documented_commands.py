@@ -58,6 +58,9 @@ NOT_RUN: dict[str, str] = {
     # itself, and the suite it belongs to
     r"^make test$": "the whole test suite, this test among it",
     r"^make deep$": "the deep checks (the aggregator's bounded model checks, 10-15 min)",
+    # the quick soak is the same run with or without sizes; docs/reliability.md's line runs it
+    # and also checks its -o and --plot files (90 s each beside the suite)
+    r"^optireduce soak --json$": "the quick soak of docs/reliability.md's command, which runs",
     r"^(?:\.venv/bin/)?python -m pytest\b": "a test run: those tests are part of make test",
     # make demo = make install + `optireduce demo`, which runs here (README's table)
     r"^make demo$": "make install + optireduce demo; the demo line itself runs here",
