@@ -10,7 +10,8 @@ The patch makes the region's first trigger ask whether an input it reads differs
 value at the last evaluation (the same check upstream Verilator added after this version,
 verilator/verilator#7784). It is sound for these models: logic driven by an input and by
 state is replicated into the 'nba' region, which re-runs it after every clock edge, and no
-model writes its own inputs. An input no 'ico' logic reads (a clock) is not compared.
+model writes its own inputs. An input no 'ico' logic reads (a clock) is not compared. The
+previous values are the file's statics: one model per process, as every harness has.
 """
 
 from __future__ import annotations
