@@ -131,7 +131,10 @@ class NetnsCluster:
                              f"{NO_NETNS_VAR}=1")  # fmt: skip
         self.made.append(self.sw)
         self._quiet(self.sw)
-        sh("ip", "-n", self.sw, "link", "add", "br0", "type", "bridge")
+        # no IGMP snooping: with it, the bridge joins the snoopers' group (224.0.0.106) and
+        # its IGMPv3 reports (IP options: a board's parser drops them as bad_ip_header) were
+        # flooded to every port, a board's too, up to a second after it came up
+        sh("ip", "-n", self.sw, "link", "add", "br0", "type", "bridge", "mcast_snooping", "0")
         sh("ip", "-n", self.sw, "link", "set", "br0", "up")
         hosts = [(ns, self.ip(i)) for i, ns in enumerate(self.ns)]
         if self.stranger:
