@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-_INPUT = re.compile(r"^\s*VL_IN(8|16|64|W)?\((\w+),(\d+),\d+(?:,\d+)?\);", re.MULTILINE)
+_INPUT = re.compile(r"^\s*VL_IN(8|16|64|W)?\((\w+),\d+,\d+(?:,\d+)?\);", re.MULTILINE)
 _FIRST = "(IData)(vlSelfRef.__VicoFirstIteration)"
 
 
@@ -55,9 +55,9 @@ def gate_ico(mdir: Path, prefix: str) -> list[str]:
     prev, compare = [], []
     for n, wide in read:
         prev.append(f"static decltype({prefix}___024root::{n}) optireduce_prev_{n};")
-        same = (f"std::memcmp(&s.{n}, &optireduce_prev_{n}, sizeof(s.{n})) != 0" if wide
-                else f"s.{n} != optireduce_prev_{n}")  # fmt: skip
-        compare.append(f"    if ({same}) {{ changed = true; optireduce_prev_{n} = s.{n}; }}")
+        differs = (f"std::memcmp(&s.{n}, &optireduce_prev_{n}, sizeof(s.{n})) != 0" if wide
+                   else f"s.{n} != optireduce_prev_{n}")  # fmt: skip
+        compare.append(f"    if ({differs}) {{ changed = true; optireduce_prev_{n} = s.{n}; }}")
     helper = "\n".join([
         "#include <cstring>",
         "// optireduce: the ico region only when an input it reads changed (sim/ico_gate.py)",
