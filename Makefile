@@ -45,9 +45,10 @@ test: install tools
 	$(PY) -m pytest -n 2 -q --durations=25 -m "not deep"
 
 # the checks too long for make test (tests marked deep: the aggregator's bounded model
-# checks, two solvers at a time); CI runs them after make test
+# checks, two solvers at a time; the whole core in amaranth.sim; the native sources under
+# AddressSanitizer and UBSan); CI runs them after make test
 deep: install tools
-	$(PY) -m pytest -q --durations=10 -m deep
+	$(PY) -m pytest -n 2 -q --durations=10 -m deep
 
 # every `optireduce bench` group that is installed, one JSON file (also printed)
 bench: install

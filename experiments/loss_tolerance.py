@@ -30,6 +30,7 @@ import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -82,13 +83,30 @@ def n_params(hidden: int = HIDDEN) -> int:
     return N_IN * hidden + hidden + hidden * N_OUT + N_OUT
 
 
+def digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits (8x8 images, 0..16; labels), read from the CSV file it ships.
+    `sklearn.datasets.load_digits` reads the same file but imports scikit-learn and SciPy
+    first: 1.5-2 s in every training process. tests/test_loss_tolerance.py compares them."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("scikit-learn is not installed: make install")
+    path = Path(spec.submodule_search_locations[0], "datasets", "data", "digits.csv.gz")
+    if not path.is_file():  # another layout: its loader, slower
+        from sklearn.datasets import load_digits
+
+        d = load_digits()
+        return d.data, d.target
+    table = np.loadtxt(path, delimiter=",")
+    return table[:, :-1], table[:, -1].astype(int)
+
+
 def load_data(test_size: int = 450) -> tuple[np.ndarray, ...]:
     """Digits scaled to [0, 1]; a fixed split (seed 0), independent of the training seed."""
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    x = (d.data / 16.0).astype(np.float32)
-    y = d.target.astype(np.int64)
+    data, target = digits()
+    x = (data / 16.0).astype(np.float32)
+    y = target.astype(np.int64)
     perm = np.random.default_rng(0).permutation(len(y))
     te, tr = perm[:test_size], perm[test_size:]
     return x[tr], y[tr], x[te], y[te]

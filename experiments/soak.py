@@ -102,6 +102,7 @@ class RunReport:
     fault: str
     wall_s: float = 0.0
     bound_s: float = 0.0
+    bounded_s: float | None = None  # what bound_s limits if not wall_s (sigint: since the signal)
     ok: bool = True
     cause: str = ""  # why not ok (hang, outcome, loss, leak, error)
     detail: str = ""
@@ -509,11 +510,12 @@ def _sigint_run(cfg: SoakConfig, rep: RunReport, run_dir: Path, mark: str, tmp: 
                 break
             time.sleep(0.05)
     rep.wall_s = time.monotonic() - t0
+    rep.bounded_s = None if sent_at is None else time.monotonic() - sent_at
     stderr = (run_dir / "stderr.txt").read_text()
     rep.facts.update(
         exit_code=proc.returncode,
         signalled=sent_at is not None,
-        exit_after_sigint_s=None if sent_at is None else time.monotonic() - sent_at,
+        exit_after_sigint_s=rep.bounded_s,
         last_line=stderr.strip().splitlines()[-1][:200] if stderr.strip() else "",
     )
     if rep.hang:
@@ -653,7 +655,7 @@ def summarize(cfg: SoakConfig, reports: list[RunReport], wall_s: float, planned:
                                       "bound_s": r.bound_s, "lost_packets": 0})  # fmt: skip
         d["runs"] += 1
         d["ok" if r.ok else "failed"] += 1
-        d["max_s"] = round(max(d["max_s"], r.wall_s), 1)
+        d["max_s"] = round(max(d["max_s"], r.wall_s if r.bounded_s is None else r.bounded_s), 1)
         d["lost_packets"] += r.lost
     leak_kinds = Counter(k for r in reports for k in r.leaks)
     train = [r for r in reports if r.piece == "train"]

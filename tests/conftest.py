@@ -16,7 +16,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "deep: a check too long for make test's 25 minutes on 2 cores (the aggregator's "
-        "bounded model checks); `make deep` runs them, and CI runs both",
+        "bounded model checks, the core in amaranth.sim, the native sources under the "
+        "sanitizers); `make deep` runs them, and CI runs both",
     )
 
 

@@ -17,7 +17,7 @@ import json
 import math
 import pickle
 
-from tests.live_workers import join_world
+from tests.live_workers import join_world, store_url
 
 UNIT_ROUNDOFF = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 SUBNORMAL_STEP = {"float32": 2.0**-149, "float16": 2.0**-24, "bfloat16": 2.0**-133}
@@ -119,7 +119,7 @@ def scenarios_worker(rank: int, world: int, tmp: str, cfgs: dict[str, dict]) -> 
     for k, (name, cfg) in enumerate(cfgs.items()):
         sub = f"{tmp}/{name}"
         os.makedirs(sub, exist_ok=True)
-        dist.init_process_group("gloo", init_method=f"file://{tmp}/store{k}", rank=rank,
+        dist.init_process_group("gloo", init_method=store_url(tmp, f"store{k}"), rank=rank,
                                 world_size=world)  # fmt: skip
         try:
             out = run_setup(rank, world, sub, cfg)

@@ -24,7 +24,9 @@ Where:
   `--plot docs/img/...` the tree: those run from the root only.
 
 Each test stands alone (one command; a file it reads, such as t.pcap, is made first by the
-documented command that writes it), so a failure names its command and its doc line.
+documented command that writes it), so a failure names its command and its doc line. A
+command whose quick run an earlier one makes (the same arguments as the CLI parses and
+shrinks them, but the name of an output) is not run again (SAME_RUN, with its twin).
 
 Placeholders of the docs' synopses: `[--x]` runs without and with --x, `a\\|b` once per
 alternative, and the names in PLACEHOLDERS are replaced.
@@ -57,10 +59,11 @@ PROGRAMS = re.compile(r"^(?:\.venv/bin/)?(?:optireduce |make\b|python -m |torchr
 NOT_RUN: dict[str, str] = {
     # itself, and the suite it belongs to
     r"^make test$": "the whole test suite, this test among it",
-    r"^make deep$": "the deep checks (the aggregator's bounded model checks, 10-15 min)",
-    # the quick soak is the same run with or without sizes; docs/reliability.md's line runs it
-    # and also checks its -o and --plot files (90 s each beside the suite)
-    r"^optireduce soak --json$": "the quick soak of docs/reliability.md's command, which runs",
+    r"^make deep$": "the deep checks (bounded model checks, amaranth.sim, sanitizers: 20 min)",
+    # the quick soak is the same run with or without sizes (2 minutes): tests/test_soak.py runs
+    # docs/reliability.md's line and checks the report's values and its -o and --plot files
+    r"^optireduce soak\b": "the quick soak: tests/test_soak.py runs docs/reliability.md's "
+    "line and checks its report and files",
     r"^(?:\.venv/bin/)?python -m pytest\b": "a test run: those tests are part of make test",
     # make demo = make install + `optireduce demo`, which runs here (README's table)
     r"^make demo$": "make install + optireduce demo; the demo line itself runs here",
@@ -274,7 +277,56 @@ def _param(where: str, cmd: str):
     return pytest.param(where, cmd, id=f"{where} {cmd}")
 
 
-ROOT_RUNS = [(w, c) for w, c in all_commands() if not excluded(c)]
+OUTPUT_ARGS = ("output", "plot", "sweep_plot")
+
+
+def quick_run(cmd: str, parser) -> str | None:
+    """What an `optireduce` command computes under OPTIREDUCE_QUICK=1: its arguments as
+    parsed and shrunk by the CLI, output names reduced to whether there is one (None:
+    not an optireduce command, or one that does not parse: it runs and its test says)."""
+    from optireduce import cli
+
+    words = shlex.split(cmd)
+    if words[0].removeprefix(".venv/bin/") != "optireduce":
+        return None
+    try:
+        args = parser.parse_args(words[1:])
+    except SystemExit:
+        return None
+    cli.shrink(args)
+    d = {k: (getattr(v, "__name__", v) if callable(v) else v) for k, v in vars(args).items()}
+    return repr(sorted({**d, **{k: bool(d[k]) for k in OUTPUT_ARGS if k in d}}.items()))
+
+
+def distinct_runs(cmds: list[tuple[str, str]]) -> tuple[list, dict[str, str]]:
+    """The commands whose quick run no earlier one makes (the same arguments but an output
+    name: `train --json -o train-out` after `train --json -o train-dir`), and each other
+    one's twin. The twin's test runs what both would (the time budget)."""
+    from optireduce import cli
+
+    old = os.environ.get("OPTIREDUCE_QUICK")
+    os.environ["OPTIREDUCE_QUICK"] = "1"  # --quick's default is read when the parser is built
+    try:
+        parser = cli.build_parser()
+    finally:
+        if old is None:
+            os.environ.pop("OPTIREDUCE_QUICK")
+        else:
+            os.environ["OPTIREDUCE_QUICK"] = old
+    first: dict[str, str] = {}
+    runs, twins = [], {}
+    for where, cmd in cmds:
+        key = quick_run(cmd, parser)
+        if key is not None and key in first:
+            twins[cmd] = first[key]
+        else:
+            runs.append((where, cmd))
+            if key is not None:
+                first[key] = cmd
+    return runs, twins
+
+
+ROOT_RUNS, SAME_RUN = distinct_runs([(w, c) for w, c in all_commands() if not excluded(c)])
 
 
 def _names_a_file(cmd: str) -> bool:
@@ -315,7 +367,7 @@ def test_documented_command_from_the_repository_root(root, where, cmd):
         assert stale.returncode == 0, (
             "the venv is older than pyproject/native sources: make install"
         )
-    _inputs(cmd, root, _writers([c for _, c in ROOT_RUNS]))
+    _inputs(cmd, root, _writers([c for _, c in ROOT_RUNS] + list(SAME_RUN)))
     bad, secs = run(cmd, root)
     assert not bad, f"{where}: `{cmd}` ({secs:.0f} s, in {root}): " + "\n".join(bad)
 
@@ -325,7 +377,9 @@ def test_documented_command_from_another_folder(elsewhere, where, cmd):
     """`.venv/bin/` made absolute: a user with the venv's bin on PATH, elsewhere."""
     cmd = cmd.replace(".venv/bin/", f"{VENV_BIN}/")
     _inputs(
-        cmd, elsewhere, _writers([c.replace(".venv/bin/", f"{VENV_BIN}/") for _, c in ROOT_RUNS])
+        cmd,
+        elsewhere,
+        _writers([c.replace(".venv/bin/", f"{VENV_BIN}/") for _, c in ROOT_RUNS] + list(SAME_RUN)),
     )
     bad, secs = run(cmd, elsewhere)
     assert not bad, f"{where}: `{cmd}` ({secs:.0f} s, in {elsewhere}): " + "\n".join(bad)
@@ -354,6 +408,25 @@ def test_the_docs_show_the_commands_and_every_exclusion_is_still_there():
     assert continued and continued[0].endswith("--json")  # the `\` continuation is one line
     assert len(_elsewhere()) >= 4  # train, trace, replay, demo: the folder matters there
     assert _writers(cmds)["t.pcap"].startswith("optireduce trace make")
+
+
+def test_a_command_is_run_once_per_distinct_quick_run():
+    """An output's name does not make a new run, its presence does, and so does any
+    argument that survives --quick's shrinking (steps above 4 do not)."""
+    runs, twins = distinct_runs([
+        ("a", "optireduce train --json -o x"), ("b", ".venv/bin/optireduce train --json -o y"),
+        ("c", "optireduce cluster --json --plot p.png"), ("d", "optireduce cluster --json"),
+        ("e", "optireduce train --json -o y --steps 9"), ("f", "optireduce demo --plot q.png"),
+        ("g", "optireduce train --json -o y --seed 3"), ("h", "make bench"),
+        ("i", "optireduce demo"),  # its --plot has a default: the same run as f
+    ])  # fmt: skip
+    assert [w for w, _ in runs] == ["a", "c", "d", "f", "g", "h"]
+    assert twins == {".venv/bin/optireduce train --json -o y": "optireduce train --json -o x",
+                     "optireduce train --json -o y --steps 9": "optireduce train --json -o x",
+                     "optireduce demo": "optireduce demo --plot q.png"}  # fmt: skip
+    assert ("docs/reproduce.md:11", ".venv/bin/optireduce train --json -o train-out") not in (
+        ROOT_RUNS
+    )  # the README's `train --json -o train-dir` runs it
 
 
 def test_expand_placeholders():

@@ -16,6 +16,7 @@ import json
 import numpy as np
 import pytest
 
+from optireduce.experiments import loss_tolerance as lt
 from optireduce.experiments.loss_tolerance import LossToleranceConfig, run_one, summarize
 
 try:
@@ -72,3 +73,13 @@ def test_summary_shape(runs):
     assert s["rht"]["0.05"]["final_acc"] == runs["lossy"].acc[0]
     # the same drops for both modes: the same packets were lost
     assert s["rht"]["0.05"]["lost_phase2"] == s["no_rht"]["0.05"]["lost_phase2"]
+
+
+def test_digits_are_scikit_learns():
+    """The digits read from scikit-learn's CSV file are its load_digits(), value for value."""
+    from sklearn.datasets import load_digits
+
+    data, target = lt.digits()
+    ref = load_digits()
+    assert data.shape == (1797, 64) and np.array_equal(data, ref.data)
+    assert np.array_equal(target, ref.target)

@@ -1,6 +1,6 @@
 """The soak campaign, short: one training run under each fault, one `optireduce train`
 interrupted by SIGINT, one mutated replay and one collective run under junk; the
-report's zeros (docs/reliability.md).
+report's zeros (docs/reliability.md, whose command line the first test runs).
 
 About 2 minutes on 2 loaded cores (each training run spawns 3 processes)."""
 
@@ -13,9 +13,20 @@ import pytest
 from optireduce.experiments import faults, soak
 
 
-def test_every_fault_ends_in_its_documented_outcome_without_hangs_loss_or_leaks():
-    cfg = soak.quick_config()
-    out = soak.run_soak(cfg)
+def test_every_fault_ends_in_its_documented_outcome_without_hangs_loss_or_leaks(tmp_path):
+    """docs/reliability.md's command line, quick (as the documented-commands test would run
+    it): its report's zeros, and both files it promises."""
+    import subprocess
+    import sys
+
+    report, png = tmp_path / "soak.json", tmp_path / "soak.png"
+    cmd = [sys.executable, "-m", "optireduce.cli", "soak", "--runs", "200", "--minutes", "80",
+           "--json", "-o", str(report), "--plot", str(png), "--quick"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert json.loads(report.read_text()) == out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     failed = json.dumps(out["failed_runs"], indent=1)[:4000]
     # every planned run ran: one per training fault, a sigint, a replay, a collective run
     assert out["runs"] == out["planned"] == len(soak.TRAIN_FAULTS) + 3, failed
@@ -152,3 +163,13 @@ def test_a_failed_runs_folder_is_kept_when_asked(tmp_path, monkeypatch):
             (kept,) = keep.iterdir()
             assert rep.facts["kept"] == str(kept) and kept.name.startswith("run7-")
             assert not (kept / "tmp").exists()
+
+
+def test_the_sigint_bound_counts_from_the_signal():
+    """A sigint run's bound is on its exit after SIGINT, not on its start-up: the summary's
+    longest run is the time since the signal where a run has one."""
+    reports = [soak.RunReport(0, "sigint", "sigint", wall_s=50.0, bound_s=30.0, bounded_s=4.0),
+               soak.RunReport(1, "train", "none", wall_s=12.0, bound_s=90.0)]  # fmt: skip
+    out = soak.summarize(soak.quick_config(), reports, 62.0, 2)
+    assert out["by_fault"]["sigint"]["max_s"] == 4.0
+    assert out["by_fault"]["none"]["max_s"] == 12.0

@@ -10,7 +10,8 @@ every counter of the CSR bank. Frames within one tick are compared in a canonica
 order (sorted by bytes), as replay() puts both backends' outputs.
 
 One simulator runs all the traces (reset in between): amaranth.sim builds the core
-once. The Verilated core in the C++ harness runs the full equivalence suite.
+once. The Verilated core in the C++ harness runs the full equivalence suite in make test;
+these two replays (3 minutes of amaranth.sim) are `deep` tests, a second simulator's view.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def _trace(scenario: str, seed: int) -> list:
     return make_trace(scenario, seed)
 
 
+@pytest.mark.deep
 def test_core_matches_model():
     """Identical frames at their ticks (net_tx and the RESULT/STATS records), bit-identical
     results and identical counters, for every case."""
@@ -81,6 +83,7 @@ def test_core_matches_model():
     assert not failures, failures
 
 
+@pytest.mark.deep
 def test_core_matches_model_inband():
     """The same equality on in-band traces, the exponent counters included."""
     traces = [make_trace(s, seed, inband=True) for s, seed in INBAND_CASES]

@@ -12,7 +12,7 @@ import numpy as np
 
 from optireduce.host.model.virtual_cluster import simulate_allreduce
 from optireduce.params import NicParams
-from tests.live_workers import spawn_world
+from tests.live_workers import spawn_world, store_url
 
 PARAMS = {"p": 4096, "b": 16384, "c": 262144, "t_b_us": 5_000_000, "t_c_min_us": 5_000_000}
 
@@ -31,7 +31,7 @@ def native_worker(rank: int, world: int, tmp: str, n: int, seed: int) -> None:
     from optireduce.host.native.nic import NativeNic
     from optireduce.host.transport import UdpTransport, addresses_from_store
 
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=store_url(tmp), rank=rank, world_size=world)
     store = dist.distributed_c10d._get_default_store()
     transport = UdpTransport(rank)
     transport.connect(addresses_from_store(store, rank, world, transport.address))

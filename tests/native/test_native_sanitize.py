@@ -40,6 +40,7 @@ def run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
 # x86-64-v2: the module's default version of the vector code (SSE); x86-64-v3 its AVX2 one,
 # which machines with AVX-512 (these) never run otherwise. v4 is what the module runs here,
 # checked against the model by test_codec_native.py.
+@pytest.mark.deep  # two sanitizer builds, 2 minutes: the engine's bit-exact tests are in make test
 @pytest.mark.parametrize("march", ["x86-64-v2", "x86-64-v3"])
 def test_native_selftest_under_asan_and_ubsan(march):
     if march == "x86-64-v3" and "avx2" not in cpu_flags():
