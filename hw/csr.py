@@ -80,6 +80,10 @@ CONFIG: tuple[tuple[str, str, int, Callable, Callable, str], ...] = (
      "IPv4 of rank r is ip_base + r + 1"),
     ("estimator", "estimator", 0, lambda p: 1, lambda p: int(p.estimator == "plain"),
      "decode estimator: 0 unbiased, 1 plain"),
+    ("t_c_min_us", "t_c_min_us", 0, lambda p: 32, lambda p: p.t_c_min_us,
+     "floor of t_C, us (1..t_b_us)"),
+    ("t_c_init_us", "t_c_init_us", 0, lambda p: 32, lambda p: p.t_c_init,
+     "t_C before any phase completed, us; a new value restarts both estimators from it"),
 )  # fmt: skip
 
 ALL_COUNTERS = (*COUNTERS, *EXP_COUNTERS, *ADMISSION_REASONS)  # the counters block, in order

@@ -141,6 +141,8 @@ class GatherTracker(wiring.Component):
                 "rank": In(range(p.n_max)),
                 "world": In(range(p.n_max + 1)),
                 "t_b": In(32),
+                "t_c_min": In(TC_BITS, init=p.t_c_min_us),
+                "t_c_init": In(TC_BITS, init=p.t_c_init),
                 "alpha_q8": In(9),
                 # time: the latest tick the block may advance to
                 "time": In(TICK_BITS),
@@ -201,6 +203,7 @@ class GatherTracker(wiring.Component):
         # ---- t_C and T of phase 2 -----------------------------------------------------
         m.submodules.tc = tc = s.tc = TcEstimator(p)
         m.d.comb += [tc.world.eq(self.world), tc.rank.eq(self.rank), tc.t_b.eq(self.t_b)]
+        m.d.comb += [tc.t_c_min.eq(self.t_c_min), tc.t_c_init.eq(self.t_c_init)]
         m.d.comb += self.own_tc.eq(tc.own_tc)
 
         # ---- per-op contexts ------------------------------------------------------------

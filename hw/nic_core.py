@@ -69,7 +69,7 @@ from optireduce.hw.packetizer import Packetizer
 from optireduce.hw.parser import PARSER_CODES, PARSER_REASONS, Parser
 from optireduce.hw.proposal_table import ProposalTable
 from optireduce.hw.streams import float_stream, frame_stream
-from optireduce.hw.tc_estimator import TC_BITS, TcEstimator
+from optireduce.hw.tc_estimator import TC_BITS, TcEstimator, changed
 from optireduce.params import NicParams
 
 # an end's fields are held while its strobe is delayed: the next end is settle_cycles on
@@ -192,6 +192,8 @@ class NicCore(wiring.Component):
                 blk.rank.eq(rank),
                 blk.world.eq(world),
                 blk.t_b.eq(csr.t_b_us),
+                blk.t_c_min.eq(csr.t_c_min_us),
+                blk.t_c_init.eq(csr.t_c_init_us),
                 blk.alpha_q8.eq(csr.alpha_q8),
             ]
         for pk in (pks, pkg):
@@ -678,7 +680,11 @@ class NicCore(wiring.Component):
         m.d.comb += trk.time.eq(s.time)
 
         s.tc1_seen = Signal(TC_BITS, init=p.t_c_init)  # phase-1 t_C as of the tracker's events
-        with m.If(trk.ev.valid & trk.ev.ready & (fr.kind == gt.Kind.PHASE1_END)):
+        restart = changed(m, s.csr.t_c_init_us, p.t_c_init)  # as the estimators restart
+        m.d.comb += restart.take.eq(restart.pending)
+        with m.If(restart.pending):
+            m.d.sync += s.tc1_seen.eq(s.csr.t_c_init_us)
+        with m.Elif(trk.ev.valid & trk.ev.ready & (fr.kind == gt.Kind.PHASE1_END)):
             fs = slot_of(fr.op_id)
             m.d.sync += [
                 s.tc1_seen.eq(fr_tc1),

@@ -43,9 +43,11 @@ class TcEstimator(wiring.Component):
     """Own t_C (EWMA) + the world's t_C table + live T = min(lower median, t_B).
 
     Ports: `update` (a peer's piggybacked t_C), `sample` (own phase-1 duration);
-    both are taken only when `busy` is low (their `ready`). `world`, `rank`, `t_b`
-    are static configuration (change them only in reset). Reset value of every
-    t_C: `NicParams.t_c_init`.
+    both are taken only when `busy` is low (their `ready`). `world`, `rank`, `t_b`,
+    `t_c_min` are static configuration (change them only between ops). Reset value of
+    every t_C: `NicParams.t_c_init`; a new value on `t_c_init` restarts the estimator from
+    it (the table, the median, the EWMA) once it is idle, so one build serves every
+    t_c_init and t_c_min the registers give it.
     """
 
     # not a stream block: an update is in T after at most world + 4 cycles (busy low again),
@@ -62,6 +64,8 @@ class TcEstimator(wiring.Component):
                 "world": In(range(p.n_max + 1)),
                 "rank": In(range(p.n_max)),
                 "t_b": In(32),
+                "t_c_min": In(TC_BITS, init=p.t_c_min_us),
+                "t_c_init": In(TC_BITS, init=p.t_c_init),
                 "update": In(stream.Signature(tc_update_layout(p))),
                 "sample": In(stream.Signature(tc_sample_layout())),
                 "busy": Out(1),
@@ -135,10 +139,19 @@ class TcEstimator(wiring.Component):
                 m.d.sync += med.eq(vj_b)
 
         smp = Signal(TICK_BITS)
+        restart = changed(m, self.t_c_init, init)
         with m.FSM() as fsm:
             with m.State("IDLE"):
-                m.d.comb += [self.update.ready.eq(1), self.sample.ready.eq(~self.update.valid)]
-                with m.If(self.update.valid):
+                idle = ~restart.pending
+                m.d.comb += [self.update.ready.eq(idle),
+                             self.sample.ready.eq(idle & ~self.update.valid)]  # fmt: skip
+                with m.If(restart.pending):  # every t_C state as after reset, from the new init
+                    m.d.comb += restart.take.eq(1)
+                    m.d.sync += [v.eq(self.t_c_init) for v in vals]
+                    m.d.sync += [rk.eq(j) for j, rk in enumerate(ranks)]
+                    m.d.sync += [med.eq(self.t_c_init), own.eq(self.t_c_init), floor.eq(0),
+                                 mean.eq(0), dev.eq(0), have.eq(0)]  # fmt: skip
+                with m.Elif(self.update.valid):
                     m.d.sync += [
                         r.eq(self.update.payload.rank),
                         new.eq(self.update.payload.value),
@@ -173,7 +186,7 @@ class TcEstimator(wiring.Component):
             with m.State("EWMA_TC"):
                 m.d.sync += tc_w.eq(mean_n + dev_n * p.tc_dev_mult)
                 m.next = "EWMA_CLAMP"
-            lo = self.p.t_c_min_us  # the model clamps at t_c_min, not 1
+            lo = self.t_c_min  # the model clamps at t_c_min, not 1
             below_lo, above_tb = Signal(), Signal()
             with m.State("EWMA_CLAMP"):
                 m.d.sync += [below_lo.eq(tc_w < lo), above_tb.eq(self.t_b < tc_w)]
@@ -214,6 +227,25 @@ class TcEstimator(wiring.Component):
                 m.next = "IDLE"
         # a request in flight already makes T stale
         m.d.comb += self.busy.eq(
-            ~fsm.ongoing("IDLE") | Cat(self.update.valid, self.sample.valid).any()
+            ~fsm.ongoing("IDLE") | Cat(self.update.valid, self.sample.valid, restart.pending).any()
         )
         return m
+
+
+class Change:
+    """`pending`: the watched value differs from the one last taken; `take` (a strobe the
+    user drives) records it."""
+
+    def __init__(self, pending: Signal, take: Signal) -> None:
+        self.pending, self.take = pending, take
+
+
+def changed(m: Module, value, init: int) -> Change:
+    """Whether a configuration value moved since it was last taken (its reset value
+    counts as taken): what restarts the t_C state built with `init` from the new one."""
+    seen = Signal(len(value), init=init)
+    c = Change(Signal(), Signal())
+    m.d.comb += c.pending.eq(value != seen)
+    with m.If(c.take):
+        m.d.sync += seen.eq(value)
+    return c

@@ -18,15 +18,15 @@ import time
 import numpy as np
 import pytest
 
-from optireduce.experiments.demo import demo_config, rtl_config
+from optireduce.experiments.bench_cosim import LIVE_PARAMS
 from optireduce.host.cosim_nic import SimNic
 from optireduce.host.driver import SoftwareNic
 from optireduce.host.transport import UdpTransport
 from optireduce.sim.cosim_build import harness_path
 
-# The demo's co-simulated NIC (its harness is the demo's, cached under build/cosim/),
-# started as the DDP hook starts it: with the warm-up t_B.
-PARAMS = rtl_config(demo_config()).nic_params()
+# The live tests' core (one build: t_B and t_C's floor are registers, sim/cosim_build.py),
+# with the demo's floor of t_C
+PARAMS = LIVE_PARAMS.replace(t_c_min_us=4_000)
 T_B_US = 10_000  # two deadlines: 20 000 ticks, 10-11 s of co-simulation at load 17-19
 
 
@@ -41,7 +41,7 @@ def pair() -> list[UdpTransport]:
 # timed out at 600 s)
 @pytest.mark.timeout(1800)
 def test_a_silent_peer_ends_both_phases_by_their_deadlines_in_ticks(monkeypatch):
-    harness_path(PARAMS)  # a first build takes minutes (cosim_status, `optireduce demo`)
+    harness_path(PARAMS)  # a first build takes minutes (shared with the live tests)
     x = np.random.default_rng(5).standard_normal(200).astype(np.float32)
     sim_tr, soft_tr = pair(), pair()
     # rank 1 never sends: a peer gone mid-run, its datagrams lost

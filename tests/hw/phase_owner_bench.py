@@ -231,6 +231,8 @@ def scenario_json(name: str, sc: Scenario, exp: Expected, events: list, **more) 
         "rank": sc.rank,
         "world": sc.world,
         "t_b": sc.p.t_b_us,
+        "t_c_min": sc.p.t_c_min_us,
+        "t_c_init": sc.p.t_c_init,
         "alpha_q8": sc.p.alpha_q8,
         "t_end": sc.t_end,
         "events": events,

@@ -39,6 +39,8 @@ def configure(dut, sc: dict) -> None:
     dut.rank.value = sc["rank"]
     dut.world.value = sc["world"]
     dut.t_b.value = sc["t_b"]
+    dut.t_c_min.value = sc["t_c_min"]
+    dut.t_c_init.value = sc["t_c_init"]
     dut.alpha_q8.value = sc["alpha_q8"]
 
 
