@@ -46,7 +46,8 @@ test: install tools
 
 # the checks too long for make test (tests marked deep: the aggregator's bounded model
 # checks, two solvers at a time; the whole core in amaranth.sim; the native sources under
-# AddressSanitizer and UBSan); CI runs them after make test
+# AddressSanitizer and UBSan; the wheel, its engine compiled again); CI runs them after
+# make test
 deep: install tools
 	$(PY) -m pytest -n 2 -q --durations=10 -m deep
 

@@ -17,7 +17,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "deep: a check too long for make test's 25 minutes on 2 cores (the aggregator's "
         "bounded model checks, the core in amaranth.sim, the native sources under the "
-        "sanitizers); `make deep` runs them, and CI runs both",
+        "sanitizers, the wheel); `make deep` runs them, and CI runs both",
     )
 
 

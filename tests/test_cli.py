@@ -82,6 +82,7 @@ def test_demo_table_shows_the_transform_argument(tmp_path):
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.deep  # a second compile of the native engine, 70-90 s beside the suite
 def test_package_installs_as_a_wheel(tmp_path):
     """pip install . must carry optireduce.{hw,sim,host} and the dissector."""
     r = subprocess.run(
