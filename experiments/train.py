@@ -4,8 +4,9 @@ gloo, real processes on loopback, under the same injected tail.
 Task: the loss-tolerance experiment's (`optireduce.experiments.loss_tolerance`: scikit-learn's
 digits, shipped in the package; the MLP 64-32-10 on one flat parameter vector, its
 initial weights, shards and minibatch order; SGD with momentum). Here the workers are
-`world` processes (torch.multiprocessing, spawn; FileStore; gloo on `lo`; one thread
-each) training one `DistributedDataParallel` model, for a fixed number of steps.
+`world` processes (experiments/workers.py: forked from a server with torch imported;
+FileStore; gloo on `lo`; one thread each) training one `DistributedDataParallel` model,
+for a fixed number of steps.
 
 The tail, one injection for every method:
 - **a straggling rank**: in step t one rank r, drawn uniformly, starts its step d[t] late:
@@ -439,12 +440,9 @@ def _spawn(cfg: TrainConfig, method: str, out: str, tick: Callable[[int], None],
            hosts: list[str]) -> None:  # fmt: skip
     """cfg.world workers (rank r in namespace hosts[r], if any); every wait bounded (all are
     killed past cfg.timeout_s)."""
-    import torch.multiprocessing as mp
+    from optireduce.experiments.workers import start_workers
 
-    ctx = mp.start_processes(
-        _worker, args=(cfg, method, out, hosts), nprocs=cfg.world, join=False,
-        start_method="spawn",
-    )  # fmt: skip
+    ctx = start_workers(_worker, (cfg, method, out, hosts), cfg.world)
     deadline = time.monotonic() + cfg.timeout_s
     progress = Path(out, "progress")
     while not ctx.join(timeout=0.5):

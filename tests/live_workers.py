@@ -12,7 +12,8 @@ ATTEMPT = "OPTIREDUCE_TEST_WORLD_ATTEMPT"  # set by spawn_world: each attempt it
 
 
 def spawn_world(fn, args: tuple, nprocs: int, timeout_s: float) -> None:
-    """Run fn(rank, *args) in nprocs spawned processes; kill them all past timeout_s.
+    """Run fn(rank, *args) in nprocs processes (experiments/workers.py); kill them all past
+    timeout_s.
 
     gloo's own rendezvous on loopback fails now and then under load ("connectFullMesh
     failed ... Connection closed by peer", also in PyTorch's CI): that, and only that, is
@@ -22,9 +23,11 @@ def spawn_world(fn, args: tuple, nprocs: int, timeout_s: float) -> None:
     import pytest
     import torch.multiprocessing as mp
 
+    from optireduce.experiments.workers import start_workers
+
     for attempt in range(2):
-        os.environ[ATTEMPT] = str(attempt)  # the spawned processes inherit it
-        ctx = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
+        os.environ[ATTEMPT] = str(attempt)  # the workers take this environment
+        ctx = start_workers(fn, args, nprocs)
         deadline = time.monotonic() + timeout_s
         try:
             while not ctx.join(timeout=1):
