@@ -5,7 +5,7 @@ A spawned worker imports torch and, in DDP's constructor, torch._dynamo: 3-4 s o
 process, most of a short run's wall time. multiprocessing's forkserver imports them once (the
 first start in this process) and forks every worker from it. A forked worker would see the
 server's environment, not this process's now, so each one takes this process's environment
-as it is at the start (what a spawned one would inherit).
+as it is at the start (what a spawned one would inherit), and ends when that process does.
 """
 
 from __future__ import annotations
@@ -23,11 +23,54 @@ def start_workers(fn: Callable, args: tuple, nprocs: int):
     import torch.multiprocessing as mp
 
     multiprocessing.get_context("forkserver").set_forkserver_preload(list(PRELOAD))
-    return mp.start_processes(_in_env, args=(dict(os.environ), fn, args), nprocs=nprocs,
-                              join=False, start_method="forkserver")  # fmt: skip
+    return mp.start_processes(_in_env, args=(os.getpid(), dict(os.environ), fn, args),
+                              nprocs=nprocs, join=False, start_method="forkserver")  # fmt: skip
 
 
-def _in_env(rank: int, env: dict[str, str], fn: Callable, args: tuple) -> None:
+def _in_env(rank: int, caller: int, env: dict[str, str], fn: Callable, args: tuple) -> None:
     os.environ.clear()
     os.environ.update(env)
+    _end_with(caller)
     fn(rank, *args)
+
+
+ORPHAN_GRACE_S = 10.0
+
+
+def _end_with(caller: int) -> None:
+    """This worker ends when `caller` does: its parent is the forkserver, so the parent-death
+    signal torch sets does not fire when the caller is killed. SIGINT first (as that signal
+    would be), then, ORPHAN_GRACE_S later, exit."""
+    import signal
+    import threading
+
+    def watch() -> None:
+        try:
+            fd = os.pidfd_open(caller)
+        except (AttributeError, OSError):  # no pidfd: poll the pid
+            fd = None
+        if fd is not None:
+            import select
+
+            select.select([fd], [], [])  # readable once the process has ended
+        else:
+            while _alive(caller):
+                threading.Event().wait(1.0)
+        os.kill(os.getpid(), signal.SIGINT)
+        threading.Event().wait(ORPHAN_GRACE_S)
+        os._exit(1)
+
+    if _alive(caller):
+        threading.Thread(target=watch, name="end-with-caller", daemon=True).start()
+    else:
+        os._exit(1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -171,10 +171,13 @@ class SimNic(HostNic):
         return dict(zip(INFO_KEYS, struct.unpack(f"<{len(INFO_KEYS)}Q", data), strict=True))
 
     def set_t_b(self, t_b_us: int) -> None:
-        """A calibrated hard bound for every later phase (the t_b_us register)."""
+        """A calibrated hard bound for every later phase: the t_b_us register alone (as
+        the model's set_t_b, t_C's state stays; a new t_c_init_us would restart it)."""
+        from optireduce.hw.csr import register
+
         self.p = self.p.replace(t_b_us=int(t_b_us))
-        for a, v in config_writes(self.p, self.rank, self.world):
-            self._send(struct.pack("<III", MSG_CSR_WRITE, a, v))
+        off = register(self.p, "t_b_us").offset
+        self._send(struct.pack("<III", MSG_CSR_WRITE, off, self.p.t_b_us))
 
     # ---- the op loop's primitives (HostNic._allreduce) ------------------------------
     def _limit(self, ops: int) -> float:

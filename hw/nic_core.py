@@ -680,17 +680,17 @@ class NicCore(wiring.Component):
         m.d.comb += trk.time.eq(s.time)
 
         s.tc1_seen = Signal(TC_BITS, init=p.t_c_init)  # phase-1 t_C as of the tracker's events
-        restart = changed(m, s.csr.t_c_init_us, p.t_c_init)  # as the estimators restart
-        m.d.comb += restart.take.eq(restart.pending)
-        with m.If(restart.pending):
-            m.d.sync += s.tc1_seen.eq(s.csr.t_c_init_us)
-        with m.Elif(trk.ev.valid & trk.ev.ready & (fr.kind == gt.Kind.PHASE1_END)):
+        with m.If(trk.ev.valid & trk.ev.ready & (fr.kind == gt.Kind.PHASE1_END)):
             fs = slot_of(fr.op_id)
             m.d.sync += [
                 s.tc1_seen.eq(fr_tc1),
                 s.c_gtc[fs].eq(trk.own_tc),  # what this op's gather frames carry
                 s.c_gtc_ok[fs].eq(1),
             ]
+        restart = changed(m, s.csr.t_c_init_us, p.t_c_init)  # as the estimators restart
+        m.d.comb += restart.take.eq(restart.pending)
+        with m.If(restart.pending):  # after the event's writes: tc1_seen alone restarts
+            m.d.sync += s.tc1_seen.eq(s.csr.t_c_init_us)
 
     def _phase2_ends(self, m: Module, s: SimpleNamespace) -> None:
         """Phase-2 ends: record, free the window, queue the drain."""

@@ -141,7 +141,7 @@ def test_detect_finds_the_virtual_board_and_bad_answers_are_errors_or_drops(tmp_
         board = c.start_board(0, str(exe))
         found = _in_namespace(c.ns[0], _detect)
         assert found == ("ok", [{
-            "ifname": "brd0", "version": 0x10000, "p": LIVE_PARAMS.p, "b": LIVE_PARAMS.b,
+            "ifname": "brd0", "version": 0x10001, "p": LIVE_PARAMS.p, "b": LIVE_PARAMS.b,
             "c": LIVE_PARAMS.c, "n_max": LIVE_PARAMS.n_max, "lanes": LIVE_PARAMS.lanes,
             "ops_in_flight": LIVE_PARAMS.ops_in_flight, "w_wire": LIVE_PARAMS.w_wire}])  # fmt: skip
         # one register read: its frame is filled up to Ethernet's least length, both ways
