@@ -41,36 +41,19 @@ def _end_with(caller: int) -> None:
     """This worker ends when `caller` does: its parent is the forkserver, so the parent-death
     signal torch sets does not fire when the caller is killed. SIGINT first (as that signal
     would be), then, ORPHAN_GRACE_S later, exit."""
+    import select
     import signal
     import threading
 
-    def watch() -> None:
-        try:
-            fd = os.pidfd_open(caller)
-        except (AttributeError, OSError):  # no pidfd: poll the pid
-            fd = None
-        if fd is not None:
-            import select
+    try:
+        fd = os.pidfd_open(caller)  # readable once the process has ended
+    except ProcessLookupError:
+        os._exit(1)
 
-            select.select([fd], [], [])  # readable once the process has ended
-        else:
-            while _alive(caller):
-                threading.Event().wait(1.0)
+    def watch() -> None:
+        select.select([fd], [], [])
         os.kill(os.getpid(), signal.SIGINT)
         threading.Event().wait(ORPHAN_GRACE_S)
         os._exit(1)
 
-    if _alive(caller):
-        threading.Thread(target=watch, name="end-with-caller", daemon=True).start()
-    else:
-        os._exit(1)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    threading.Thread(target=watch, name="end-with-caller", daemon=True).start()

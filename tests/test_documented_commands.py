@@ -47,6 +47,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -304,15 +305,9 @@ def distinct_runs(cmds: list[tuple[str, str]]) -> tuple[list, dict[str, str]]:
     one's twin. The twin's test runs what both would (the time budget)."""
     from optireduce import cli
 
-    old = os.environ.get("OPTIREDUCE_QUICK")
-    os.environ["OPTIREDUCE_QUICK"] = "1"  # --quick's default is read when the parser is built
-    try:
+    # --quick's default is read when the parser is built
+    with mock.patch.dict(os.environ, {"OPTIREDUCE_QUICK": "1"}):
         parser = cli.build_parser()
-    finally:
-        if old is None:
-            os.environ.pop("OPTIREDUCE_QUICK")
-        else:
-            os.environ["OPTIREDUCE_QUICK"] = old
     first: dict[str, str] = {}
     runs, twins = [], {}
     for where, cmd in cmds:
