@@ -33,7 +33,6 @@ from optireduce import host_port
 from optireduce.host.driver import BackendUnavailable, HostNic
 from optireduce.host.model.nic_model import EXP_COUNTERS, OpResult
 from optireduce.host.native import _engine, why
-from optireduce.op_stats import OpStats
 from optireduce.params import NicParams
 from optireduce.ubt import DEFAULT_ADDRESSING, Addressing, proposal_word
 
@@ -45,7 +44,6 @@ NIC_TYPE = 0x4F52_0001  # the `nic` register block's type (docs/registers.md)
 # board MAC's 2048-byte receive FIFO (docs/boards.md, "Fragment size")
 FRAGMENT = 256
 MAX_PAIRS = 128  # REG accesses per frame: 256 words, half the adapter's frame buffer
-MIN_PAIRS = -(-(host_port.ETH_MIN - host_port.HEAD) // 8)  # a REG frame's fewest: no padding
 SOL_PACKET, PACKET_ADD_MEMBERSHIP, PACKET_MR_UNICAST = 263, 1, 3  # <linux/if_packet.h>
 RECV_BATCH = 256  # frames taken from the socket per recv()
 SEND_WAIT_S = 5.0  # longest wait for room in the interface's queue
@@ -214,10 +212,6 @@ class RegisterPort:
         return out
 
     def _frame(self, accesses: list[tuple[int, int | None]]) -> list[int]:
-        asked = len(accesses)
-        # a frame under Ethernet's 60 bytes arrives padded, and the NIC's host adapter drops
-        # it (drop_bad_length): fill it up with reads of the ID register
-        accesses = accesses + [(0, None)] * (MIN_PAIRS - asked)
         for _ in range(self.tries):
             self.tag = (self.tag + 1) & 0xFFFF_FFFF
             self.link.send([host_port.reg_request(accesses, self.tag)])
@@ -227,7 +221,7 @@ class RegisterPort:
                     if f.kind != host_port.REG:
                         self.others.append(f)
                     elif f.op_id == self.tag and f.count == 2 * len(accesses):
-                        return host_port.reg_values(f)[:asked]
+                        return host_port.reg_values(f)
                     else:
                         self.stale += 1
         raise BoardError(f"no answer from a NIC on {self.link.ifname} to a register access "
@@ -255,8 +249,19 @@ def identify(regs: RegisterPort, p: NicParams | None = None) -> BoardInfo:
     if values["type"] != NIC_TYPE:
         raise BoardError(f"the device on {regs.link.ifname} answers with type "
                          f"{values['type']:#x}, not an optireduce NIC ({NIC_TYPE:#x})")  # fmt: skip
+    from optireduce.hw.csr import VERSION
+
+    got = values["version"]
+    if got >> 16 != VERSION >> 16 or got < VERSION:
+        raise BoardError(
+            f"the NIC on {regs.link.ifname} has register block version {got >> 16}."
+            f"{got & 0xFFFF}, this host needs {VERSION >> 16}.{VERSION & 0xFFFF} or a later "
+            "1.x (from 1.2 its host adapter takes the padded frames a wire delivers): build "
+            "and load this version's bitstream (optireduce build bitstream --board NAME, "
+            "then optireduce board program --board NAME)"
+        )
     params = {PARAM_REGS[k]: v for k, v in values.items() if k in PARAM_REGS}
-    return BoardInfo(regs.link.ifname, values["version"], params)
+    return BoardInfo(regs.link.ifname, got, params)
 
 
 def interfaces() -> list[str]:
@@ -376,20 +381,6 @@ class BoardNic(HostNic):
         self.p = self.p.replace(t_b_us=int(t_b_us))
         self.regs.access([(self._off["t_b_us"], self.p.t_b_us)])
 
-    def _allreduce(self, x: np.ndarray) -> tuple[np.ndarray, list[OpStats]]:
-        """HostNic's op loop, once every op of the call is known to fit a frame: an op
-        refused halfway would leave the NIC ahead of the host's op ids."""
-        n, c = int(np.size(x)), self.p.c
-        short = [k for k in range(0, n, c) if min(c, n - k) < host_port.MIN_WORDS]
-        if short:
-            raise BoardError(
-                f"an allreduce of {n} elements makes an op of {min(c, n - short[0])}: its "
-                f"START frame is shorter than Ethernet's {host_port.ETH_MIN} bytes, and the "
-                f"NIC's host adapter drops a padded frame; an op needs at least "
-                f"{host_port.MIN_WORDS} elements (docs/boards.md)"
-            )
-        return super()._allreduce(x)
-
     # ---- the op loop's primitives (HostNic._allreduce) ------------------------------
     def _room(self, op_id: int, done: int) -> bool:
         # a START beyond the window would stall the host port, and a board's MAC drops
@@ -399,9 +390,10 @@ class BoardNic(HostNic):
     def _start(
         self, op_id: int, chunk: np.ndarray, exponent: int | None, ahead: int | None
     ) -> None:
-        self.link.send(host_port.chunk_frames(host_port.START, op_id, chunk, exponent,
-                                              proposal_word(ahead), fragment=FRAGMENT,
-                                              min_words=host_port.MIN_WORDS))  # fmt: skip
+        frames = host_port.chunk_frames(
+            host_port.START, op_id, chunk, exponent, proposal_word(ahead), fragment=FRAGMENT
+        )
+        self.link.send(frames)
 
     def _poll(self, deadline: float) -> list[OpResult]:
         """The ops whose STATS came (their RESULT fragments came before it)."""

@@ -42,7 +42,7 @@ from optireduce.host.model.nic_model import EXP_COUNTERS, NicModel
 from optireduce.params import NicParams
 from optireduce.ubt import DEFAULT_ADDRESSING
 
-VERSION = 0x0001_0001  # 1.1 (t_c_min_us, t_c_init_us): major in the high half
+VERSION = 0x0001_0002  # 1.2 (1.1: t_c_min_us, t_c_init_us; 1.2: padded host frames taken)
 TYPE_NIC = 0x4F52_0001  # "OR" 0001
 TYPE_COUNTERS = 0x4F52_0002
 TYPE_PEERS = 0x4F52_0003

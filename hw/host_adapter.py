@@ -9,11 +9,13 @@
 
 Frames are EtherType 0x88B5 with the 20-byte header of host_port.HEADER; every frame is
 checked whole before anything of it reaches the core, so a bad frame is a counted drop
-and never changes an op (the counters: COUNTERS). An op's words must arrive in order:
-START (offset 0) then DATA fragments whose offset is the number of words already taken.
-A START that arrives while the previous op still owes words first pads that op with
-zeros (counted in `truncated_ops`): the core then finishes it and never waits for words
-that will not come.
+and never changes an op (the counters: COUNTERS). A frame of Ethernet's least length
+(60 bytes) whose header counts fewer words is one a wire padded: its words are read by
+the count and the padding ignored (host_port.unpad is the model). An op's words must
+arrive in order: START (offset 0) then DATA fragments whose offset is the number of words
+already taken. A START that arrives while the previous op still owes words first pads
+that op with zeros (counted in `truncated_ops`): the core then finishes it and never
+waits for words that will not come.
 
 Results: the core emits an op's words before its STATS record, and the header of a
 RESULT frame needs the op id, n and exponent from that record, so the whole message is
@@ -60,7 +62,7 @@ COUNTERS = (
     "tx_frames",  # frames sent to the host (RESULT, STATS, REG replies)
     "drop_not_host",  # not EtherType 0x88B5, or shorter than the 34-byte header
     "drop_bad_header",  # version or kind unknown
-    "drop_bad_length",  # payload bytes != 4 * count (or an odd REG count)
+    "drop_bad_length",  # payload bytes != 4 * count, padding aside (or an odd REG count)
     "drop_too_long",  # more words than the frame buffer holds
     "drop_bad_op",  # START with n outside 1..C, offset != 0 or count > n
     "drop_sequence",  # START not the next op id, DATA not the next words of the open op
@@ -453,6 +455,7 @@ class HostAdapter(wiring.Component):
         word_kind = (kind == host_port.START) | (kind == host_port.DATA) | (kind == REG)
         # the sequence checks' wide compares and sums, registered in PRE_JUDGE (125 MHz)
         plen, end = Signal(16), Signal(33)
+        padded = Signal()  # an Ethernet minimum frame whose words end early: the rest is padding
         new_op, other_op, gap = Signal(), Signal(), Signal()
         is_reg, is_start = Signal(), Signal()
         count_m1, pairs_m1, count_zero = Signal(16), Signal(16), Signal()  # for the FSM
@@ -463,6 +466,7 @@ class HostAdapter(wiring.Component):
             is_reg.eq(kind == REG),
             is_start.eq(kind == host_port.START),
             plen.eq(payload_bytes),
+            padded.eq((nbytes == host_port.ETH_MIN) & (count < host_port.MIN_WORDS)),
             end.eq(offset + count),
             new_op.eq(op_id != next_op),
             other_op.eq(op_id != cur_op),
@@ -472,7 +476,7 @@ class HostAdapter(wiring.Component):
             "drop_not_host": (nbytes < HEAD) | (ethertype != host_port.ETHERTYPE),
             "drop_bad_header": (version != host_port.VERSION) | (kind > REG),
             "drop_unsupported": ~word_kind,
-            "drop_bad_length": (plen != count * 4) | (is_reg & count[0]),
+            "drop_bad_length": ((plen != count * 4) & ~padded) | (is_reg & count[0]),
             "drop_too_long": count > self.rx_words,
             "drop_bad_op": is_start & ((n == 0) | (n > p.c) | (offset != 0) | (count > n)),
             "drop_sequence": Mux(

@@ -112,17 +112,13 @@ def chunk_frames(
     exponent: int | None,
     proposal: int = 0,
     fragment: int = FRAGMENT,
-    min_words: int = 1,
 ) -> list[bytes]:
     """An op's float32 chunk (START then DATA) or result (RESULT), in fragments of at most
-    `fragment` elements, the last of at least `min_words` when there are several (the one
-    before it gives them up). A START with exponent None takes the NIC's in-band
-    exponent; `proposal` is its proposal word."""
+    `fragment` elements. A START with exponent None takes the NIC's in-band exponent;
+    `proposal` is its proposal word."""
     data = np.asarray(data, dtype=">f4")
     flags = FLAG_INBAND if exponent is None else 0
     offs = list(range(0, max(1, len(data)), fragment))
-    if len(offs) > 1 and len(data) - offs[-1] < min_words:
-        offs[-1] = len(data) - min_words
     out = []
     for off, end in zip(offs, [*offs[1:], len(data)], strict=True):
         k = kind if kind == RESULT or off == 0 else DATA

@@ -97,18 +97,18 @@ def test_replay_stats_frames_match_the_results():
         assert s["contributor_hist"][0] == 0 and s["contributor_hist"][-1] > 0
 
 
-def test_fragments_end_with_enough_words_and_padding_comes_off():
-    """A board's host link carries no frame under Ethernet's 60 bytes: the last fragment
-    of a chunk takes MIN_WORDS words from the one before, and a padded frame's padding is
-    cut by its header's count."""
+def test_fragments_and_padding_comes_off():
+    """An op's chunk is cut into fragments of at most `fragment` words, the last one as
+    short as it comes; a wire pads a frame under Ethernet's 60 bytes, and the padding is
+    cut by the header's count."""
     x = np.arange(257, dtype=np.float32)
-    frames = host_port.chunk_frames(host_port.START, 3, x, 0, fragment=256,
-                                    min_words=host_port.MIN_WORDS)  # fmt: skip
+    frames = host_port.chunk_frames(host_port.START, 3, x, 0, fragment=256)
     got = [host_port.parse(f) for f in frames]
-    assert [(f.kind, f.offset, f.count) for f in got] == [(host_port.START, 0, 250),
-                                                          (host_port.DATA, 250, 7)]  # fmt: skip
-    assert min(len(f) for f in frames) >= host_port.ETH_MIN
+    assert [(f.kind, f.offset, f.count) for f in got] == [(host_port.START, 0, 256),
+                                                          (host_port.DATA, 256, 1)]  # fmt: skip
+    assert [len(f) for f in frames] == [34 + 4 * 256, 34 + 4]
     assert np.array_equal(np.concatenate([np.frombuffer(f.payload, ">f4") for f in got]), x)
+    assert host_port.unpad(frames[1] + bytes(22)) == frames[1]
     short = host_port.reg_request([(0x10, None)], tag=9)  # 42 bytes
     assert len(short) == 42
     padded = short + bytes(18)

@@ -80,20 +80,22 @@ def _read_one(name: str) -> int:
         link.close()
 
 
-def _short_op_refused() -> tuple[str, int, int]:
-    from optireduce.host.board_nic import BOARD_IFNAME_VAR, BoardError, BoardNic, board_address
-    from optireduce.host.transport import UdpTransport
+def _short_start_taken() -> int:
+    """A START of 3 words (46 bytes, padded to 60 on the way): the NIC's ops_started."""
+    from optireduce.host.board_nic import HostPortLink, RegisterPort, _offsets
 
-    os.environ[BOARD_IFNAME_VAR] = BOARD_HOST_IF
-    t = UdpTransport(0, key=None)
-    t.connect([board_address(r, LIVE_PARAMS) for r in range(2)])
-    nic = BoardNic(LIVE_PARAMS, 0, 2, t, lambda e: e)
+    link = HostPortLink(BOARD_HOST_IF)
     try:
-        with pytest.raises(BoardError) as e:
-            nic.allreduce(np.ones(LIVE_PARAMS.c + 3, np.float32))
-        return str(e.value), nic.next_op, nic.counters()["ops_started"]
+        regs = RegisterPort(link)
+        link.send(host_port.chunk_frames(host_port.START, 0, np.ones(3, np.float32), 0))
+        deadline = time.monotonic() + 10
+        while (started := regs.access([(_offsets(LIVE_PARAMS)["ops_started"], None)])[0]) == 0:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        return started
     finally:
-        nic.close()
+        link.close()
 
 
 def _silent_register_read() -> float:
@@ -141,15 +143,14 @@ def test_detect_finds_the_virtual_board_and_bad_answers_are_errors_or_drops(tmp_
         board = c.start_board(0, str(exe))
         found = _in_namespace(c.ns[0], _detect)
         assert found == ("ok", [{
-            "ifname": "brd0", "version": 0x10001, "p": LIVE_PARAMS.p, "b": LIVE_PARAMS.b,
+            "ifname": "brd0", "version": 0x10002, "p": LIVE_PARAMS.p, "b": LIVE_PARAMS.b,
             "c": LIVE_PARAMS.c, "n_max": LIVE_PARAMS.n_max, "lanes": LIVE_PARAMS.lanes,
             "ops_in_flight": LIVE_PARAMS.ops_in_flight, "w_wire": LIVE_PARAMS.w_wire}])  # fmt: skip
-        # one register read: its frame is filled up to Ethernet's least length, both ways
+        # one register read: its 42-byte frame and the reply are padded to Ethernet's
+        # least length on the way, as on a wire, and taken
         assert _in_namespace(c.ns[0], _read_one, "param_c") == ("ok", LIVE_PARAMS.c)
-        # an allreduce whose last op would be under a frame's least length is refused
-        # before any op starts: the NIC and the host still agree on the next op id
-        status, (msg, next_op, ran) = _in_namespace(c.ns[0], _short_op_refused)
-        assert status == "ok" and "makes an op of 3" in msg and next_op == ran == 0
+        # so is a START of 3 words: the op starts
+        assert _in_namespace(c.ns[0], _short_start_taken) == ("ok", 1)
         # a board with nothing on its host port: a clear error within the bound
         board.terminate()
         board.wait(timeout=10)
@@ -240,6 +241,29 @@ def test_every_rank_a_virtual_board(tmp_path, netns_ready):
     run = run_board_cluster(LIVE_PARAMS, xs, boards=(0, 1, 2), tmp=tmp_path, timeout_s=300)
     assert run.backends == ["board"] * 3
     _check_against_model(run, xs, (0, 1, 2))
+
+
+def test_an_older_bitstream_is_refused_with_how_to_update_it():
+    from types import SimpleNamespace
+
+    from optireduce.host.board_nic import IDENT, NIC_TYPE, BoardError, identify
+
+    class Regs:  # a NIC answering every register read; its version is `version`
+        link = SimpleNamespace(ifname="eth7")
+
+        def __init__(self, version: int) -> None:
+            self.version = version
+
+        def access(self, accesses):
+            values = {"type": NIC_TYPE, "version": self.version}
+            return [values.get(name, 5) for name in IDENT[: len(accesses)]]
+
+    for old in (0x0001_0001, 0x0000_0009, 0x0002_0000):
+        with pytest.raises(BoardError, match=r"eth7 has register block version .* board program"):
+            identify(Regs(old))
+    info = identify(Regs(0x0001_0002))
+    assert info.version == 0x0001_0002 and info.params["c"] == 5
+    assert identify(Regs(0x0001_0007)).version == 0x0001_0007  # a later 1.x
 
 
 def test_without_the_variable_the_board_is_not_tried(monkeypatch, caplog):

@@ -281,6 +281,46 @@ def test_register_frames_write_and_read_the_bank_and_set_the_world():
     assert out["counters"] == _counts(rx_frames=1, tx_frames=3)
 
 
+def _model_takes(frame: bytes) -> bool:
+    try:
+        host_port.parse(host_port.unpad(frame))
+    except ValueError:
+        return False
+    return True
+
+
+def test_padded_frames_are_taken_as_a_wire_delivers_them():
+    """A wire pads every frame to Ethernet's 60 bytes (with any bytes): the adapter takes
+    what the model's unpad and parse take, and the padding never reaches the core."""
+    rng = np.random.default_rng(7)
+    off = {r.name: r.offset for blk in register_map(P) for r in blk.regs}
+
+    def pad(frame: bytes, to: int = host_port.ETH_MIN) -> bytes:
+        return frame + rng.integers(0, 256, to - len(frame), np.uint8).tobytes()
+
+    x0 = rng.standard_normal(3).astype(np.float32)
+    x1 = rng.standard_normal(9).astype(np.float32)
+    seven = _frame(START, 1, 0, 9, 4, x1[:7])  # 62 bytes
+    req = reg_request([(off["param_c"], None)], tag=77)  # 42 bytes
+    frames = [
+        pad(_frame(START, 0, 0, 3, -2, x0)),  # 46 bytes of a START, 14 of padding
+        pad(_frame(START, 1, 0, 9, 4, x1[:2]), 61),  # one byte past the least length
+        seven[: host_port.ETH_MIN],  # cut, not padded: its words end past 60 bytes
+        _frame(START, 1, 0, 9, 4, x1[:8]),
+        pad(_frame(DATA, 1, 8, 9, 4, x1[8:])),
+        pad(req),
+    ]
+    assert [_model_takes(f) for f in frames] == [True, False, False, True, True, True]
+    dut = HostAdapter(P, rx_words=FRAG, tx_fragment=FRAG)
+    out = _run(dut, frames, [], regs={off["param_c"]: P.c}, seed=7)
+    assert out["cmd"] == [(0, 3, -2), (1, 9, 4)]
+    want = np.concatenate([x0, x1]).view(np.uint32).tolist()
+    assert [w for w, _, _ in out["words"]] == want
+    assert [k for k, (_, _, last) in enumerate(out["words"]) if last] == [2, 11]
+    assert out["frames"] == [reg_reply(req, {off["param_c"]: P.c})]
+    assert out["counters"] == _counts(rx_frames=4, tx_frames=1, drop_bad_length=2)
+
+
 # ---- the frame plumbing around the adapter on a board (hw/board_frames.py) ------------
 
 
