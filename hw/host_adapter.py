@@ -454,8 +454,10 @@ class HostAdapter(wiring.Component):
         open_, cur_op, cur_n, got, next_op = seq
         word_kind = (kind == host_port.START) | (kind == host_port.DATA) | (kind == REG)
         # the sequence checks' wide compares and sums, registered in PRE_JUDGE (125 MHz)
-        plen, end = Signal(16), Signal(33)
-        padded = Signal()  # an Ethernet minimum frame whose words end early: the rest is padding
+        end = Signal(33)
+        # the payload is the header's words, or an Ethernet least-length frame whose words
+        # end early (the rest is a wire's padding)
+        len_ok = Signal()
         new_op, other_op, gap = Signal(), Signal(), Signal()
         is_reg, is_start = Signal(), Signal()
         count_m1, pairs_m1, count_zero = Signal(16), Signal(16), Signal()  # for the FSM
@@ -465,8 +467,10 @@ class HostAdapter(wiring.Component):
             count_zero.eq(count == 0),
             is_reg.eq(kind == REG),
             is_start.eq(kind == host_port.START),
-            plen.eq(payload_bytes),
-            padded.eq((nbytes == host_port.ETH_MIN) & (count < host_port.MIN_WORDS)),
+            len_ok.eq(
+                (payload_bytes == count * 4)
+                | ((nbytes == host_port.ETH_MIN) & (count < host_port.MIN_WORDS))
+            ),
             end.eq(offset + count),
             new_op.eq(op_id != next_op),
             other_op.eq(op_id != cur_op),
@@ -476,7 +480,7 @@ class HostAdapter(wiring.Component):
             "drop_not_host": (nbytes < HEAD) | (ethertype != host_port.ETHERTYPE),
             "drop_bad_header": (version != host_port.VERSION) | (kind > REG),
             "drop_unsupported": ~word_kind,
-            "drop_bad_length": ((plen != count * 4) & ~padded) | (is_reg & count[0]),
+            "drop_bad_length": ~len_ok | (is_reg & count[0]),
             "drop_too_long": count > self.rx_words,
             "drop_bad_op": is_start & ((n == 0) | (n > p.c) | (offset != 0) | (count > n)),
             "drop_sequence": Mux(
