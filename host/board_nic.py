@@ -367,10 +367,13 @@ class BoardNic(HostNic):
         self.gone.add(rank)
 
     def counters(self) -> dict[str, int]:
-        """The NIC's counters (the exponent counters included) and the host side's drops."""
+        """The NIC's counters (the exponent counters included), its host adapter's
+        (`adapter_` names) and the host side's drops (`host_`)."""
         from optireduce.sim.replay import counter_offsets
 
-        offsets = {**counter_offsets(self.p), **counter_offsets(self.p, EXP_COUNTERS)}
+        adapter = [f"adapter_{k}" for k in host_port.ADAPTER_COUNTERS]
+        offsets = {**counter_offsets(self.p), **counter_offsets(self.p, EXP_COUNTERS),
+                   **{name: self._off[name] for name in adapter}}  # fmt: skip
         values = self.regs.access([(a, None) for a in offsets.values()])
         out = dict(zip(offsets, values, strict=True))
         out.update({f"host_{k}": v for k, v in self.link.drops.items()})

@@ -10,8 +10,10 @@ Layout, in the style of Corundum register blocks: each block starts with a heade
     +0x00 type   +0x04 version   +0x08 next block (byte offset, 0 = last)   +0x0C block word
 
 so the driver follows the chain from offset 0 and learns which blocks the hardware
-has and where. Two blocks: "nic" (control, build parameters, configuration) and
-"counters" (one 32-bit counter per event; its +0x0C word is the number of counters).
+has and where. Four blocks: "nic" (control, build parameters, configuration),
+"counters" (one 32-bit counter per event; its +0x0C word is the number of counters),
+"peers" (admission) and "host" (the host adapter's frame counters: the adapter on a
+board answers their reads itself; this bank answers the block's header, and 0 for them).
 
 Bus (Wishbone-like, single master, no wait states): byte address `addr` (bits [1:0]
 ignored), `w_en` writes `w_data` at the clock edge; `r_en` latches the register
@@ -39,13 +41,16 @@ from amaranth.lib.wiring import In, Out
 from optireduce.counters import COUNTERS
 from optireduce.frame_checks import ADMISSION_REASONS, default_peers
 from optireduce.host.model.nic_model import EXP_COUNTERS, NicModel
+from optireduce.host_port import ADAPTER_COUNTERS
 from optireduce.params import NicParams
 from optireduce.ubt import DEFAULT_ADDRESSING
 
-VERSION = 0x0001_0002  # 1.2 (1.1: t_c_min_us, t_c_init_us; 1.2: padded host frames taken)
+# 1.1: t_c_min_us, t_c_init_us; 1.2: padded host frames taken, the host adapter's block
+VERSION = 0x0001_0002  # major in the high half
 TYPE_NIC = 0x4F52_0001  # "OR" 0001
 TYPE_COUNTERS = 0x4F52_0002
 TYPE_PEERS = 0x4F52_0003
+TYPE_HOST = 0x4F52_0004
 NIC_BASE, COUNTER_BASE, PEERS_BASE = 0x000, 0x100, 0x200
 CTRL_CLEAR_COUNTERS = 1  # CTRL bit 0
 
@@ -106,6 +111,21 @@ _COUNTER_DOC = {
 }
 
 
+_ADAPTER_DOC = {
+    "rx_frames": "host-port frames taken (START, DATA, REG)",
+    "tx_frames": "host-port frames sent (RESULT, STATS, REG replies)",
+    "drop_not_host": "host frames dropped: not EtherType 0x88B5, or under 34 bytes",
+    "drop_bad_header": "host frames dropped: version or kind unknown",
+    "drop_bad_length": "host frames dropped: length not the header's count, padding aside",
+    "drop_too_long": "host frames dropped: more words than the frame buffer holds",
+    "drop_bad_op": "host frames dropped: START with n outside 1..C, offset != 0 or count > n",
+    "drop_sequence": "host frames dropped: not the next op id, or not the open op's next words",
+    "drop_unsupported": "host frames dropped: CONFIG, RESULT or STATS sent to the NIC",
+    "truncated_ops": "ops padded with zeros: a START came before their last words",
+    "bad_records": "results dropped: their STATS record did not fit",
+}
+
+
 def counter_step(p: NicParams, name: str) -> int:
     """The most a counter adds in one cycle (the width of its `inc_` port)."""
     return p.n_max - 1 if name == "exp_missing" else 1
@@ -118,7 +138,7 @@ class Reg:
     access: str  # "RO", "RW" or "WO" (write-only command bits, read 0)
     width: int  # bits held (the rest read 0)
     reset: int  # value after reset (RO: the constant, counters: 0)
-    kind: str  # "header", "ctrl", "param", "config", "counter"
+    kind: str  # "header", "ctrl", "param", "config", "counter", "adapter" (a host adapter's)
     desc: str
     port: str = ""  # config: output port; counter: the counter's name
     lsb: int = 0  # config: lowest port bit this register holds
@@ -141,6 +161,12 @@ def _header(base: int, type_id: int, nxt: int) -> list[Reg]:
     ]
 
 
+def host_block_base(p: NicParams) -> int:
+    """The host block's offset: the first 256-byte boundary after the peer table (which
+    grows with n_max)."""
+    return (PEERS_BASE + 0x10 + 8 * p.n_max + 0xFF) & ~0xFF
+
+
 def register_map(p: NicParams) -> tuple[Block, ...]:
     """The register table: every block and register, with offsets, access and reset values."""
     nic = _header(NIC_BASE, TYPE_NIC, COUNTER_BASE)
@@ -158,7 +184,8 @@ def register_map(p: NicParams) -> tuple[Block, ...]:
     for j, name in enumerate(ALL_COUNTERS):
         desc = _COUNTER_DOC.get(name, f"frames dropped: {name.replace('_', ' ')}")
         cnt.append(Reg(name, COUNTER_BASE + 0x10 + 4 * j, "RO", 32, 0, "counter", desc, port=name))
-    peers = _header(PEERS_BASE, TYPE_PEERS, 0)
+    host_base = host_block_base(p)
+    peers = _header(PEERS_BASE, TYPE_PEERS, host_base)
     peers.append(Reg("admit", PEERS_BASE + 0xC, "RW", 1, 0, "config",
                      "1: admit only frames from the peers below (frame_checks.admit)",
                      "admit"))  # fmt: skip
@@ -170,13 +197,24 @@ def register_map(p: NicParams) -> tuple[Block, ...]:
             Reg(f"peer_port{r}", base + 4, "RW", 16, port, "config", f"UDP port of rank {r}",
                 "peer_port", 16 * r),
         ]  # fmt: skip
+    host = _header(host_base, TYPE_HOST, 0)
+    host.append(Reg("count", host_base + 0xC, "RO", 32, len(ADAPTER_COUNTERS), "header",
+                    "counters"))  # fmt: skip
+    for j, name in enumerate(ADAPTER_COUNTERS):
+        host.append(Reg(f"adapter_{name}", host_base + 0x10 + 4 * j, "RO", 32, 0, "adapter",
+                        _ADAPTER_DOC[name], port=name))  # fmt: skip
     assert max(r.offset for r in nic) < COUNTER_BASE, "nic block overlaps the counters"
     assert max(r.offset for r in cnt) < PEERS_BASE, "counters block overlaps the peers"
+    assert max(r.offset for r in peers) < host_base, "peers block overlaps the host block"
     return (
         Block("nic", NIC_BASE, TYPE_NIC, "control, build parameters, configuration", tuple(nic)),
         Block("counters", COUNTER_BASE, TYPE_COUNTERS, "event counters, saturating", tuple(cnt)),
         Block("peers", PEERS_BASE, TYPE_PEERS, "admission: the job's peers by rank", tuple(peers)),
-    )
+        Block("host", host_base, TYPE_HOST,
+              "the host adapter's frame counters, saturating: a board's host adapter answers "
+              "them (a core without one, as in co-simulation, reads 0); `ctrl` bit 0 clears "
+              "them too", tuple(host)),
+    )  # fmt: skip
 
 
 def config_ports(p: NicParams) -> dict[str, int]:
@@ -307,6 +345,8 @@ class Csr(wiring.Component):
 
         with m.If(self.r_en), m.Switch(word):
             for r in self.regs:
+                if r.kind == "adapter":
+                    continue  # a board's host adapter answers them (Default: 0 here)
                 with m.Case(r.offset >> 2):
                     if r.kind == "config":
                         m.d.sync += self.r_data.eq(self.config_regs[r.name])

@@ -43,8 +43,8 @@ from amaranth.lib.wiring import In, Out
 from optireduce import host_port
 from optireduce.hw.banked_memory import BankedMemory
 from optireduce.hw.board_frames import FrameMux
+from optireduce.hw.csr import CTRL_CLEAR_COUNTERS, TYPE_HOST, register, register_map
 from optireduce.hw.csr import addr_bits as csr_addr_bits
-from optireduce.hw.csr import register
 from optireduce.hw.nic_core import host_cmd_layout, host_word_layout
 from optireduce.hw.skid import Skid
 from optireduce.hw.streams import float_stream, frame_layout, frame_stream
@@ -53,23 +53,12 @@ from optireduce.params import NicParams
 REG = host_port.REG  # register access on the board (CONFIG is the replay's JSON)
 WRITE, HEAD = host_port.WRITE, host_port.HEAD
 RECORD_FIXED = len(host_port.STATS_FIELDS)  # STATS words before the histogram
+CTRL_CLEAR_BIT = CTRL_CLEAR_COUNTERS.bit_length() - 1
 
 CMD_LAYOUT = host_cmd_layout()  # the core's host port, defined once in hw/nic_core.py
 OUT_LAYOUT = host_word_layout()
 
-COUNTERS = (
-    "rx_frames",  # host frames taken (START, DATA, REG)
-    "tx_frames",  # frames sent to the host (RESULT, STATS, REG replies)
-    "drop_not_host",  # not EtherType 0x88B5, or shorter than the 34-byte header
-    "drop_bad_header",  # version or kind unknown
-    "drop_bad_length",  # payload bytes != 4 * count, padding aside (or an odd REG count)
-    "drop_too_long",  # more words than the frame buffer holds
-    "drop_bad_op",  # START with n outside 1..C, offset != 0 or count > n
-    "drop_sequence",  # START not the next op id, DATA not the next words of the open op
-    "drop_unsupported",  # CONFIG, RESULT or STATS sent to the NIC
-    "truncated_ops",  # ops padded with zeros because a START came before their last words
-    "bad_records",  # host_o messages whose STATS record does not fit (dropped)
-)
+COUNTERS = host_port.ADAPTER_COUNTERS  # one 32-bit counter each, a register each
 
 
 def _be(value, nbytes: int) -> list:
@@ -213,6 +202,11 @@ class HostAdapter(wiring.Component):
         self.csr_addr_bits = csr_addr_bits(p)
         world = register(p, "world")
         self.world_addr, self.world_reset = world.offset, world.reset
+        self.ctrl_addr = register(p, "ctrl").offset
+        host = next(b for b in register_map(p) if b.type_id == TYPE_HOST)
+        # the host block's counters: this adapter answers their reads (not the core's bank)
+        self.counter_addr = {r.port: r.offset for r in host.regs if r.kind == "adapter"}
+        assert tuple(self.counter_addr) == COUNTERS
         self.msg_words = p.c + RECORD_FIXED + p.n_max + 1  # results + the largest record
         super().__init__(
             {
@@ -235,9 +229,13 @@ class HostAdapter(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         inc = {name: Signal(name=f"inc_{name}") for name in COUNTERS}
+        clear = Signal()  # `ctrl` bit 0 written through here: the core's bank clears too
         for name in COUNTERS:
             cnt = getattr(self, name)
-            m.d.sync += cnt.eq(cnt + (inc[name] & (cnt != 0xFFFF_FFFF)))  # saturate
+            with m.If(clear):  # an event in the clearing cycle is kept, as in the bank
+                m.d.sync += cnt.eq(inc[name])
+            with m.Else():
+                m.d.sync += cnt.eq(cnt + (inc[name] & (cnt != 0xFFFF_FFFF)))  # saturate
 
         m.submodules.rx_tx = rx_tx = _FrameSender((self.rx_words - 1).bit_length())
         m.submodules.res_tx = res_tx = _FrameSender((self.msg_words - 1).bit_length())
@@ -249,12 +247,12 @@ class HostAdapter(wiring.Component):
             with m.If(s.o.valid & s.o.ready & s.o.payload.last):
                 m.d.comb += inc["tx_frames"].eq(1)
 
-        self._rx(m, inc, rx_tx)
+        self._rx(m, inc, rx_tx, clear)
         self._results(m, inc, res_tx)
         return m
 
     # ---- host -> core ----------------------------------------------------------------
-    def _rx(self, m: Module, inc: dict, sender: _FrameSender) -> None:
+    def _rx(self, m: Module, inc: dict, sender: _FrameSender, clear: Signal) -> None:
         m.submodules.rx_buf = buf = Memory(shape=32, depth=self.rx_words, init=[])
         wr, rd = buf.write_port(), buf.read_port()
         m.d.comb += [sender.rd_data.eq(rd.data)]
@@ -382,7 +380,7 @@ class HostAdapter(wiring.Component):
                     with m.If(idx == count_m1):
                         m.next = "RECV"
             with m.State("REG"):
-                self._rx_register_pair(m, rd, wr, reg_i, reg_phase, pairs_m1)
+                self._rx_register_pair(m, rd, wr, (reg_i, reg_phase, pairs_m1), clear)
                 with m.If(count_zero):
                     m.next = "REPLY"
             with m.State("REPLY"):
@@ -491,32 +489,44 @@ class HostAdapter(wiring.Component):
         }  # first that holds names the drop, in this order
         return pre_judge, verdicts, (count_m1, pairs_m1, count_zero, is_reg, is_start)
 
-    def _rx_register_pair(self, m: Module, rd, wr, reg_i, reg_phase, pairs_m1) -> None:
+    def _rx_register_pair(self, m: Module, rd, wr, pair: tuple, clear: Signal) -> None:
         """REG, one pair at a time: read the address word, then the data word (both land
-        in registers), access the bank, write a read's data back for the reply."""
+        in registers), access the bank (or read one of this adapter's counters), write a
+        read's data back for the reply. `pair`: its index, phase, and the last index."""
+        reg_i, reg_phase, pairs_m1 = pair
         addr_w, data_w = Signal(32), Signal(32)
+        local, local_data = Signal(), Signal(32)  # a read of this adapter's counters
         m.d.comb += rd.addr.eq(Cat(reg_phase == 1, reg_i))
         m.d.sync += reg_phase.eq(reg_phase + 1)
         with m.Switch(reg_phase):
             with m.Case(1):  # address word out, data word requested
                 m.d.sync += addr_w.eq(rd.data)
-            with m.Case(2):  # data word out
-                m.d.sync += data_w.eq(rd.data)
+            with m.Case(2):  # data word out; a counter read is decided and picked here
+                m.d.sync += [data_w.eq(rd.data), local.eq(0)]
+                with m.Switch(addr_w):  # bit 31 clear: a read
+                    for name, offset in self.counter_addr.items():
+                        with m.Case(offset):
+                            m.d.sync += [local.eq(1), local_data.eq(getattr(self, name))]
             with m.Case(3):  # access
                 m.d.comb += [
                     self.csr_addr.eq(addr_w),
                     self.csr_w_data.eq(data_w),
                     self.csr_w_en.eq(addr_w[31]),
-                    self.csr_r_en.eq(~addr_w[31]),
+                    self.csr_r_en.eq(~addr_w[31] & ~local),
                 ]
                 with m.If(addr_w[31] & (addr_w[:31] == self.world_addr)):
                     m.d.sync += self.world.eq(data_w)
+                m.d.comb += clear.eq(
+                    addr_w[31] & (addr_w[:31] == self.ctrl_addr) & data_w[CTRL_CLEAR_BIT]
+                )
             with m.Case(4):  # wait for the access to come back (the core's clock)
                 m.d.sync += reg_phase.eq(4)
-                with m.If(self.csr_done):
+                with m.If(self.csr_done | local):
                     m.d.comb += [
                         wr.addr.eq(Cat(1, reg_i)),
-                        wr.data.eq(Mux(addr_w[31], data_w, self.csr_r_data)),
+                        wr.data.eq(
+                            Mux(addr_w[31], data_w, Mux(local, local_data, self.csr_r_data))
+                        ),
                         wr.en.eq(1),
                     ]
                     m.d.sync += [reg_i.eq(reg_i + 1), reg_phase.eq(0)]

@@ -48,6 +48,20 @@ FRAGMENT = 2048
 HEAD = 14 + HEADER.size  # Ethernet header + host-port header: 34 bytes
 ETH_MIN = 60  # an Ethernet frame's least length without its FCS: shorter ones are padded
 MIN_WORDS = 7  # the fewest words whose frame needs no padding (HEAD + 4 * 7 >= ETH_MIN)
+# The host adapter's frame counters (hw/host_adapter.py), in its register block's order
+ADAPTER_COUNTERS = (
+    "rx_frames",  # host frames taken (START, DATA, REG)
+    "tx_frames",  # frames sent to the host (RESULT, STATS, REG replies)
+    "drop_not_host",  # not EtherType 0x88B5, or shorter than the 34-byte header
+    "drop_bad_header",  # version or kind unknown
+    "drop_bad_length",  # payload bytes != 4 * count, padding aside (or an odd REG count)
+    "drop_too_long",  # more words than the frame buffer holds
+    "drop_bad_op",  # START with n outside 1..C, offset != 0 or count > n
+    "drop_sequence",  # START not the next op id, DATA not the next words of the open op
+    "drop_unsupported",  # CONFIG, RESULT or STATS sent to the NIC
+    "truncated_ops",  # ops padded with zeros because a START came before their last words
+    "bad_records",  # host_o messages whose STATS record does not fit (dropped)
+)
 HOST_MAC = bytes.fromhex("024f52ffffff")
 NIC_MAC = bytes.fromhex("024f52fffffe")
 

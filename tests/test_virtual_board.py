@@ -98,6 +98,27 @@ def _short_start_taken() -> int:
         link.close()
 
 
+def _bad_frame_counted() -> dict[str, int]:
+    """A frame of an unknown host-port version: the adapter's counters as the NIC reads them."""
+    from optireduce.host.board_nic import HostPortLink, RegisterPort, _offsets
+
+    names = ("adapter_drop_bad_header", "adapter_drop_bad_length", "adapter_rx_frames")
+    off = _offsets(LIVE_PARAMS)
+    link = HostPortLink(BOARD_HOST_IF)
+    try:
+        regs = RegisterPort(link)
+        start = host_port.chunk_frames(host_port.START, 1, np.ones(8, np.float32), 0)[0]
+        link.send([start[:14] + b"\x09" + start[15:]])
+        deadline = time.monotonic() + 10
+        while True:
+            got = dict(zip(names, regs.access([(off[k], None) for k in names]), strict=True))
+            if got["adapter_drop_bad_header"] or time.monotonic() > deadline:
+                return got
+            time.sleep(0.05)
+    finally:
+        link.close()
+
+
 def _silent_register_read() -> float:
     from optireduce.host.board_nic import BoardError, HostPortLink, RegisterPort
 
@@ -151,6 +172,12 @@ def test_detect_finds_the_virtual_board_and_bad_answers_are_errors_or_drops(tmp_
         assert _in_namespace(c.ns[0], _read_one, "param_c") == ("ok", LIVE_PARAMS.c)
         # so is a START of 3 words: the op starts
         assert _in_namespace(c.ns[0], _short_start_taken) == ("ok", 1)
+        # a bad frame is a drop the adapter counts, and its register says so; since
+        # loading: the START and the register reads of _read_one, _short_start_taken and
+        # this one's first (each REG frame counts before its reads are answered)
+        status, got = _in_namespace(c.ns[0], _bad_frame_counted)
+        assert status == "ok" and got["adapter_drop_bad_header"] == 1, got
+        assert got["adapter_drop_bad_length"] == 0 and got["adapter_rx_frames"] >= 4, got
         # a board with nothing on its host port: a clear error within the bound
         board.terminate()
         board.wait(timeout=10)
@@ -182,6 +209,13 @@ def _check_against_model(run, xs, boards) -> None:
         assert {k: got[k] for k in EXP_COUNTERS} == {k: st.exp_counters[b][k]
                                                      for k in EXP_COUNTERS}  # fmt: skip
         assert got["host_not_from_nic"] == got["host_malformed"] == got["host_lost_results"] == 0
+        # the host adapter dropped nothing, and took and sent at least a frame per op
+        assert all(
+            got[f"adapter_{k}"] == 0
+            for k in host_port.ADAPTER_COUNTERS
+            if k.startswith("drop_") or k in ("truncated_ops", "bad_records")
+        ), got
+        assert got["adapter_rx_frames"] >= 6 and got["adapter_tx_frames"] >= 12, got
         fig = run.boards[b]
         assert fig["ops_started"] == fig["ops_done"] == 6 and fig["cycles"] > 0
     ops = len(want[0]) // LIVE_PARAMS.c + 1

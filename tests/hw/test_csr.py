@@ -14,11 +14,13 @@ from optireduce.hw.csr import (
     COUNTER_BASE,
     PEERS_BASE,
     TYPE_COUNTERS,
+    TYPE_HOST,
     TYPE_NIC,
     TYPE_PEERS,
     VERSION,
     Csr,
     counter_step,
+    host_block_base,
     register_map,
     render_markdown,
     walk,
@@ -88,11 +90,17 @@ PUBLISHED = {
     0x19C: ("not_member", "RO", 32, 0),
     0x1A0: ("wrong_sender", "RO", 32, 0),
     0x200: ("type", "RO", 32, TYPE_PEERS),
-    0x208: ("next", "RO", 32, 0),
+    0x208: ("next", "RO", 32, 0x500),  # after 64 peers: 0x210 + 64 * 8, to 256 bytes
     0x20C: ("admit", "RW", 1, 0),
     0x210: ("peer_ip0", "RW", 32, 0xC6120001),
     0x214: ("peer_port0", "RW", 16, 17017),
     0x218: ("peer_ip1", "RW", 32, 0xC6120002),
+    0x500: ("type", "RO", 32, TYPE_HOST),
+    0x508: ("next", "RO", 32, 0),
+    0x50C: ("count", "RO", 32, 11),
+    0x510: ("adapter_rx_frames", "RO", 32, 0),
+    0x520: ("adapter_drop_bad_length", "RO", 32, 0),
+    0x538: ("adapter_bad_records", "RO", 32, 0),
 }
 
 
@@ -126,6 +134,7 @@ def test_reset_discovery_and_read_only(p):
             (0, TYPE_NIC, VERSION),
             (COUNTER_BASE, TYPE_COUNTERS, VERSION),
             (PEERS_BASE, TYPE_PEERS, VERSION),
+            (host_block_base(p), TYPE_HOST, VERSION),  # the header here, its counters 0
         ]
         for r in regs:
             assert image[r.offset] == (0 if r.access == "WO" else r.reset), r.name

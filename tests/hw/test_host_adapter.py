@@ -321,6 +321,33 @@ def test_padded_frames_are_taken_as_a_wire_delivers_them():
     assert out["counters"] == _counts(rx_frames=4, tx_frames=1, drop_bad_length=2)
 
 
+def test_the_adapters_counters_are_registers_and_ctrl_clears_them():
+    """REG reads of the host block are answered by the adapter (its counters, as the
+    frames before gave them; the core's bank never sees them), and `ctrl` bit 0 clears
+    them as it clears the bank's."""
+    off = {r.name: r.offset for blk in register_map(P) for r in blk.regs}
+    x = np.float32([0.25])
+    start = _frame(START, 0, 0, 1, 0, x)
+    bad_header = bytes(start[:14]) + b"\x02" + bytes(start[15:])
+    bad_length = start + bytes(4)
+    read1 = [("adapter_drop_bad_header", 1), ("adapter_drop_bad_length", 1),
+             ("adapter_rx_frames", 2), ("adapter_drop_sequence", 0), ("param_c", P.c)]  # fmt: skip
+    req1 = reg_request([(off[name], None) for name, _ in read1], tag=1)
+    req2 = reg_request([(off["ctrl"], 1), (off["adapter_drop_bad_header"], None),
+                        (off["adapter_rx_frames"], None)], tag=2)  # fmt: skip
+    bank = {off["param_c"]: P.c}
+    dut = HostAdapter(P, rx_words=FRAG, tx_fragment=FRAG)
+    out = _run(dut, [bad_header, bad_length, start, req1, req2], [], regs=bank, seed=11)
+    assert out["cmd"] == [(0, 1, 0)]
+    reply1 = reg_reply(req1, {off[name]: v for name, v in read1})
+    reply2 = reg_reply(req2, {})  # both counters read 0 after the clear
+    assert out["frames"] == [reply1, reply2]
+    # the bank saw the ctrl write, and no read of the host block
+    assert out["writes"] == [(off["ctrl"], 1)]
+    # since the clear: the second reply sent
+    assert out["counters"] == _counts(tx_frames=1)
+
+
 # ---- the frame plumbing around the adapter on a board (hw/board_frames.py) ------------
 
 

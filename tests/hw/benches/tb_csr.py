@@ -14,9 +14,11 @@ from optireduce.hw.csr import (
     COUNTER_BASE,
     PEERS_BASE,
     TYPE_COUNTERS,
+    TYPE_HOST,
     TYPE_NIC,
     TYPE_PEERS,
     VERSION,
+    host_block_base,
     register_map,
     walk,
 )
@@ -60,7 +62,8 @@ async def driver_view(dut):
             image[r.offset] = await bus.read(r.offset)
     assert walk(image.__getitem__) == [(0, TYPE_NIC, VERSION), (COUNTER_BASE, TYPE_COUNTERS,
                                                                 VERSION),
-                                       (PEERS_BASE, TYPE_PEERS, VERSION)]  # fmt: skip
+                                       (PEERS_BASE, TYPE_PEERS, VERSION),
+                                       (host_block_base(p), TYPE_HOST, VERSION)]  # fmt: skip
     rng = random.Random(1)
     regs = {r.name: r for blk in register_map(p) for r in blk.regs}
     for r in regs.values():
