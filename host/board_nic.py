@@ -59,6 +59,10 @@ class BoardError(RuntimeError):
     """The board could not be reached or answered wrongly; the message says what to do."""
 
 
+class NoAnswer(BoardError):
+    """Nothing answered a register access within the bound."""
+
+
 def _offsets(p: NicParams) -> dict[str, int]:
     """Register offsets by name; every block has a `type`, `version` and `next`: the
     `nic` block's (the first) are the ones named."""
@@ -224,7 +228,7 @@ class RegisterPort:
                         return host_port.reg_values(f)
                     else:
                         self.stale += 1
-        raise BoardError(f"no answer from a NIC on {self.link.ifname} to a register access "
+        raise NoAnswer(f"no answer from a NIC on {self.link.ifname} to a register access "
                          f"in {self.tries} x {self.timeout_s} s: is the board powered, "
                          "programmed (optireduce board program) and cabled to this "
                          "interface?")  # fmt: skip
@@ -237,28 +241,32 @@ class BoardInfo:
     params: dict[str, int]  # NicParams fields from the build-parameter registers
 
     def describe(self) -> str:
-        v = f"{self.version >> 16}.{self.version & 0xFFFF}"
         ps = ", ".join(f"{k}={v}" for k, v in self.params.items())
-        return f"optireduce NIC v{v} on {self.ifname} ({ps})"
+        return f"optireduce NIC v{_version(self.version)} on {self.ifname} ({ps})"
+
+
+def _version(v: int) -> str:
+    return f"{v >> 16}.{v & 0xFFFF}"
 
 
 def identify(regs: RegisterPort, p: NicParams | None = None) -> BoardInfo:
-    """Read the NIC's ID and build parameters; BoardError if it is not an optireduce NIC."""
+    """Read the NIC's ID and build parameters; BoardError if it is not an optireduce NIC
+    or one older than this host."""
+    from optireduce.hw.csr import VERSION  # amaranth: imported when a board is used
+
     off = _offsets(p or NicParams())
     values = dict(zip(IDENT, regs.access([(off[name], None) for name in IDENT]), strict=True))
     if values["type"] != NIC_TYPE:
         raise BoardError(f"the device on {regs.link.ifname} answers with type "
                          f"{values['type']:#x}, not an optireduce NIC ({NIC_TYPE:#x})")  # fmt: skip
-    from optireduce.hw.csr import VERSION
-
     got = values["version"]
     if got >> 16 != VERSION >> 16 or got < VERSION:
         raise BoardError(
-            f"the NIC on {regs.link.ifname} has register block version {got >> 16}."
-            f"{got & 0xFFFF}, this host needs {VERSION >> 16}.{VERSION & 0xFFFF} or a later "
-            "1.x (from 1.2 its host adapter takes the padded frames a wire delivers): build "
-            "and load this version's bitstream (optireduce build bitstream --board NAME, "
-            "then optireduce board program --board NAME)"
+            f"the NIC on {regs.link.ifname} has register block version {_version(got)}; this "
+            f"host needs {_version(VERSION)} or a later {VERSION >> 16}.x (from 1.2 the host "
+            "adapter takes the padded frames a wire delivers, from 1.3 its counters are "
+            "registers): build and load this version's bitstream (optireduce build bitstream "
+            "--board NAME, then optireduce board program --board NAME)"
         )
     params = {PARAM_REGS[k]: v for k, v in values.items() if k in PARAM_REGS}
     return BoardInfo(regs.link.ifname, got, params)
@@ -282,7 +290,9 @@ def detect(ifnames: list[str] | None = None, timeout_s: float = 0.5,
            errors: dict[str, str] | None = None) -> list[BoardInfo]:  # fmt: skip
     """The NICs answering on `ifnames` (default: every interface that is up): one REG read
     on each, one interface after another, answers awaited for timeout_s. An interface
-    that could not be asked (no raw socket: not root) goes into `errors` with the reason."""
+    that could not be asked (no raw socket: not root), or whose device answered but is
+    not a NIC this host can drive (another type, an older version), goes into `errors`
+    with the reason; one where nothing answered is left out."""
     found = []
     for name in ifnames or interfaces():
         try:
@@ -293,8 +303,11 @@ def detect(ifnames: list[str] | None = None, timeout_s: float = 0.5,
             continue
         try:
             found.append(identify(RegisterPort(link, timeout_s, tries=1)))
-        except BoardError:
+        except NoAnswer:
             pass
+        except BoardError as e:
+            if errors is not None:
+                errors[name] = str(e)
         finally:
             link.close()
     return found

@@ -1,8 +1,9 @@
 """Control/status register bank: configuration registers and the NIC's counters.
 
 Everything the driver sees comes from ONE table, `register_map(p)`, built from the
-three lists below (parameters, configuration, counters = optireduce/counters.py
-COUNTERS, then host/model/nic_model.py EXP_COUNTERS). The gateware, the Markdown map in
+lists below (parameters, configuration, counters = optireduce/counters.py COUNTERS,
+then host/model/nic_model.py EXP_COUNTERS) and optireduce/host_port.py's
+ADAPTER_COUNTERS (the host adapter's block). The gateware, the Markdown map in
 docs/registers.md (`render_markdown`) and the driver's discovery (`walk`) all read it.
 
 Layout, in the style of Corundum register blocks: each block starts with a header
@@ -41,12 +42,12 @@ from amaranth.lib.wiring import In, Out
 from optireduce.counters import COUNTERS
 from optireduce.frame_checks import ADMISSION_REASONS, default_peers
 from optireduce.host.model.nic_model import EXP_COUNTERS, NicModel
-from optireduce.host_port import ADAPTER_COUNTERS
+from optireduce.host_port import ADAPTER_COUNTER_DOC, ADAPTER_COUNTERS
 from optireduce.params import NicParams
 from optireduce.ubt import DEFAULT_ADDRESSING
 
-# 1.1: t_c_min_us, t_c_init_us; 1.2: padded host frames taken, the host adapter's block
-VERSION = 0x0001_0002  # major in the high half
+# 1.1: t_c_min_us, t_c_init_us; 1.2: padded host frames taken; 1.3: the host block
+VERSION = 0x0001_0003  # major in the high half
 TYPE_NIC = 0x4F52_0001  # "OR" 0001
 TYPE_COUNTERS = 0x4F52_0002
 TYPE_PEERS = 0x4F52_0003
@@ -108,21 +109,6 @@ _COUNTER_DOC = {
     "exp_saturated": "in-band ops whose quantizer saturated",
     "not_member": "frames dropped: source not in the peer table (admission on)",
     "wrong_sender": "frames dropped: sender field not the source peer's rank (admission on)",
-}
-
-
-_ADAPTER_DOC = {
-    "rx_frames": "host-port frames taken (START, DATA, REG)",
-    "tx_frames": "host-port frames sent (RESULT, STATS, REG replies)",
-    "drop_not_host": "host frames dropped: not EtherType 0x88B5, or under 34 bytes",
-    "drop_bad_header": "host frames dropped: version or kind unknown",
-    "drop_bad_length": "host frames dropped: length not the header's count, padding aside",
-    "drop_too_long": "host frames dropped: more words than the frame buffer holds",
-    "drop_bad_op": "host frames dropped: START with n outside 1..C, offset != 0 or count > n",
-    "drop_sequence": "host frames dropped: not the next op id, or not the open op's next words",
-    "drop_unsupported": "host frames dropped: CONFIG, RESULT or STATS sent to the NIC",
-    "truncated_ops": "ops padded with zeros: a START came before their last words",
-    "bad_records": "results dropped: their STATS record did not fit",
 }
 
 
@@ -202,7 +188,7 @@ def register_map(p: NicParams) -> tuple[Block, ...]:
                     "counters"))  # fmt: skip
     for j, name in enumerate(ADAPTER_COUNTERS):
         host.append(Reg(f"adapter_{name}", host_base + 0x10 + 4 * j, "RO", 32, 0, "adapter",
-                        _ADAPTER_DOC[name], port=name))  # fmt: skip
+                        ADAPTER_COUNTER_DOC[name], port=name))  # fmt: skip
     assert max(r.offset for r in nic) < COUNTER_BASE, "nic block overlaps the counters"
     assert max(r.offset for r in cnt) < PEERS_BASE, "counters block overlaps the peers"
     assert max(r.offset for r in peers) < host_base, "peers block overlaps the host block"

@@ -229,7 +229,10 @@ class HostAdapter(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         inc = {name: Signal(name=f"inc_{name}") for name in COUNTERS}
-        clear = Signal()  # `ctrl` bit 0 written through here: the core's bank clears too
+        # `ctrl` bit 0 written through here (the core's bank clears too), registered: the
+        # decode is not in front of the counters' 352 enables (125 MHz)
+        clear = Signal()
+        m.d.sync += clear.eq(0)
         for name in COUNTERS:
             cnt = getattr(self, name)
             with m.If(clear):  # an event in the clearing cycle is kept, as in the bank
@@ -496,6 +499,9 @@ class HostAdapter(wiring.Component):
         reg_i, reg_phase, pairs_m1 = pair
         addr_w, data_w = Signal(32), Signal(32)
         local, local_data = Signal(), Signal(32)  # a read of this adapter's counters
+        # the register word as the bank decodes it (bits 1:0 and those above it ignored);
+        # bit 31: a write
+        word, write = addr_w[2 : self.csr_addr_bits], addr_w[31]
         m.d.comb += rd.addr.eq(Cat(reg_phase == 1, reg_i))
         m.d.sync += reg_phase.eq(reg_phase + 1)
         with m.Switch(reg_phase):
@@ -503,30 +509,27 @@ class HostAdapter(wiring.Component):
                 m.d.sync += addr_w.eq(rd.data)
             with m.Case(2):  # data word out; a counter read is decided and picked here
                 m.d.sync += [data_w.eq(rd.data), local.eq(0)]
-                with m.Switch(addr_w):  # bit 31 clear: a read
+                with m.If(~write), m.Switch(word):
                     for name, offset in self.counter_addr.items():
-                        with m.Case(offset):
+                        with m.Case(offset >> 2):
                             m.d.sync += [local.eq(1), local_data.eq(getattr(self, name))]
             with m.Case(3):  # access
                 m.d.comb += [
                     self.csr_addr.eq(addr_w),
                     self.csr_w_data.eq(data_w),
-                    self.csr_w_en.eq(addr_w[31]),
-                    self.csr_r_en.eq(~addr_w[31] & ~local),
+                    self.csr_w_en.eq(write),
+                    self.csr_r_en.eq(~write & ~local),
                 ]
-                with m.If(addr_w[31] & (addr_w[:31] == self.world_addr)):
+                with m.If(write & (word == self.world_addr >> 2)):
                     m.d.sync += self.world.eq(data_w)
-                m.d.comb += clear.eq(
-                    addr_w[31] & (addr_w[:31] == self.ctrl_addr) & data_w[CTRL_CLEAR_BIT]
-                )
+                with m.If(write & (word == self.ctrl_addr >> 2)):
+                    m.d.sync += clear.eq(data_w[CTRL_CLEAR_BIT])
             with m.Case(4):  # wait for the access to come back (the core's clock)
                 m.d.sync += reg_phase.eq(4)
                 with m.If(self.csr_done | local):
                     m.d.comb += [
                         wr.addr.eq(Cat(1, reg_i)),
-                        wr.data.eq(
-                            Mux(addr_w[31], data_w, Mux(local, local_data, self.csr_r_data))
-                        ),
+                        wr.data.eq(Mux(write, data_w, Mux(local, local_data, self.csr_r_data))),
                         wr.en.eq(1),
                     ]
                     m.d.sync += [reg_i.eq(reg_i + 1), reg_phase.eq(0)]

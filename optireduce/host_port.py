@@ -49,19 +49,20 @@ HEAD = 14 + HEADER.size  # Ethernet header + host-port header: 34 bytes
 ETH_MIN = 60  # an Ethernet frame's least length without its FCS: shorter ones are padded
 MIN_WORDS = 7  # the fewest words whose frame needs no padding (HEAD + 4 * 7 >= ETH_MIN)
 # The host adapter's frame counters (hw/host_adapter.py), in its register block's order
-ADAPTER_COUNTERS = (
-    "rx_frames",  # host frames taken (START, DATA, REG)
-    "tx_frames",  # frames sent to the host (RESULT, STATS, REG replies)
-    "drop_not_host",  # not EtherType 0x88B5, or shorter than the 34-byte header
-    "drop_bad_header",  # version or kind unknown
-    "drop_bad_length",  # payload bytes != 4 * count, padding aside (or an odd REG count)
-    "drop_too_long",  # more words than the frame buffer holds
-    "drop_bad_op",  # START with n outside 1..C, offset != 0 or count > n
-    "drop_sequence",  # START not the next op id, DATA not the next words of the open op
-    "drop_unsupported",  # CONFIG, RESULT or STATS sent to the NIC
-    "truncated_ops",  # ops padded with zeros because a START came before their last words
-    "bad_records",  # host_o messages whose STATS record does not fit (dropped)
-)
+ADAPTER_COUNTER_DOC = {
+    "rx_frames": "host frames taken (START, DATA, REG)",
+    "tx_frames": "host frames sent (RESULT, STATS, REG replies)",
+    "drop_not_host": "host frames dropped: not EtherType 0x88B5, or under 34 bytes",
+    "drop_bad_header": "host frames dropped: version or kind unknown",
+    "drop_bad_length": "host frames dropped: length not the count's (padding aside), odd REG count",
+    "drop_too_long": "host frames dropped: more words than the frame buffer holds",
+    "drop_bad_op": "host frames dropped: START with n outside 1..C, offset != 0 or count > n",
+    "drop_sequence": "host frames dropped: not the next op id, or not the open op's next words",
+    "drop_unsupported": "host frames dropped: CONFIG, RESULT or STATS sent to the NIC",
+    "truncated_ops": "ops padded with zeros: a START came before their last words",
+    "bad_records": "results dropped: their STATS record did not fit",
+}
+ADAPTER_COUNTERS = tuple(ADAPTER_COUNTER_DOC)
 HOST_MAC = bytes.fromhex("024f52ffffff")
 NIC_MAC = bytes.fromhex("024f52fffffe")
 
@@ -145,7 +146,7 @@ def chunk_frames(
 def unpad(frame: bytes) -> bytes:
     """A frame without the padding Ethernet adds to frames under ETH_MIN bytes (a word
     kind's length is its header's; anything else is returned as it came)."""
-    if len(frame) != ETH_MIN or not is_host_frame(frame) or len(frame) < HEAD:
+    if len(frame) != ETH_MIN or not is_host_frame(frame):
         return frame
     kind, count = frame[15], int.from_bytes(frame[16:18], "big")
     want = HEAD + 4 * count

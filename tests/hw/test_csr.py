@@ -122,7 +122,7 @@ def test_table_is_consistent():
     "p", [NicParams(), NicParams(p=16, b=64, c=256, n_max=8, job_id=7, estimator="plain")]
 )
 def test_reset_discovery_and_read_only(p):
-    """After reset: discovery walks both blocks, RO registers hold the table, config ports
+    """After reset: discovery walks the four blocks, RO registers hold the table, config ports
     hold NicParams' values; writes to RO and unmapped addresses change nothing."""
     dut = Csr(p)
     regs = [r for b in register_map(p) for r in b.regs]

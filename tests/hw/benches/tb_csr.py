@@ -65,10 +65,11 @@ async def driver_view(dut):
                                        (PEERS_BASE, TYPE_PEERS, VERSION),
                                        (host_block_base(p), TYPE_HOST, VERSION)]  # fmt: skip
     rng = random.Random(1)
+    for r in (r for blk in register_map(p) for r in blk.regs):  # every block's header
+        if r.kind in ("param", "header"):
+            assert image[r.offset] == r.reset, (r.name, hex(r.offset))
     regs = {r.name: r for blk in register_map(p) for r in blk.regs}
     for r in regs.values():
-        if r.kind in ("param", "header"):
-            assert image[r.offset] == r.reset, r.name
         if r.kind == "config":
             assert image[r.offset] == r.reset, r.name
             v = rng.getrandbits(32)
