@@ -43,7 +43,7 @@ from amaranth.lib.wiring import In, Out
 from optireduce import host_port
 from optireduce.hw.banked_memory import BankedMemory
 from optireduce.hw.board_frames import FrameMux
-from optireduce.hw.csr import CTRL_CLEAR_COUNTERS, TYPE_HOST, register, register_map
+from optireduce.hw.csr import CTRL_CLEAR_COUNTERS, register
 from optireduce.hw.csr import addr_bits as csr_addr_bits
 from optireduce.hw.nic_core import host_cmd_layout, host_word_layout
 from optireduce.hw.skid import Skid
@@ -203,10 +203,8 @@ class HostAdapter(wiring.Component):
         world = register(p, "world")
         self.world_addr, self.world_reset = world.offset, world.reset
         self.ctrl_addr = register(p, "ctrl").offset
-        host = next(b for b in register_map(p) if b.type_id == TYPE_HOST)
         # the host block's counters: this adapter answers their reads (not the core's bank)
-        self.counter_addr = {r.port: r.offset for r in host.regs if r.kind == "adapter"}
-        assert tuple(self.counter_addr) == COUNTERS
+        self.counter_addr = {name: register(p, f"adapter_{name}").offset for name in COUNTERS}
         self.msg_words = p.c + RECORD_FIXED + p.n_max + 1  # results + the largest record
         super().__init__(
             {

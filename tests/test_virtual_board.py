@@ -80,41 +80,42 @@ def _read_one(name: str) -> int:
         link.close()
 
 
+def _read_until(regs, names: tuple[str, ...], ready, bound_s: float = 10.0) -> dict[str, int]:
+    """The registers `names`, read again until ready(values) holds or bound_s has passed."""
+    from optireduce.host.board_nic import _offsets
+
+    off = _offsets(LIVE_PARAMS)
+    deadline = time.monotonic() + bound_s
+    while True:
+        got = dict(zip(names, regs.access([(off[k], None) for k in names]), strict=True))
+        if ready(got) or time.monotonic() > deadline:
+            return got
+        time.sleep(0.05)
+
+
 def _short_start_taken() -> int:
     """A START of 3 words (46 bytes, padded to 60 on the way): the NIC's ops_started."""
-    from optireduce.host.board_nic import HostPortLink, RegisterPort, _offsets
+    from optireduce.host.board_nic import HostPortLink, RegisterPort
 
     link = HostPortLink(BOARD_HOST_IF)
     try:
-        regs = RegisterPort(link)
         link.send(host_port.chunk_frames(host_port.START, 0, np.ones(3, np.float32), 0))
-        deadline = time.monotonic() + 10
-        while (started := regs.access([(_offsets(LIVE_PARAMS)["ops_started"], None)])[0]) == 0:
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
-        return started
+        got = _read_until(RegisterPort(link), ("ops_started",), lambda g: g["ops_started"] > 0)
+        return got["ops_started"]
     finally:
         link.close()
 
 
 def _bad_frame_counted() -> dict[str, int]:
     """A frame of an unknown host-port version: the adapter's counters as the NIC reads them."""
-    from optireduce.host.board_nic import HostPortLink, RegisterPort, _offsets
+    from optireduce.host.board_nic import HostPortLink, RegisterPort
 
     names = ("adapter_drop_bad_header", "adapter_drop_bad_length", "adapter_rx_frames")
-    off = _offsets(LIVE_PARAMS)
     link = HostPortLink(BOARD_HOST_IF)
     try:
-        regs = RegisterPort(link)
         start = host_port.chunk_frames(host_port.START, 1, np.ones(8, np.float32), 0)[0]
         link.send([start[:14] + b"\x09" + start[15:]])
-        deadline = time.monotonic() + 10
-        while True:
-            got = dict(zip(names, regs.access([(off[k], None) for k in names]), strict=True))
-            if got["adapter_drop_bad_header"] or time.monotonic() > deadline:
-                return got
-            time.sleep(0.05)
+        return _read_until(RegisterPort(link), names, lambda g: g["adapter_drop_bad_header"] > 0)
     finally:
         link.close()
 
