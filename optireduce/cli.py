@@ -230,6 +230,7 @@ BENCH_GROUPS: dict[str, tuple[str, str]] = {
     "collective": ("optireduce.experiments.bench_collective", "bench_collective"),
     "cosim": ("optireduce.experiments.bench_cosim", "bench_cosim"),
     "fpga": ("optireduce.experiments.bench_fpga", "bench_fpga"),
+    "sdram": ("optireduce.experiments.bench_sdram", "bench_sdram"),
 }
 
 
@@ -242,7 +243,8 @@ QUICK = {
     "simulate": "at most 16384 elements",
     "cluster": "5 ops after 2 warm-up ops, 64 KiB buckets, the smallest world of --sweep-workers",
     "loss-tolerance": "4 workers, 4 steps, the first seed, the first two loss rates",
-    "bench": "smaller sizes; rtl: three blocks, no synthesis; all: no fpga (bitstreams)",
+    "bench": "smaller sizes; rtl: three blocks, no synthesis; sdram: one clock, 2048 words; "
+    "all: no fpga (bitstreams)",
     "soak": "one training run per fault, one sigint, one replay and one collective run (2 min)",
 }
 QUICK_ENV = "OPTIREDUCE_QUICK"

@@ -7,6 +7,7 @@ failing cocotb test makes this raise, so the pytest test fails.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tempfile
 from pathlib import Path
@@ -20,21 +21,29 @@ from optireduce.sim.toolchain import use_verilator
 ENV_CONFIG = "OPTIREDUCE_TB"
 
 
-def build(component: wiring.Component, name: str) -> Path:
-    """Verilate `component` (once per configuration); returns the build directory."""
+def build(
+    component: wiring.Component,
+    name: str,
+    sources: tuple[Path, ...] = (),
+    log_file: Path | None = None,
+) -> Path:
+    """Verilate `component` (once per configuration) with the Verilog files of the modules
+    it instantiates, `sources`; returns the build directory."""
     use_verilator()
     from cocotb_tools.runner import get_runner
 
     vpath = verilog.write(component, name, kind="cocotb")
-    build_dir = vpath.parent / "verilator"
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:12]
+    build_dir = vpath.parent / (f"verilator-{digest}" if sources else "verilator")
     with FileLock(str(vpath.parent / ".lock"), timeout=1800):
         if not (build_dir / ".built").exists():
             get_runner("verilator").build(
-                sources=[vpath],
+                sources=[vpath, *sources],
                 hdl_toplevel=name,
                 build_dir=build_dir,
                 build_args=["-Wno-fatal", "-O2"],
                 always=True,
+                log_file=log_file,
             )
             (build_dir / ".built").write_text("ok")
     return build_dir
@@ -46,13 +55,16 @@ def run_bench(
     bench: str,
     config: dict | None = None,
     testcase: str | list[str] | None = None,
+    sources: tuple[Path, ...] = (),
+    log_file: Path | None = None,
 ) -> None:
-    """Run cocotb module `bench` (dotted name) against `component` with `config` as JSON."""
-    build_dir = build(component, name)
-    from cocotb_tools.runner import get_runner
+    """Run cocotb module `bench` (dotted name) against `component` with `config` as JSON;
+    raises if a test failed. `log_file` takes the tools' output (else stdout)."""
+    build_dir = build(component, name, sources, log_file)
+    from cocotb_tools.runner import get_results, get_runner
 
     test_dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=build_dir.parent))
-    get_runner("verilator").test(
+    results = get_runner("verilator").test(
         hdl_toplevel=name,
         hdl_toplevel_lang="verilog",
         test_module=bench,
@@ -60,7 +72,12 @@ def run_bench(
         test_dir=test_dir,
         testcase=testcase,
         extra_env={ENV_CONFIG: json.dumps(config or {})},
+        log_file=log_file,
     )
+    tests, failed = get_results(results)
+    if failed:
+        where = f" (log: {log_file})" if log_file else ""
+        raise RuntimeError(f"{bench}: {failed} of {tests} cocotb tests failed{where}")
 
 
 def bench_config() -> dict:

@@ -1,0 +1,74 @@
+"""`optireduce bench sdram`: what the 5A-75B's SDRAM behind litedram's controller sustains.
+
+Aggregating in SDRAM reads and writes an accumulator for every element that arrives,
+so the figure that decides a 25F NIC is read-modify-write throughput: the UBT traffic
+(headers and gaps included, P-element packets) whose elements the controller keeps up
+with, at each candidate SDRAM clock. Write and read streams (a gather buffer's
+pattern) are given too. The counts are cycles of the simulated controller
+(sim/sdram_sim.py), the same on every machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from optireduce.experiments.bench_fpga import UBT_FRAME_OVERHEAD
+from optireduce.hw.sdram_controller import SdramSpec
+from optireduce.sim import sdram_sim
+from optireduce.sim.verilog import BUILD
+
+PLOT = BUILD / "litedram" / "sdram.png"
+CLOCKS_MHZ = (52.08, 62.5, 100.0)  # the core's clock; its own domain; a faster one
+TARGET_UBT_GBPS = 0.9
+P = 256  # elements per UBT packet (the 25F's NicParams.p)
+
+
+def figures(f: dict, mhz: float) -> dict:
+    """Gb/s of each pattern at `mhz`, and the UBT rate read-modify-write keeps up with."""
+    hz = mhz * 1e6
+    out = {k: round(f[k]["words"] / f[k]["cycles"] * 32 * hz / 1e9, 3) for k in ("write", "read")}
+    elems = f["rmw"]["words"] / f["rmw"]["cycles"] * hz
+    out["rmw_elements_per_s"] = round(elems)
+    out["rmw_ubt_gbps"] = round(elems / P * (4 * P + UBT_FRAME_OVERHEAD) * 8 / 1e9, 3)
+    out["keeps_up"] = out["rmw_ubt_gbps"] >= TARGET_UBT_GBPS
+    return out
+
+
+def bench_sdram(quick: bool = False, progress: Callable[[str], None] | None = None) -> dict:
+    say = progress or (lambda s: None)
+    n = 2048 if quick else 8192
+    clocks = CLOCKS_MHZ[1:2] if quick else CLOCKS_MHZ
+    out = {}
+    for mhz in clocks:
+        spec = SdramSpec(clk_mhz=mhz)
+        say(f"litedram controller for {spec.module} at {mhz} MHz: {n} words per pattern")
+        raw = sdram_sim.throughput(spec, n=n, batch=P)
+        out[f"{mhz:g}"] = {**figures(raw, mhz), "raw": raw}
+    plot(out, PLOT)
+    return {"module": SdramSpec().module, "target_ubt_gbps": TARGET_UBT_GBPS, "clocks_mhz": out,
+            "plot": str(PLOT)}  # fmt: skip
+
+
+def plot(out: dict, path) -> None:
+    """Gb/s per pattern and clock, against the 1 GbE port and the target."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    kinds = ("write", "read", "rmw_ubt_gbps")
+    width = 0.8 / len(kinds)
+    for j, kind in enumerate(kinds):
+        xs = [k + j * width for k in range(len(out))]
+        ax.bar(xs, [r[kind] for r in out.values()], width, label=kind.replace("_gbps", ""))
+    ax.set_xticks([k + width for k in range(len(out))], [f"{c} MHz" for c in out])
+    ax.axhline(TARGET_UBT_GBPS, color="k", lw=0.8, ls="--", label="target (UBT)")
+    ax.axhline(1.0, color="k", lw=0.8, label="1 GbE")
+    ax.set_ylabel("Gb/s")
+    ax.set_title("5A-75B SDRAM behind litedram: streams and aggregation")
+    ax.legend(fontsize=8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

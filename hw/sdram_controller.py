@@ -1,0 +1,92 @@
+"""The board's SDRAM behind litedram's controller: its generated Verilog as an Instance,
+started by SdramInit, seen through one native user port.
+
+The native port is three streams: `cmd` (an address and read or write), `wdata` (one
+word per write command, in order) and `rdata` (one word per read command, in order).
+The port is closed until `ready`; `error` says the init program got no answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from amaranth import ClockSignal, Instance, Module
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from optireduce.hw.sdram_init import SdramInit, program
+
+
+@dataclass(frozen=True)
+class SdramSpec:
+    """One board's SDRAM as litedram's generator is told it."""
+
+    module: str = "M12L16161A"  # 2 x 1M x 16 on the 5A-75B r7.0, one 32-bit bus
+    data_width: int = 32
+    device: str = "LFE5U-25F-6BG256C"
+    clk_mhz: float = 62.5
+    port: str = "nic"
+
+
+@dataclass(frozen=True)
+class SdramCore:
+    """What the generator produced: the Verilog, its registers and its init steps."""
+
+    spec: SdramSpec
+    sim: bool
+    verilog: Path
+    csr: dict[str, int]
+    init: tuple[tuple[int, ...], ...]
+    addr_width: int
+    data_width: int
+    cl: int
+    refresh_pulse: str  # a register of the Verilog that is 1 for one cycle per refresh
+
+    @classmethod
+    def from_json(cls, d: dict, root: Path) -> SdramCore:
+        return cls(
+            spec=SdramSpec(**d["spec"]), sim=d["sim"], verilog=root / d["verilog"],
+            csr=d["csr"], init=tuple(tuple(s) for s in d["init"]), addr_width=d["addr_width"],
+            data_width=d["data_width"], cl=d["cl"],
+            refresh_pulse=d["refresh_pulse"],
+        )  # fmt: skip
+
+
+class SdramController(wiring.Component):
+    """litedram's controller (the simulation variant: its PHY model holds the memory)."""
+
+    def __init__(self, core: SdramCore) -> None:
+        if not core.sim:
+            raise ValueError("SdramController instantiates the simulation variant only")
+        self.core = core
+        aw, dw = core.addr_width, core.data_width
+        super().__init__({
+            "cmd_valid": In(1), "cmd_ready": Out(1), "cmd_we": In(1), "cmd_addr": In(aw),
+            "wdata_valid": In(1), "wdata_ready": Out(1), "wdata_data": In(dw),
+            "rdata_valid": Out(1), "rdata_ready": In(1), "rdata_data": Out(dw),
+            "ready": Out(1), "error": Out(1),
+        })  # fmt: skip
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        core = self.core
+        m.submodules.init = init = SdramInit(program(core.csr, [list(s) for s in core.init]))
+        p = f"user_port_{core.spec.port}"
+        all_bytes = (1 << core.data_width // 8) - 1  # every write is a whole word
+        m.submodules.litedram = Instance(
+            "litedram_core",
+            i_clk=ClockSignal("sync"),
+            i_sim_trace=0,
+            i_wb_ctrl_adr=init.adr, i_wb_ctrl_dat_w=init.dat_w, i_wb_ctrl_sel=init.sel,
+            i_wb_ctrl_cyc=init.cyc, i_wb_ctrl_stb=init.stb, i_wb_ctrl_we=init.we,
+            i_wb_ctrl_cti=0, i_wb_ctrl_bte=0, o_wb_ctrl_ack=init.ack,
+            **{f"i_{p}_cmd_valid": self.cmd_valid, f"o_{p}_cmd_ready": self.cmd_ready,
+               f"i_{p}_cmd_we": self.cmd_we, f"i_{p}_cmd_addr": self.cmd_addr,
+               f"i_{p}_wdata_valid": self.wdata_valid, f"o_{p}_wdata_ready": self.wdata_ready,
+               f"i_{p}_wdata_data": self.wdata_data, f"i_{p}_wdata_we": all_bytes,
+               f"o_{p}_rdata_valid": self.rdata_valid, f"i_{p}_rdata_ready": self.rdata_ready,
+               f"o_{p}_rdata_data": self.rdata_data},
+        )  # fmt: skip
+        m.d.comb += [self.ready.eq(init.done), self.error.eq(init.error)]
+        return m
