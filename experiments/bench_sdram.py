@@ -11,6 +11,7 @@ pattern) are given too. The counts are cycles of the simulated controller
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from optireduce.experiments.bench_fpga import UBT_FRAME_OVERHEAD
 from optireduce.hw.sdram_controller import SdramSpec
@@ -49,7 +50,7 @@ def bench_sdram(quick: bool = False, progress: Callable[[str], None] | None = No
             "plot": str(PLOT)}  # fmt: skip
 
 
-def plot(out: dict, path) -> None:
+def plot(out: dict, path: Path) -> None:
     """Gb/s per pattern and clock, against the 1 GbE port and the target."""
     import matplotlib
 

@@ -1,8 +1,14 @@
 """The board's SDRAM behind litedram's controller: its generated Verilog as an Instance,
 started by SdramInit, seen through one native user port.
 
-The native port is three streams: `cmd` (an address and read or write), `wdata` (one
-word per write command, in order) and `rdata` (one word per read command, in order).
+litedram's native port, as its crossbar implements it:
+- `cmd`: a stream of (address, read or write);
+- `wdata`: one word per write command, in order. litedram takes `wdata_data` in every
+  cycle `wdata_ready` is high and never looks at a valid: the word must be there when
+  it asks. `wdata_valid` is ours: a cycle of `wdata_ready` without it sets `underrun`
+  (sticky), so a user that lets the controller take a missing word is caught;
+- `rdata`: one word per read command, in order, in the cycle `rdata_valid` is high; it
+  cannot be held off (litedram ignores a ready).
 The port is closed until `ready`; `error` says the init program got no answer.
 """
 
@@ -64,8 +70,8 @@ class SdramController(wiring.Component):
         super().__init__({
             "cmd_valid": In(1), "cmd_ready": Out(1), "cmd_we": In(1), "cmd_addr": In(aw),
             "wdata_valid": In(1), "wdata_ready": Out(1), "wdata_data": In(dw),
-            "rdata_valid": Out(1), "rdata_ready": In(1), "rdata_data": Out(dw),
-            "ready": Out(1), "error": Out(1),
+            "rdata_valid": Out(1), "rdata_data": Out(dw),
+            "ready": Out(1), "error": Out(1), "underrun": Out(1),
         })  # fmt: skip
 
     def elaborate(self, platform) -> Module:
@@ -85,8 +91,10 @@ class SdramController(wiring.Component):
                f"i_{p}_cmd_we": self.cmd_we, f"i_{p}_cmd_addr": self.cmd_addr,
                f"i_{p}_wdata_valid": self.wdata_valid, f"o_{p}_wdata_ready": self.wdata_ready,
                f"i_{p}_wdata_data": self.wdata_data, f"i_{p}_wdata_we": all_bytes,
-               f"o_{p}_rdata_valid": self.rdata_valid, f"i_{p}_rdata_ready": self.rdata_ready,
+               f"o_{p}_rdata_valid": self.rdata_valid, f"i_{p}_rdata_ready": 1,
                f"o_{p}_rdata_data": self.rdata_data},
         )  # fmt: skip
         m.d.comb += [self.ready.eq(init.done), self.error.eq(init.error)]
+        with m.If(self.wdata_ready & ~self.wdata_valid):
+            m.d.sync += self.underrun.eq(1)
         return m

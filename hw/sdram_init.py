@@ -14,8 +14,14 @@ from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-ACK_TIMEOUT = 64  # cycles; the CSR bus answers in 2
-DFII_CONTROL_SEL = 0x01  # the controller, not the init port, drives the chips
+ACK_TIMEOUT = 64  # cycles without an acknowledge; the CSR bus answers in 2
+# litedram's DFII register bits, by the names its init sequence uses (sdram_phy.h)
+DFII_BITS = {
+    "DFII_CONTROL_SEL": 0x01, "DFII_CONTROL_CKE": 0x02, "DFII_CONTROL_ODT": 0x04,
+    "DFII_CONTROL_RESET_N": 0x08, "DFII_COMMAND_CS": 0x01, "DFII_COMMAND_WE": 0x02,
+    "DFII_COMMAND_CAS": 0x04, "DFII_COMMAND_RAS": 0x08,
+}  # fmt: skip
+DFII_CONTROL_SEL = DFII_BITS["DFII_CONTROL_SEL"]  # the controller, not the init port, drives
 
 
 def program(csr: dict[str, int], init: list[list[int]]) -> list[tuple[int, int, int]]:
@@ -37,6 +43,12 @@ class SdramInit(wiring.Component):
     """Wishbone (classic, 32-bit, word addresses) master for the init program."""
 
     def __init__(self, writes: list[tuple[int, int, int]]) -> None:
+        bad = [(a, d, w) for a, d, w in writes
+               if a % 4 or not 0 <= a < 1 << 32 or not 0 <= d < 1 << 32 or w < 0]  # fmt: skip
+        if bad or not writes:
+            self._MustUse__used = True  # refused: nothing to elaborate, nothing to warn of
+            raise ValueError(f"init writes {bad or '(none)'}: at least one, each with a "
+                             "word-aligned 32-bit address, 32-bit data, a wait >= 0")  # fmt: skip
         self.writes = writes
         self.wait_bits = max(1, max(w for _, _, w in writes).bit_length())
         super().__init__({
@@ -64,7 +76,7 @@ class SdramInit(wiring.Component):
                 with m.If(self.ack):
                     m.d.sync += [wait.eq(rd.data[w_adr + 32 :]), ack_wait.eq(0)]
                     m.next = "WAIT"
-                with m.Elif(ack_wait == ACK_TIMEOUT):
+                with m.Elif(ack_wait == ACK_TIMEOUT - 1):
                     m.next = "ERROR"
             with m.State("WAIT"):
                 m.d.sync += wait.eq(wait - 1)

@@ -43,7 +43,7 @@ def build(
                 build_dir=build_dir,
                 build_args=["-Wno-fatal", "-O2"],
                 always=True,
-                log_file=log_file,
+                log_file=log_file and log_file.with_suffix(".build.log"),
             )
             (build_dir / ".built").write_text("ok")
     return build_dir

@@ -22,17 +22,15 @@ from pathlib import Path
 from filelock import FileLock
 
 from optireduce.hw.sdram_controller import SdramCore, SdramSpec
+from optireduce.hw.sdram_init import DFII_BITS
 from optireduce.sim.toolchain import FIX, ToolchainError
 from optireduce.sim.verilog import BUILD
 
 CORE_NAME = "litedram_core"
 GEN_TIMEOUT_S = 600
-# The constants litedram's init sequence names, as the generated sdram_phy.h defines them.
-DFII_BITS = {
-    "DFII_CONTROL_SEL": 0x01, "DFII_CONTROL_CKE": 0x02, "DFII_CONTROL_ODT": 0x04,
-    "DFII_CONTROL_RESET_N": 0x08, "DFII_COMMAND_CS": 0x01, "DFII_COMMAND_WE": 0x02,
-    "DFII_COMMAND_CAS": 0x04, "DFII_COMMAND_RAS": 0x08,
-}  # fmt: skip
+# LiteX stamps its header with the date and the working directory's git revision; they
+# are dropped so that one configuration always gives the same text (and one Verilator build)
+STAMP = re.compile(r"^// (LiteX sha1|Date)\s*:.*\n", re.M)
 
 
 @dataclass(frozen=True)
@@ -44,7 +42,9 @@ class _Job:
 def _key(job: _Job) -> str:
     from importlib.metadata import version
 
-    text = json.dumps({**asdict(job.spec), "sim": job.sim, "litedram": version("litedram")})
+    tools = {t: version(t) for t in ("litedram", "litex", "migen")}
+    me = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()  # this generator's code
+    text = json.dumps({**asdict(job.spec), "sim": job.sim, **tools, "generator": me})
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -64,7 +64,10 @@ def generate(spec: SdramSpec, *, sim: bool) -> SdramCore:
         if not info.exists():
             cmd = [sys.executable, "-m", "optireduce.sim.sdram_gen", json.dumps(asdict(spec)),
                    "sim" if sim else "board", str(out)]  # fmt: skip
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=GEN_TIMEOUT_S)
+            try:
+                res = subprocess.run(cmd, capture_output=True, text=True, timeout=GEN_TIMEOUT_S)
+            except subprocess.TimeoutExpired as e:
+                raise ToolchainError(f"litedram's generator took over {GEN_TIMEOUT_S} s") from e
             if res.returncode != 0 or not info.exists():
                 tail = "\n".join((res.stdout + res.stderr).splitlines()[-15:])
                 raise ToolchainError(f"litedram's generator failed ({' '.join(cmd)}):\n{tail}")
@@ -110,18 +113,22 @@ def _worker(spec: SdramSpec, sim: bool, out: Path) -> None:
         f = line.split(",")
         if f[0] == "csr_register":
             csr[f[1]] = int(f[2], 16)
-    verilog = (out / "gateware" / f"{CORE_NAME}.v").read_text()
+    vpath = out / "gateware" / f"{CORE_NAME}.v"
+    verilog = STAMP.sub("", vpath.read_text())
+    vpath.write_text(verilog)
     refresh = re.search(r"^reg\s+(\w+_sequencer_done1)\b", verilog, re.M)  # the refresher's
     if refresh is None:
         raise SystemExit("the generated controller has no refresh sequencer register")
     settings = soc.sdram.controller.settings
     port = soc.sdram.crossbar.masters[0]
-    (out / "core.json").write_text(json.dumps({
+    tmp = out / "core.json.tmp"
+    tmp.write_text(json.dumps({
         "spec": asdict(spec), "sim": sim, "verilog": f"gateware/{CORE_NAME}.v", "csr": csr,
         "init": _init_program(settings), "addr_width": len(port.cmd.addr),
         "data_width": len(port.wdata.data), "cl": settings.phy.cl,
         "refresh_pulse": refresh.group(1),
     }, indent=1))  # fmt: skip
+    tmp.replace(out / "core.json")  # whole, or not there
 
 
 if __name__ == "__main__":

@@ -28,7 +28,9 @@ def run(spec: SdramSpec, testcase: str, **config: int) -> dict:
         log = core.verilog.parents[1] / f"{testcase}.log"
         run_bench(SdramController(core), "sdram_sim", BENCH, cfg, testcase=testcase,
                   sources=(core.verilog,), log_file=log)  # fmt: skip
-        return json.loads(out.read_text()) if out.exists() else {}
+        if not out.exists():
+            raise RuntimeError(f"{BENCH}.{testcase} reported nothing (log: {log})")
+        return json.loads(out.read_text())
 
 
 def throughput(spec: SdramSpec, *, n: int = 8192, batch: int = 256) -> dict:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import cocotb
 from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, RisingEdge, with_timeout
+from cocotb.triggers import ClockCycles, First, RisingEdge, with_timeout
 
 from optireduce.sim.cocotb_run import bench_config
 
@@ -24,7 +24,8 @@ DRAIN_BOUND_CYCLES = 200_000
 
 
 class Port:
-    """Drives cmd and wdata from queues, takes every rdata word; counts refreshes."""
+    """Drives cmd and wdata from queues, takes every rdata word; notes the cycle of every
+    refresh (the refresher's completion strobe)."""
 
     def __init__(self, dut) -> None:
         self.dut = dut
@@ -33,13 +34,12 @@ class Port:
         self.rdata: list[int] = []
         self.on_rdata = None  # optional callback(word)
         self.writes_done = 0
-        self.refreshes = 0
+        self.refresh_cycles: list[int] = []
         self.cycle = 0
 
     async def run(self) -> None:
         d = self.dut
         refresh = getattr(d.litedram, bench_config()["refresh_pulse"])
-        d.rdata_ready.value = 1
         while True:
             self._present()
             await RisingEdge(d.clk)
@@ -54,7 +54,8 @@ class Port:
                 self.rdata.append(w)
                 if self.on_rdata:
                     self.on_rdata(w)
-            self.refreshes += int(refresh.value)
+            if refresh.value:
+                self.refresh_cycles.append(self.cycle)
 
     def _present(self) -> None:
         d = self.dut
@@ -71,7 +72,11 @@ class Port:
         while len(self.rdata) < reads or self.writes_done < writes:
             await RisingEdge(self.dut.clk)
             assert self.cycle - start < DRAIN_BOUND_CYCLES, "the controller stopped answering"
+        assert not self.dut.underrun.value, "the controller took a write word not yet there"
         return self.cycle - start
+
+    def refreshes(self, since: int) -> int:
+        return sum(c > since for c in self.refresh_cycles)
 
 
 async def _start(dut) -> Port:
@@ -81,8 +86,9 @@ async def _start(dut) -> Port:
     dut.wdata_valid.value = 0
     await ClockCycles(dut.clk, 4)
     dut.rst.value = 0
-    await with_timeout(RisingEdge(dut.ready), INIT_BOUND_CYCLES * 16, "ns")
-    assert not dut.error.value
+    await with_timeout(First(RisingEdge(dut.ready), RisingEdge(dut.error)),
+                       INIT_BOUND_CYCLES * 16, "ns")  # fmt: skip
+    assert not dut.error.value, "the init program got no acknowledge"
     port = Port(dut)
     cocotb.start_soon(port.run())
     return port
@@ -101,7 +107,7 @@ async def data_round_trip(dut):
     behind a write to the same word returns the new word."""
     port = await _start(dut)
     rng = random.Random(bench_config().get("seed", 1))
-    base, n = 0x3FE80, 1024  # crosses rows 0x3FF and 0x400 and both banks
+    base, n = 0x3FE80, 1024  # row|bank|column: rows 0x1FF to 0x201, both banks
     words = [rng.getrandbits(32) for _ in range(n)]
     port.cmds.extend((1, base + k) for k in range(n))
     port.wdata.extend(words)
@@ -114,6 +120,7 @@ async def data_round_trip(dut):
     port.wdata.extend([v1, v2])
     await port.drain(2, n + 2)
     assert port.rdata == [v1, v2]
+    _report("data_round_trip", {"words": n})
 
 
 @cocotb.test()
@@ -125,31 +132,33 @@ async def throughput(dut):
     n, batch = cfg["n"], cfg["batch"]
     out = {}
 
-    r0, c0 = port.refreshes, port.cycle
+    c0 = port.cycle
     port.cmds.extend((1, k) for k in range(n))
     port.wdata.extend(range(n))
     await port.drain(0, n)
-    out["write"] = {"words": n, "cycles": port.cycle - c0, "refreshes": port.refreshes - r0}
+    out["write"] = {"words": n, "cycles": port.cycle - c0, "refreshes": port.refreshes(c0)}
 
-    r0, c0 = port.refreshes, port.cycle
+    c0 = port.cycle
     port.rdata.clear()
     port.cmds.extend((0, k) for k in range(n))
     await port.drain(n, n)
     assert port.rdata == list(range(n))
-    out["read"] = {"words": n, "cycles": port.cycle - c0, "refreshes": port.refreshes - r0}
+    out["read"] = {"words": n, "cycles": port.cycle - c0, "refreshes": port.refreshes(c0)}
 
-    r0, c0 = port.refreshes, port.cycle
+    c0 = port.cycle
     port.rdata.clear()
     port.on_rdata = lambda w: port.wdata.append((w + 3) & 0xFFFF_FFFF)
     for b in range(0, n, batch):
         port.cmds.extend((0, k) for k in range(b, b + batch))
         port.cmds.extend((1, k) for k in range(b, b + batch))
     await port.drain(n, 2 * n)
-    out["rmw"] = {"words": n, "cycles": port.cycle - c0, "refreshes": port.refreshes - r0,
+    out["rmw"] = {"words": n, "cycles": port.cycle - c0, "refreshes": port.refreshes(c0),
                   "batch": batch}  # fmt: skip
     port.on_rdata = None
     port.rdata.clear()
     port.cmds.extend((0, k) for k in range(n))
     await port.drain(n, 2 * n)
     assert port.rdata == [k + 3 for k in range(n)]
+    gaps = [b - a for a, b in zip(port.refresh_cycles[:-1], port.refresh_cycles[1:], strict=True)]
+    out["refresh_gap_cycles"] = {"min": min(gaps), "max": max(gaps), "n": len(gaps)}
     _report("throughput", out)
