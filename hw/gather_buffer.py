@@ -89,7 +89,8 @@ class GatherBuffer(wiring.Component):
     # address, the BRAM read
     LATENCY = 2 + K_STEPS
 
-    def __init__(self, p: NicParams, slots: int | None = None) -> None:
+    def __init__(self, p: NicParams, slots: int | None = None, **more_ports) -> None:
+        """`more_ports`: members a variant adds (its element store's port)."""
         self.p = p
         self.n_slots = slots or p.ops_in_flight
         if self.n_slots < 1:
@@ -104,21 +105,30 @@ class GatherBuffer(wiring.Component):
                 "o": Out(element_stream(p.w_wire, p.lanes)),
                 "k": Out(stream.Signature(range(ppb + 1))),
                 **histogram_ports(p, self.n_slots),
+                **more_ports,
             }
         )
 
     def elaborate(self, platform):
-        return elaborate_sections(self._memories, self._control, self._input, self._drain)
+        return elaborate_sections(
+            self._element_memory, self._bookkeeping, self._control, self._input, self._drain
+        )
 
-    def _memories(self, m: Module, s: SimpleNamespace) -> None:
-        """The slots' memory, the contributor histograms and the have bits."""
-        p, n_slots, n_pkts, hw = self.p, self.n_slots, self.n_pkts, self.n_pkts.bit_length()
-        lanes, beats_per_slot, hn = p.lanes, p.c // p.lanes, p.n_max + 1
+    def _element_memory(self, m: Module, s: SimpleNamespace) -> None:
+        """The slots' elements: one BRAM array."""
+        p = self.p
         m.submodules.mem = mem = Memory(
-            shape=data.ArrayLayout(signed(p.w_wire), lanes), depth=n_slots * beats_per_slot, init=[]
+            shape=data.ArrayLayout(signed(p.w_wire), p.lanes),
+            depth=self.n_slots * p.c // p.lanes,
+            init=[],
         )
         s.wr = mem.write_port()
         s.rd = mem.read_port()
+
+    def _bookkeeping(self, m: Module, s: SimpleNamespace) -> None:
+        """The contributor histograms, the have bits and the missing counts."""
+        p, n_slots, n_pkts, hw = self.p, self.n_slots, self.n_pkts, self.n_pkts.bit_length()
+        hn = p.n_max + 1
         m.submodules.hist = hist = Memory(shape=hw, depth=n_slots * hn, init=[])
         s.h_wr = hist.write_port()
         s.h_rmw = hist.read_port(
@@ -182,7 +192,8 @@ class GatherBuffer(wiring.Component):
         """Input: place packets by index."""
         p, n_slots, n_pkts, hw = self.p, self.n_slots, self.n_pkts, self.n_pkts.bit_length()
         lanes, bpp, beats_per_slot, hn = p.lanes, p.p // p.lanes, p.c // p.lanes, p.n_max + 1
-        m.d.comb += self.i.ready.eq(~s.clearing)
+        room = self._store_room(m, s)
+        m.d.comb += self.i.ready.eq(~s.clearing if room is None else ~s.clearing & room)
         take = Signal()
         m.d.comb += take.eq(self.i.valid & self.i.ready)
         first = self.i.payload.first
@@ -217,7 +228,7 @@ class GatherBuffer(wiring.Component):
                     m.d.sync += s.have.bit_select(have_idx, 1).eq(1)
             with m.Elif(~drop & (beat < bpp)):
                 m.d.sync += [wr_en.eq(1), wr_addr.eq(base + beat), beat.eq(beat + 1)]
-        m.d.comb += [s.wr.en.eq(wr_en), s.wr.addr.eq(wr_addr), s.wr.data.eq(wr_data)]
+        self._store(m, s, wr_en, wr_addr, wr_data)
 
         # Histogram increment: read at the first beat, write back +1 the next cycle.
         counted = Signal()
@@ -240,10 +251,37 @@ class GatherBuffer(wiring.Component):
         m.d.sync += [zero_r.eq(self.hist_addr == 0), miss_r.eq(s.missing[self.hist_slot])]
         m.d.comb += self.hist_data.eq(Mux(zero_r, miss_r, s.h_host.data))
 
+    def _store_room(self, m: Module, s: SimpleNamespace):
+        """Whether the element store takes a beat now; None: always (a BRAM)."""
+        return None
+
+    def _store(self, m: Module, s: SimpleNamespace, en, addr, value) -> None:
+        """Write one beat of a placed packet (registered: the cycle after it was taken)."""
+        m.d.comb += [s.wr.en.eq(en), s.wr.addr.eq(addr), s.wr.data.eq(value)]
+
     def _drain(self, m: Module, s: SimpleNamespace) -> None:
         """Drain: issue addresses (stage A), the memory output is stage B = o."""
+        adv = Signal()
+        m.d.comb += adv.eq(self.o.ready | ~self.o.valid)
+        beat = self._drain_walk(m, s, adv)
+        m.d.comb += [s.rd.addr.eq(beat.addr), s.rd.en.eq(adv)]
+        b_have = Signal()
+        with m.If(adv):
+            m.d.sync += [
+                self.o.valid.eq(beat.go),
+                b_have.eq(beat.have),
+                self.o.payload.first.eq(beat.first),
+                self.o.payload.last.eq(beat.last),
+            ]
+        for j in range(self.p.lanes):
+            m.d.comb += self.o.payload.data[j].eq(Mux(b_have, s.rd.data[j], 0))
+
+    def _drain_walk(self, m: Module, s: SimpleNamespace, adv) -> SimpleNamespace:
+        """Stage A of a drain: the slot's beats in index order, one per cycle `adv` allows,
+        with the k of each block on `k`. Returns the beat offered now: `go` (taken now),
+        its address, have bit and first/last."""
         p, n_slots, n_pkts = self.p, self.n_slots, self.n_pkts
-        lanes, ppb, bpp = p.lanes, p.packets_per_block, p.p // p.lanes
+        ppb, bpp = p.packets_per_block, p.p // p.lanes
         beats_per_slot = p.c // p.lanes
         d_pkt = Signal(range(n_pkts))
         d_bip = Signal(range(bpp))  # beat in packet
@@ -256,8 +294,6 @@ class GatherBuffer(wiring.Component):
                 d_bip.eq(0),
                 d_addr.eq(self.cmd.payload.slot * beats_per_slot),
             ]
-        adv = Signal()
-        m.d.comb += adv.eq(self.o.ready | ~self.o.valid)
         blk_start = Signal()
         m.d.comb += blk_start.eq((d_bip == 0) & (d_pkt % ppb == 0))
         blk_end = Signal()
@@ -281,17 +317,6 @@ class GatherBuffer(wiring.Component):
         )
         moves = (self.cmd.valid & self.cmd.ready) | (go & blk_start)
         m.d.sync += moved.eq(Cat(moves, moved[:-1]))
-        m.d.comb += [s.rd.addr.eq(d_addr), s.rd.en.eq(adv)]
-        b_have = Signal()
-        with m.If(adv):
-            m.d.sync += [
-                self.o.valid.eq(go),
-                b_have.eq(s.have.bit_select(s.d_slot * n_pkts + d_pkt, 1)),
-                self.o.payload.first.eq(blk_start),
-                self.o.payload.last.eq(blk_end),
-            ]
-        for j in range(lanes):
-            m.d.comb += self.o.payload.data[j].eq(Mux(b_have, s.rd.data[j], 0))
 
         with m.If(self.k.ready):
             m.d.sync += self.k.valid.eq(0)
@@ -307,3 +332,10 @@ class GatherBuffer(wiring.Component):
                     self.k.payload.eq(kcount),
                     s.missing[s.d_slot].eq(s.missing[s.d_slot] + ppb - kcount),
                 ]
+        return SimpleNamespace(
+            go=go,
+            addr=d_addr,
+            have=s.have.bit_select(s.d_slot * n_pkts + d_pkt, 1),
+            first=blk_start,
+            last=blk_end,
+        )

@@ -1,0 +1,149 @@
+"""SdramGatherBuffer on litedram's controller (Verilator, litedram's SDRAM model): the same
+bench as GatherBuffer's, against the same model, with the memory's latency, refreshes
+and its port's contract in the way."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from amaranth import Module
+from amaranth.lib import wiring
+from amaranth.lib.wiring import Out
+
+from optireduce.host.model.gather_buffer import GatherBuffer as ModelBuffer
+from optireduce.hw.axis import AxisWrapper, PlainStreams
+from optireduce.hw.gather_buffer import GatherOp
+from optireduce.hw.sdram_controller import SdramController, SdramSpec
+from optireduce.hw.sdram_gather_buffer import SdramGatherBuffer
+from optireduce.params import NicParams
+from optireduce.sim.cocotb_run import run_bench
+from optireduce.sim.sdram_gen import generate
+from optireduce.sim.stream_sim import element_payload, read_element, set_ports, simulate
+
+SMALL = NicParams(p=16, b=64, c=1024, n_max=8)  # long enough for several refreshes
+
+
+class GatherOnSdram(wiring.Component):
+    """SdramGatherBuffer wired to the simulated controller; GatherBuffer's ports, plus the
+    controller's `underrun` and `error`."""
+
+    def __init__(self, p: NicParams, base: int) -> None:
+        self.core = generate(SdramSpec(), sim=True)
+        self.buf = SdramGatherBuffer(p, self.core.addr_width, base=base)
+        self.ctrl = SdramController(self.core)
+        ports = {n: m for n, m in self.buf.signature.members.items() if not n.startswith("mem_")}
+        super().__init__({**ports, "underrun": Out(1), "error": Out(1)})
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        m.submodules.buf, m.submodules.ctrl = buf, ctrl = self.buf, self.ctrl
+        for name in ("i", "cmd", "o", "k"):  # streams
+            wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(buf, name))
+        for name in ("slot", "pkt_index", "contributors", "hist_slot", "hist_addr"):
+            m.d.comb += getattr(buf, name).eq(getattr(self, name))
+        for name in ("duplicate", "out_of_range", "hist_data"):
+            m.d.comb += getattr(self, name).eq(getattr(buf, name))
+        for name in ("cmd_valid", "cmd_we", "cmd_addr", "wdata_valid", "wdata_data"):
+            m.d.comb += getattr(ctrl, name).eq(getattr(buf, f"mem_{name}"))
+        for name in ("cmd_ready", "wdata_ready", "rdata_valid", "rdata_data", "ready"):
+            m.d.comb += getattr(buf, f"mem_{name}").eq(getattr(ctrl, name))
+        m.d.comb += [self.underrun.eq(ctrl.underrun), self.error.eq(ctrl.error)]
+        return m
+
+
+@pytest.mark.parametrize("base", [0, 0xFFFFF - 2 * SMALL.c + 1])  # the first and last words
+def test_cocotb_verilator_against_the_model(base):
+    p = SMALL
+    top = GatherOnSdram(p, base)
+    cfg = {"p": p.p, "b": p.b, "c": p.c, "lanes": p.lanes, "n_max": p.n_max,
+           "refresh": ["block", "block", "ctrl", "litedram", top.core.refresh_pulse],
+           "writes_level": ["block", "block", "buf", "writes", "level"]}  # fmt: skip
+    bench = f"{__package__}.benches.tb_gather_buffer"
+    run_bench(AxisWrapper(PlainStreams(top, cmd="fields", k="axis")), "sdram_gather_top",
+              bench, cfg, sources=(top.core.verilog,))  # fmt: skip
+
+
+# ---- the fence, with a port that stalls on purpose (Amaranth simulator) -------------------
+class PortModel:
+    """litedram's native port as SdramGatherBuffer sees it: commands executed in order, one
+    per cycle, LATENCY cycles after they were taken; a write takes its word in the cycle it
+    executes (raising wdata_ready, whatever wdata_valid says); a read's word comes CL cycles
+    later. Commands are refused until cycle `open_at`."""
+
+    LATENCY, CL = 3, 2
+
+    def __init__(self, dut: SdramGatherBuffer, open_at: int) -> None:
+        self.dut, self.open_at = dut, open_at
+        self.mem: dict[int, int] = {}
+        self.underruns = 0
+
+    async def run(self, ctx) -> None:
+        d, cycle, queue, words = self.dut, 0, [], []
+        ctx.set(d.mem_ready, 1)
+        while True:
+            ctx.set(d.mem_cmd_ready, int(cycle >= self.open_at))
+            if ctx.get(d.mem_cmd_valid) and cycle >= self.open_at:
+                queue.append((cycle + self.LATENCY, ctx.get(d.mem_cmd_we), ctx.get(d.mem_cmd_addr)))
+            wready = 0
+            if queue and queue[0][0] <= cycle:
+                _, we, addr = queue.pop(0)
+                if we:
+                    wready = 1
+                    self.underruns += not ctx.get(d.mem_wdata_valid)
+                    self.mem[addr] = ctx.get(d.mem_wdata_data)
+                else:
+                    words.append((cycle + self.CL, self.mem.get(addr, 0xDEAD_BEEF)))
+            ctx.set(d.mem_wdata_ready, wready)
+            due = words and words[0][0] <= cycle
+            ctx.set(d.mem_rdata_valid, int(bool(due)))
+            if due:
+                ctx.set(d.mem_rdata_data, words.pop(0)[1])
+            await ctx.tick()
+            cycle += 1
+
+
+def test_a_drain_behind_queued_writes_reads_what_was_placed():
+    """Packets placed while the port refuses commands (their writes queue), the DRAIN taken
+    at once, then the port opens: reads of the last packet in (index 0, the first drained)
+    must wait for its writes."""
+    p = NicParams(p=8, b=32, c=32, n_max=8)  # 4 packets, 32 words: all fit the write queue
+    dut = SdramGatherBuffer(p, 20, base=0x100)
+    port = PortModel(dut, open_at=10**9)
+    rng = np.random.default_rng(4)
+    model = ModelBuffer(p, p.packets_for(p.c))
+    got: list[int] = []
+
+    async def bench(ctx):
+        while not ctx.get(dut.cmd.ready):  # the histograms' clear after reset
+            await ctx.tick()
+        for i in reversed(range(p.packets_for(p.c))):
+            vals = rng.integers(-(1 << 31), 1 << 31, p.p)
+            model.place(i, vals, 1)
+            set_ports(ctx, dut, slot=0, pkt_index=i, contributors=1)
+            for j, v in enumerate(vals):
+                ctx.set(dut.i.valid, 1)
+                ctx.set(dut.i.payload, element_payload([v], j == 0, j == p.p - 1))
+                await ctx.tick().until(dut.i.ready)
+        ctx.set(dut.i.valid, 0)
+        await ctx.tick()
+        await ctx.tick()
+        ctx.set(dut.cmd.payload, {"op": GatherOp.DRAIN, "slot": 0, "n": p.c})
+        ctx.set(dut.cmd.valid, 1)
+        await ctx.tick().until(dut.cmd.ready)
+        ctx.set(dut.cmd.valid, 0)
+        for _ in range(20):  # the drain's reads queue up behind the 32 writes
+            await ctx.tick()
+        port.open_at = 0
+        ctx.set(dut.o.ready, 1)
+        ctx.set(dut.k.ready, 1)
+        for _ in range(2000):
+            await ctx.tick()
+            if ctx.get(dut.o.valid):
+                got.append(read_element(ctx.get(dut.o.payload))[0][0])
+            if len(got) == p.c:
+                break
+
+    simulate(dut, bench, port.run)
+    assert got == model.z.ravel().tolist()
+    assert port.underruns == 0
+    assert sorted(port.mem) == list(range(0x100, 0x100 + p.c))  # every word at base + index
