@@ -5,7 +5,6 @@ and its port's contract in the way."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from amaranth import Module
 from amaranth.lib import wiring
 from amaranth.lib.wiring import Out
@@ -51,9 +50,9 @@ class GatherOnSdram(wiring.Component):
         return m
 
 
-@pytest.mark.parametrize("base", [0, 0xFFFFF - 2 * SMALL.c + 1])  # the first and last words
-def test_cocotb_verilator_against_the_model(base):
+def test_cocotb_verilator_against_the_model():
     p = SMALL
+    base = (1 << 20) - 2 * p.c  # the slots end at the last word (address bits all used)
     top = GatherOnSdram(p, base)
     cfg = {"p": p.p, "b": p.b, "c": p.c, "lanes": p.lanes, "n_max": p.n_max,
            "refresh": ["block", "block", "ctrl", "litedram", top.core.refresh_pulse],
