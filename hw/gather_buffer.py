@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from amaranth import Array, Cat, Module, Mux, Signal, signed
+from amaranth import Array, Cat, Module, Mux, Signal, Value, signed
 from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -89,7 +89,7 @@ class GatherBuffer(wiring.Component):
     # address, the BRAM read
     LATENCY = 2 + K_STEPS
 
-    def __init__(self, p: NicParams, slots: int | None = None, **more_ports) -> None:
+    def __init__(self, p: NicParams, slots: int | None = None, **more_ports: wiring.Member) -> None:
         """`more_ports`: members a variant adds (its element store's port)."""
         self.p = p
         self.n_slots = slots or p.ops_in_flight
@@ -209,6 +209,7 @@ class GatherBuffer(wiring.Component):
 
         drop = Signal(init=1)  # until the first packet, stray beats are ignored
         beat = Signal(range(bpp + 1))
+        s.placing = ~drop & (beat < bpp)  # a placed packet's beats are still coming
         base = Signal(range(n_slots * beats_per_slot))
         first_addr = Signal(range(n_slots * beats_per_slot))
         m.d.comb += first_addr.eq(self.slot * beats_per_slot + pkt * bpp)
@@ -251,7 +252,7 @@ class GatherBuffer(wiring.Component):
         m.d.sync += [zero_r.eq(self.hist_addr == 0), miss_r.eq(s.missing[self.hist_slot])]
         m.d.comb += self.hist_data.eq(Mux(zero_r, miss_r, s.h_host.data))
 
-    def _store_room(self, m: Module, s: SimpleNamespace):
+    def _store_room(self, m: Module, s: SimpleNamespace) -> Value | None:
         """Whether the element store takes a beat now; None: always (a BRAM)."""
         return None
 

@@ -24,6 +24,16 @@ from amaranth.lib.wiring import In, Out
 from optireduce.hw.sdram_init import SdramInit, program
 
 
+def native_port(addr_width: int, data_width: int = 32) -> wiring.Signature:
+    """litedram's native port from its user's side (the contract in the module docstring),
+    with the controller's `ready` (init done: the port is open)."""
+    return wiring.Signature({
+        "cmd_valid": Out(1), "cmd_ready": In(1), "cmd_we": Out(1), "cmd_addr": Out(addr_width),
+        "wdata_valid": Out(1), "wdata_ready": In(1), "wdata_data": Out(data_width),
+        "rdata_valid": In(1), "rdata_data": In(data_width), "ready": In(1),
+    })  # fmt: skip
+
+
 @dataclass(frozen=True)
 class SdramSpec:
     """One board's SDRAM as litedram's generator is told it."""
@@ -66,19 +76,16 @@ class SdramController(wiring.Component):
         if not core.sim:
             raise ValueError("SdramController instantiates the simulation variant only")
         self.core = core
-        aw, dw = core.addr_width, core.data_width
         super().__init__({
-            "cmd_valid": In(1), "cmd_ready": Out(1), "cmd_we": In(1), "cmd_addr": In(aw),
-            "wdata_valid": In(1), "wdata_ready": Out(1), "wdata_data": In(dw),
-            "rdata_valid": Out(1), "rdata_data": Out(dw),
-            "ready": Out(1), "error": Out(1), "underrun": Out(1),
+            "port": In(native_port(core.addr_width, core.data_width)),
+            "error": Out(1), "underrun": Out(1),
         })  # fmt: skip
 
     def elaborate(self, platform) -> Module:
         m = Module()
         core = self.core
         m.submodules.init = init = SdramInit(program(core.csr, [list(s) for s in core.init]))
-        p = f"user_port_{core.spec.port}"
+        p, u = f"user_port_{core.spec.port}", self.port
         all_bytes = (1 << core.data_width // 8) - 1  # every write is a whole word
         m.submodules.litedram = Instance(
             "litedram_core",
@@ -87,14 +94,14 @@ class SdramController(wiring.Component):
             i_wb_ctrl_adr=init.adr, i_wb_ctrl_dat_w=init.dat_w, i_wb_ctrl_sel=init.sel,
             i_wb_ctrl_cyc=init.cyc, i_wb_ctrl_stb=init.stb, i_wb_ctrl_we=init.we,
             i_wb_ctrl_cti=0, i_wb_ctrl_bte=0, o_wb_ctrl_ack=init.ack,
-            **{f"i_{p}_cmd_valid": self.cmd_valid, f"o_{p}_cmd_ready": self.cmd_ready,
-               f"i_{p}_cmd_we": self.cmd_we, f"i_{p}_cmd_addr": self.cmd_addr,
-               f"i_{p}_wdata_valid": self.wdata_valid, f"o_{p}_wdata_ready": self.wdata_ready,
-               f"i_{p}_wdata_data": self.wdata_data, f"i_{p}_wdata_we": all_bytes,
-               f"o_{p}_rdata_valid": self.rdata_valid, f"i_{p}_rdata_ready": 1,
-               f"o_{p}_rdata_data": self.rdata_data},
+            **{f"i_{p}_cmd_valid": u.cmd_valid, f"o_{p}_cmd_ready": u.cmd_ready,
+               f"i_{p}_cmd_we": u.cmd_we, f"i_{p}_cmd_addr": u.cmd_addr,
+               f"i_{p}_wdata_valid": u.wdata_valid, f"o_{p}_wdata_ready": u.wdata_ready,
+               f"i_{p}_wdata_data": u.wdata_data, f"i_{p}_wdata_we": all_bytes,
+               f"o_{p}_rdata_valid": u.rdata_valid, f"i_{p}_rdata_ready": 1,
+               f"o_{p}_rdata_data": u.rdata_data},
         )  # fmt: skip
-        m.d.comb += [self.ready.eq(init.done), self.error.eq(init.error)]
-        with m.If(self.wdata_ready & ~self.wdata_valid):
+        m.d.comb += [u.ready.eq(init.done), self.error.eq(init.error)]
+        with m.If(u.wdata_ready & ~u.wdata_valid):
             m.d.sync += self.underrun.eq(1)
         return m

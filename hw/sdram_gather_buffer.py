@@ -2,24 +2,30 @@
 histograms, CLEAR and DRAIN, the k per block) over litedram's native port.
 
 The 5A-75B's block RAM cannot hold the NIC's gather slots at C >= 16K (docs/boards.md),
-so this variant keeps only the have bits and histograms on chip and each element in
-one 32-bit SDRAM word at `base + slot * c + index` (lanes = 1). The ports and the
-behaviour are GatherBuffer's; the latency of a drain is the memory's, and `o` stalls
-while words are on their way.
+so this variant keeps only the have bits and histograms on chip (GatherBuffer's code)
+and each element in one 32-bit SDRAM word at `base + slot * c + index` (lanes = 1).
+The ports are GatherBuffer's, plus the memory port `mem`. What differs in time: a
+drain's beats come at the memory's pace (`o` stalls while words are on their way, and
+a block's k goes out when the walk reaches the block, up to WORD_DEPTH beats ahead of
+its first beat on `o`: the decoder queues k); no fixed LATENCY.
 
 - Writes: a placed packet's beats queue (address, word) in `writes`; the input stalls
   while fewer than WRITE_SLACK entries are free. litedram takes a write word whenever
-  it raises `wdata_ready` (it does not look at a valid), so a word goes to the
-  `wdata` queue as its command is accepted: it is always there before it is asked for.
+  it raises `wdata_ready` (it does not look at a valid), so a word goes to the `wdata`
+  queue as its command is taken; the queue shows it 2 cycles later, and litedram asks
+  later than that (every bench checks with the controller's `underrun`).
 - Reads: a drain's beats are walked in order as GatherBuffer does; each beat puts its
   have bit and first/last in `beats`, and a read for it in `reads` only if the packet
-  is present (missing packets are zeros, no access). Read words cannot be held off, so
-  a read is issued only while the words already asked for fit the `words` queue.
-- Arbitration: reads first (a drain is what the decoder waits for), writes otherwise,
-  behind a fence: a DRAIN accepted while placed beats still wait in `writes` (a
-  deadline ends the phase right behind its last packets) issues no read until those
-  writes are commands. litedram keeps a read behind an earlier write to the same word,
-  so the drain reads what was placed.
+  is present (missing packets are zeros, no access). Read words cannot be held off; a
+  beat stays in `beats` until it goes out, and `words` is as deep, so it always has room.
+- Arbitration: reads first (a drain is what the decoder waits for), writes when their
+  queue is half full (so the input does not stall through a long drain), and behind a
+  fence: a DRAIN issues no read until every write placed before it is a command,
+  including the rest of a packet that was arriving when the DRAIN came (its have bit is
+  set at its first beat). litedram keeps a read behind an earlier write to the same
+  word, so the drain reads what was placed. Reads queued by an earlier drain wait too.
+  A slot is cleared only after its drain has been read out (the core reuses a context
+  after the op's STATS), so no write overtakes a read of the same slot.
 - The whole block is held in reset until the controller's init is done: `cmd` and `i`
   stay not ready meanwhile.
 """
@@ -28,46 +34,40 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from amaranth import Cat, Module, Mux, ResetInserter, Signal
+from amaranth import Cat, Module, Mux, ResetInserter, Signal, Value
 from amaranth.lib import data
 from amaranth.lib.fifo import SyncFIFOBuffered
-from amaranth.lib.wiring import In, Out
+from amaranth.lib.wiring import Out
 
 from optireduce.hw.gather_buffer import GatherBuffer, GatherOp
+from optireduce.hw.sdram_controller import native_port
 from optireduce.params import NicParams
 
 WRITE_DEPTH = 64  # placed beats waiting for a write command
 WRITE_SLACK = 3  # a beat is stored the cycle after it is taken
 WDATA_DEPTH = 64  # write words whose command litedram took, waiting to be asked for
-WORD_DEPTH = 32  # read words asked for and not yet given out on `o`
-
-
-def sdram_port(addr_width: int, data_width: int = 32) -> dict:
-    """The master side of litedram's native port (hw/sdram_controller.py), plus its ready."""
-    return {
-        "mem_ready": In(1),
-        "mem_cmd_valid": Out(1), "mem_cmd_ready": In(1), "mem_cmd_we": Out(1),
-        "mem_cmd_addr": Out(addr_width),
-        "mem_wdata_valid": Out(1), "mem_wdata_ready": In(1), "mem_wdata_data": Out(data_width),
-        "mem_rdata_valid": In(1), "mem_rdata_data": In(data_width),
-    }  # fmt: skip
+WORD_DEPTH = 32  # beats walked and not yet given out on `o` (and so read words)
 
 
 class SdramGatherBuffer(GatherBuffer):
     """GatherBuffer whose slots live in SDRAM (module docstring)."""
 
-    def __init__(self, p: NicParams, addr_width: int, slots: int | None = None, base: int = 0):
+    LATENCY = None  # the memory's
+
+    def __init__(
+        self, p: NicParams, addr_width: int, slots: int | None = None, base: int = 0
+    ) -> None:
         if p.lanes != 1 or p.w_wire != 32:
             raise ValueError("SdramGatherBuffer keeps one 32-bit element per SDRAM word: lanes=1")
-        n = (slots or p.ops_in_flight) * p.c
-        if base < 0 or base + n > 1 << addr_width:
-            raise ValueError(f"{n} words at {base:#x} do not fit {addr_width} address bits")
         self.addr_width, self.base = addr_width, base
         self.entry = data.StructLayout({"addr": addr_width, "word": 32})  # a queued write
-        super().__init__(p, slots, **sdram_port(addr_width))
+        super().__init__(p, slots, mem=Out(native_port(addr_width)))
+        n = self.n_slots * p.c
+        if base < 0 or base + n > 1 << addr_width:
+            raise ValueError(f"{n} words at {base:#x} do not fit {addr_width} address bits")
 
     def elaborate(self, platform):
-        return ResetInserter({"sync": ~self.mem_ready})(super().elaborate(platform))
+        return ResetInserter({"sync": ~self.mem.ready})(super().elaborate(platform))
 
     def _element_memory(self, m: Module, s: SimpleNamespace) -> None:
         aw = self.addr_width
@@ -78,44 +78,45 @@ class SdramGatherBuffer(GatherBuffer):
         s.beats = SyncFIFOBuffered(width=3, depth=WORD_DEPTH)  # have, first, last
         for name in ("writes", "wdata", "reads", "words", "beats"):
             m.submodules[name] = getattr(s, name)
-        self._arbiter(m, s)
 
     def _arbiter(self, m: Module, s: SimpleNamespace) -> None:
         """One command stream from the reads and writes queues; write words follow."""
-        w = data.View(self.entry, s.writes.r_data)
-        # writes queued before the last DRAIN (counted the cycle after it, when a beat
-        # taken with it is being queued) and not yet commands
+        mem, w = self.mem, data.View(self.entry, s.writes.r_data)
+        # the fence: writes placed before the last DRAIN and not yet commands, counted
+        # once no placed packet is still arriving (`pending` until then)
         fence = Signal(range(WRITE_DEPTH + 2))
-        arm = Signal()
-        read = s.reads.r_rdy & (fence == 0) & ~arm
+        pending = Signal()
+        urgent = s.writes.level >= WRITE_DEPTH // 2
+        read = s.reads.r_rdy & (fence == 0) & ~pending & ~urgent
         write = s.writes.r_rdy & s.wdata.w_rdy
         m.d.comb += [
-            self.mem_cmd_valid.eq(read | write),
-            self.mem_cmd_we.eq(~read),
-            self.mem_cmd_addr.eq(self.base + Mux(read, s.reads.r_data, w.addr)),
+            mem.cmd_valid.eq(read | write),
+            mem.cmd_we.eq(~read),
+            mem.cmd_addr.eq(self.base + Mux(read, s.reads.r_data, w.addr)),
         ]
-        taken = self.mem_cmd_valid & self.mem_cmd_ready
+        taken = mem.cmd_valid & mem.cmd_ready
         issued = taken & ~read
         drain = self.cmd.valid & self.cmd.ready & (self.cmd.payload.op == GatherOp.DRAIN)
-        m.d.sync += arm.eq(drain)
-        with m.If(arm):
-            m.d.sync += fence.eq(s.writes.level + s.writes.w_en - issued)
+        with m.If(drain):
+            m.d.sync += pending.eq(1)
+        with m.Elif(pending & ~s.placing):  # a beat taken last cycle is being queued now
+            m.d.sync += [pending.eq(0), fence.eq(s.writes.level + s.writes.w_en - issued)]
         with m.Elif(issued & (fence != 0)):
             m.d.sync += fence.eq(fence - 1)
         m.d.comb += [
             s.reads.r_en.eq(taken & read),
-            s.writes.r_en.eq(taken & ~read),
-            s.wdata.w_en.eq(taken & ~read),
+            s.writes.r_en.eq(issued),
+            s.wdata.w_en.eq(issued),
             s.wdata.w_data.eq(w.word),
             # litedram takes the word when it asks; `valid` only tells the underrun check
-            self.mem_wdata_valid.eq(s.wdata.r_rdy),
-            self.mem_wdata_data.eq(s.wdata.r_data),
-            s.wdata.r_en.eq(self.mem_wdata_ready),
-            s.words.w_en.eq(self.mem_rdata_valid),
-            s.words.w_data.eq(self.mem_rdata_data),
+            mem.wdata_valid.eq(s.wdata.r_rdy),
+            mem.wdata_data.eq(s.wdata.r_data),
+            s.wdata.r_en.eq(mem.wdata_ready),
+            s.words.w_en.eq(mem.rdata_valid),
+            s.words.w_data.eq(mem.rdata_data),
         ]
 
-    def _store_room(self, m: Module, s: SimpleNamespace):
+    def _store_room(self, m: Module, s: SimpleNamespace) -> Value:
         return s.writes.level <= WRITE_DEPTH - WRITE_SLACK
 
     def _store(self, m: Module, s: SimpleNamespace, en, addr, value) -> None:
@@ -123,10 +124,12 @@ class SdramGatherBuffer(GatherBuffer):
         m.d.comb += [s.writes.w_en.eq(en), entry.addr.eq(addr), entry.word.eq(value.as_value())]
 
     def _drain(self, m: Module, s: SimpleNamespace) -> None:
-        # words asked for (queued or issued) and not yet given out: at most WORD_DEPTH
-        owed = Signal(range(WORD_DEPTH + 1))
+        self._arbiter(m, s)  # here: it needs the input section's `placing`
+        # every word asked for has its beat in `beats` until it goes out on `o`, so the
+        # words queued, in flight or waiting never outnumber `beats`: `words` (as deep)
+        # always has room for a read word, which cannot be held off
         room = Signal()
-        m.d.comb += room.eq(s.beats.w_rdy & (owed < WORD_DEPTH) & s.reads.w_rdy)
+        m.d.comb += room.eq(s.beats.w_rdy & s.reads.w_rdy)
         beat = self._drain_walk(m, s, room)
         m.d.comb += [
             s.beats.w_en.eq(beat.go),
@@ -143,8 +146,3 @@ class SdramGatherBuffer(GatherBuffer):
         ]
         out = self.o.valid & self.o.ready
         m.d.comb += [s.beats.r_en.eq(out), s.words.r_en.eq(out & have)]
-        asked, given = beat.go & beat.have, out & have
-        with m.If(asked & ~given):
-            m.d.sync += owed.eq(owed + 1)
-        with m.Elif(given & ~asked):
-            m.d.sync += owed.eq(owed - 1)

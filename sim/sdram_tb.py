@@ -44,13 +44,13 @@ class Port:
             self._present()
             await RisingEdge(d.clk)
             self.cycle += 1
-            if d.cmd_valid.value and d.cmd_ready.value:
+            if d.port__cmd_valid.value and d.port__cmd_ready.value:
                 self.cmds.popleft()
-            if d.wdata_valid.value and d.wdata_ready.value:
+            if d.port__wdata_valid.value and d.port__wdata_ready.value:
                 self.wdata.popleft()
                 self.writes_done += 1
-            if d.rdata_valid.value:
-                w = int(d.rdata_data.value)
+            if d.port__rdata_valid.value:
+                w = int(d.port__rdata_data.value)
                 self.rdata.append(w)
                 if self.on_rdata:
                     self.on_rdata(w)
@@ -59,12 +59,12 @@ class Port:
 
     def _present(self) -> None:
         d = self.dut
-        d.cmd_valid.value = int(bool(self.cmds))
+        d.port__cmd_valid.value = int(bool(self.cmds))
         if self.cmds:
-            d.cmd_we.value, d.cmd_addr.value = self.cmds[0]
-        d.wdata_valid.value = int(bool(self.wdata))
+            d.port__cmd_we.value, d.port__cmd_addr.value = self.cmds[0]
+        d.port__wdata_valid.value = int(bool(self.wdata))
         if self.wdata:
-            d.wdata_data.value = self.wdata[0]
+            d.port__wdata_data.value = self.wdata[0]
 
     async def drain(self, reads: int, writes: int) -> int:
         """Wait (bounded) until `reads` words came back and `writes` were taken; cycles."""
@@ -82,11 +82,11 @@ class Port:
 async def _start(dut) -> Port:
     Clock(dut.clk, 16, unit="ns").start()
     dut.rst.value = 1
-    dut.cmd_valid.value = 0
-    dut.wdata_valid.value = 0
+    dut.port__cmd_valid.value = 0
+    dut.port__wdata_valid.value = 0
     await ClockCycles(dut.clk, 4)
     dut.rst.value = 0
-    await with_timeout(First(RisingEdge(dut.ready), RisingEdge(dut.error)),
+    await with_timeout(First(RisingEdge(dut.port__ready), RisingEdge(dut.error)),
                        INIT_BOUND_CYCLES * 16, "ns")  # fmt: skip
     assert not dut.error.value, "the init program got no acknowledge"
     port = Port(dut)

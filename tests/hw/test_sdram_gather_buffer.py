@@ -5,6 +5,7 @@ and its port's contract in the way."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from amaranth import Module
 from amaranth.lib import wiring
 from amaranth.lib.wiring import Out
@@ -30,7 +31,7 @@ class GatherOnSdram(wiring.Component):
         self.core = generate(SdramSpec(), sim=True)
         self.buf = SdramGatherBuffer(p, self.core.addr_width, base=base)
         self.ctrl = SdramController(self.core)
-        ports = {n: m for n, m in self.buf.signature.members.items() if not n.startswith("mem_")}
+        ports = {n: m for n, m in self.buf.signature.members.items() if n != "mem"}
         super().__init__({**ports, "underrun": Out(1), "error": Out(1)})
 
     def elaborate(self, platform) -> Module:
@@ -42,10 +43,7 @@ class GatherOnSdram(wiring.Component):
             m.d.comb += getattr(buf, name).eq(getattr(self, name))
         for name in ("duplicate", "out_of_range", "hist_data"):
             m.d.comb += getattr(self, name).eq(getattr(buf, name))
-        for name in ("cmd_valid", "cmd_we", "cmd_addr", "wdata_valid", "wdata_data"):
-            m.d.comb += getattr(ctrl, name).eq(getattr(buf, f"mem_{name}"))
-        for name in ("cmd_ready", "wdata_ready", "rdata_valid", "rdata_data", "ready"):
-            m.d.comb += getattr(buf, f"mem_{name}").eq(getattr(ctrl, name))
+        wiring.connect(m, buf.mem, ctrl.port)
         m.d.comb += [self.underrun.eq(ctrl.underrun), self.error.eq(ctrl.error)]
         return m
 
@@ -77,44 +75,45 @@ class PortModel:
         self.underruns = 0
 
     async def run(self, ctx) -> None:
-        d, cycle, queue, words = self.dut, 0, [], []
-        ctx.set(d.mem_ready, 1)
+        d, queue, words = self.dut, [], []
+        self.cycle = cycle = 0
+        ctx.set(d.mem.ready, 1)
         while True:
-            ctx.set(d.mem_cmd_ready, int(cycle >= self.open_at))
-            if ctx.get(d.mem_cmd_valid) and cycle >= self.open_at:
-                queue.append((cycle + self.LATENCY, ctx.get(d.mem_cmd_we), ctx.get(d.mem_cmd_addr)))
+            ctx.set(d.mem.cmd_ready, int(cycle >= self.open_at))
+            if ctx.get(d.mem.cmd_valid) and cycle >= self.open_at:
+                queue.append((cycle + self.LATENCY, ctx.get(d.mem.cmd_we), ctx.get(d.mem.cmd_addr)))
             wready = 0
             if queue and queue[0][0] <= cycle:
                 _, we, addr = queue.pop(0)
                 if we:
                     wready = 1
-                    self.underruns += not ctx.get(d.mem_wdata_valid)
-                    self.mem[addr] = ctx.get(d.mem_wdata_data)
+                    self.underruns += not ctx.get(d.mem.wdata_valid)
+                    self.mem[addr] = ctx.get(d.mem.wdata_data)
                 else:
                     words.append((cycle + self.CL, self.mem.get(addr, 0xDEAD_BEEF)))
-            ctx.set(d.mem_wdata_ready, wready)
+            ctx.set(d.mem.wdata_ready, wready)
             due = words and words[0][0] <= cycle
-            ctx.set(d.mem_rdata_valid, int(bool(due)))
+            ctx.set(d.mem.rdata_valid, int(bool(due)))
             if due:
-                ctx.set(d.mem_rdata_data, words.pop(0)[1])
+                ctx.set(d.mem.rdata_data, words.pop(0)[1])
             await ctx.tick()
-            cycle += 1
+            self.cycle = cycle = cycle + 1
 
 
-def test_a_drain_behind_queued_writes_reads_what_was_placed():
-    """Packets placed while the port refuses commands (their writes queue), the DRAIN taken
-    at once, then the port opens: reads of the last packet in (index 0, the first drained)
-    must wait for its writes."""
-    p = NicParams(p=8, b=32, c=32, n_max=8)  # 4 packets, 32 words: all fit the write queue
+def _place_and_drain(
+    c: int, open_at: int, drain_at: int, seed: int
+) -> tuple[list, list, PortModel]:
+    """An op of c words in packets of 8, placed last index first, a DRAIN raised once
+    `drain_at` beats are in (it may land mid-packet), the port opened at cycle `open_at`,
+    `o` read with random backpressure. Returns (drained, the model's z, the port)."""
+    p = NicParams(p=8, b=32, c=c, n_max=8)
     dut = SdramGatherBuffer(p, 20, base=0x100)
-    port = PortModel(dut, open_at=10**9)
-    rng = np.random.default_rng(4)
+    port = PortModel(dut, open_at)
+    rng = np.random.default_rng(seed)
     model = ModelBuffer(p, p.packets_for(p.c))
-    got: list[int] = []
+    taken, got = {"beats": 0}, []
 
-    async def bench(ctx):
-        while not ctx.get(dut.cmd.ready):  # the histograms' clear after reset
-            await ctx.tick()
+    async def inputs(ctx):
         for i in reversed(range(p.packets_for(p.c))):
             vals = rng.integers(-(1 << 31), 1 << 31, p.p)
             model.place(i, vals, 1)
@@ -123,26 +122,49 @@ def test_a_drain_behind_queued_writes_reads_what_was_placed():
                 ctx.set(dut.i.valid, 1)
                 ctx.set(dut.i.payload, element_payload([v], j == 0, j == p.p - 1))
                 await ctx.tick().until(dut.i.ready)
+                taken["beats"] += 1
         ctx.set(dut.i.valid, 0)
-        await ctx.tick()
-        await ctx.tick()
+
+    async def bench(ctx):
+        for _ in range(BOUND):
+            if taken["beats"] >= drain_at:
+                break
+            await ctx.tick()
         ctx.set(dut.cmd.payload, {"op": GatherOp.DRAIN, "slot": 0, "n": p.c})
         ctx.set(dut.cmd.valid, 1)
         await ctx.tick().until(dut.cmd.ready)
         ctx.set(dut.cmd.valid, 0)
-        for _ in range(20):  # the drain's reads queue up behind the 32 writes
-            await ctx.tick()
-        port.open_at = 0
-        ctx.set(dut.o.ready, 1)
         ctx.set(dut.k.ready, 1)
-        for _ in range(2000):
-            await ctx.tick()
-            if ctx.get(dut.o.valid):
+        for cycle in range(BOUND):
+            ready = int(rng.random() < 0.6)
+            ctx.set(dut.o.ready, ready)
+            if ready and ctx.get(dut.o.valid):
                 got.append(read_element(ctx.get(dut.o.payload))[0][0])
             if len(got) == p.c:
-                break
+                return
+            if cycle == 0:  # closed 20 more cycles: the drain's reads queue meanwhile
+                port.open_at = min(port.open_at, port.cycle + 20)
+            await ctx.tick()
 
-    simulate(dut, bench, port.run)
-    assert got == model.z.ravel().tolist()
+    simulate(dut, bench, port.run, inputs)
+    return got, model.z.ravel().tolist(), port
+
+
+BOUND = 5000  # cycles any of these waits may take
+
+
+@pytest.mark.parametrize(
+    ("c", "open_at", "drain_at"),
+    [(32, 10**9, 32), (128, 0, 122), (128, 0, 127)],  # 32: all fit the write queue
+    ids=["behind_queued_writes", "mid_packet", "with_the_last_beat"],
+)
+def test_a_drain_reads_what_was_placed(c, open_at, drain_at):
+    """The fence: a DRAIN behind writes still queued (the port refuses commands until
+    after it), one raised while the last packet (index 0, the first drained) is still
+    arriving, one taken with the last beat. Without the fence the drain reads words
+    never written (0xDEADBEEF from the port model); with more words asked for than the
+    read queue holds, a word would be lost (the backpressure makes `o` slower)."""
+    got, want, port = _place_and_drain(c, open_at, drain_at, seed=4)
+    assert got == want
     assert port.underruns == 0
-    assert sorted(port.mem) == list(range(0x100, 0x100 + p.c))  # every word at base + index
+    assert sorted(port.mem) == list(range(0x100, 0x100 + c))  # every word at base + index
