@@ -68,6 +68,9 @@ NOT_RUN: dict[str, str] = {
     r"^(?:\.venv/bin/)?python -m pytest\b": "a test run: those tests are part of make test",
     # make demo = make install + `optireduce demo`, which runs here (README's table)
     r"^make demo$": "make install + optireduce demo; the demo line itself runs here",
+    # `make bench` = `optireduce bench all --quick`: every group it runs has its own
+    # documented line, run here; tests/test_cli.py checks what `bench all` runs
+    r"^make bench$": "bench all: each of its groups' own documented lines runs here",
     # bitstreams: 15-16 min for the whole NIC, 2 min for the loopback shell; neither has a
     # small size (placement and routing of the real design is the point)
     r"^make bitstream": "a bitstream build (15 min per board); tests/test_bitstream.py builds "
