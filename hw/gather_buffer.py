@@ -29,6 +29,12 @@ Command `cmd` (one at a time; `cmd.ready` is low while one runs):
   on each block's first and last beat. With each block's first beat it emits, on
   the side stream `k`, the number of packets of that block received (0..b/p): the
   BlockDivider's k. Draining does not change the slot (a drain can be repeated).
+  A DRAIN taken while a placed packet's beats still arrive (its have bit is set at its
+  first beat) reads them right only if they keep coming at one per cycle, ahead of the
+  drain's reads. The core relies on its parser releasing an accepted packet's payload
+  from its bank back to back (not proven), and this buffer never stalls its input
+  during a drain. With gaps the drain overtakes them (measured: one idle cycle per beat
+  gave 2 wrong words of 8). SdramGatherBuffer fences this case.
 
 Histogram (`hist_slot`, `hist_addr` -> `hist_data` one cycle later): entry c >= 1 is
 the number of packets placed with c contributors; entry 0 is the number of missing
