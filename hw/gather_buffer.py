@@ -33,8 +33,9 @@ Command `cmd` (one at a time; `cmd.ready` is low while one runs):
   first beat) reads them right only if they keep coming at one per cycle, ahead of the
   drain's reads. The core relies on its parser releasing an accepted packet's payload
   from its bank back to back (not proven), and this buffer never stalls its input
-  during a drain. With gaps the drain overtakes them (measured: one idle cycle per beat
-  gave 2 wrong words of 8). SdramGatherBuffer fences this case.
+  during a drain. With gaps the drain overtakes them (measured on a 128-word drain: an
+  idle cycle after each beat of the last packet gave 2 wrong words, three gave 5).
+  SdramGatherBuffer fences this case.
 
 Histogram (`hist_slot`, `hist_addr` -> `hist_data` one cycle later): entry c >= 1 is
 the number of packets placed with c contributors; entry 0 is the number of missing
