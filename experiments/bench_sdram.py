@@ -22,6 +22,8 @@ PLOT = BUILD / "litedram" / "sdram.png"
 CLOCKS_MHZ = (52.08, 62.5, 100.0)  # the core's clock; its own domain; a faster one
 TARGET_UBT_GBPS = 0.9
 P = 256  # elements per UBT packet (the 25F's NicParams.p)
+LABELS = {"write": "write stream", "read": "read stream",
+          "rmw_ubt_gbps": "UBT that read-modify-write keeps up with"}  # fmt: skip
 
 
 def figures(f: dict, mhz: float) -> dict:
@@ -62,11 +64,13 @@ def plot(out: dict, path: Path) -> None:
     width = 0.8 / len(kinds)
     for j, kind in enumerate(kinds):
         xs = [k + j * width for k in range(len(out))]
-        ax.bar(xs, [r[kind] for r in out.values()], width, label=kind.replace("_gbps", ""))
+        ax.bar(xs, [r[kind] for r in out.values()], width, label=LABELS[kind])
     ax.set_xticks([k + width for k in range(len(out))], [f"{c} MHz" for c in out])
     ax.axhline(TARGET_UBT_GBPS, color="k", lw=0.8, ls="--", label="target (UBT)")
     ax.axhline(1.0, color="k", lw=0.8, label="1 GbE")
     ax.set_ylabel("Gb/s")
+    top = max(r[k] for r in out.values() for k in kinds)
+    ax.set_ylim(0, 1.6 * top)  # room for the legend above the bars
     ax.set_title("5A-75B SDRAM behind litedram: streams and aggregation")
     ax.legend(fontsize=8)
     path.parent.mkdir(parents=True, exist_ok=True)
