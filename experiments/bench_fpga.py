@@ -24,6 +24,11 @@ WIRE_GBPS = 1.0
 UBT_FRAME_OVERHEAD = 14 + 20 + 8 + 32 + 4 + 8 + 12  # Eth, IPv4, UDP, UBT, FCS, preamble, IFG
 
 
+def payload_share(p: int) -> float:
+    """Of a P-element UBT packet's bits on the wire, the elements' share."""
+    return 4 * p / (4 * p + UBT_FRAME_OVERHEAD)
+
+
 def line_rate(res: dict, lanes: int, p: int) -> dict:
     """Gb/s figures of one build (see the module docstring)."""
     dom = "core" if "core" in res["fmax_mhz"] else "sync"  # builds before the core clock
@@ -32,7 +37,7 @@ def line_rate(res: dict, lanes: int, p: int) -> dict:
     datapath = lanes * 32 * f_core / 1000
     met = timing_met(res)
     rate = min(WIRE_GBPS, lanes * 32 * target / 1000) if met else 0.0
-    eff = 4 * p / (4 * p + UBT_FRAME_OVERHEAD)
+    eff = payload_share(p)
     return {
         "datapath_gbps_at_fmax": round(datapath, 3),
         "timing_met": met,

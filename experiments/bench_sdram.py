@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from optireduce.experiments.bench_fpga import UBT_FRAME_OVERHEAD
+from optireduce.experiments.bench_fpga import payload_share
+from optireduce.hw.board_colorlight import PARAMS
 from optireduce.hw.sdram_controller import SdramSpec
 from optireduce.sim import sdram_sim
 from optireduce.sim.verilog import BUILD
@@ -21,7 +22,7 @@ from optireduce.sim.verilog import BUILD
 PLOT = BUILD / "litedram" / "sdram.png"
 CLOCKS_MHZ = (52.08, 62.5, 100.0)  # the core's clock; its own domain; a faster one
 TARGET_UBT_GBPS = 0.9
-P = 256  # elements per UBT packet (the 25F's NicParams.p)
+P = PARAMS.p  # elements per UBT packet on the 5A-75B
 LABELS = {"write": "write stream", "read": "read stream",
           "rmw_ubt_gbps": "UBT that read-modify-write keeps up with"}  # fmt: skip
 
@@ -32,7 +33,7 @@ def figures(f: dict, mhz: float) -> dict:
     out = {k: round(f[k]["words"] / f[k]["cycles"] * 32 * hz / 1e9, 3) for k in ("write", "read")}
     elems = f["rmw"]["words"] / f["rmw"]["cycles"] * hz
     out["rmw_elements_per_s"] = round(elems)
-    out["rmw_ubt_gbps"] = round(elems / P * (4 * P + UBT_FRAME_OVERHEAD) * 8 / 1e9, 3)
+    out["rmw_ubt_gbps"] = round(elems * 32 / payload_share(P) / 1e9, 3)
     out["keeps_up"] = out["rmw_ubt_gbps"] >= TARGET_UBT_GBPS
     return out
 

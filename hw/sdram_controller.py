@@ -61,12 +61,8 @@ class SdramCore:
 
     @classmethod
     def from_json(cls, d: dict, root: Path) -> SdramCore:
-        return cls(
-            spec=SdramSpec(**d["spec"]), sim=d["sim"], verilog=root / d["verilog"],
-            csr=d["csr"], init=tuple(tuple(s) for s in d["init"]), addr_width=d["addr_width"],
-            data_width=d["data_width"], cl=d["cl"],
-            refresh_pulse=d["refresh_pulse"],
-        )  # fmt: skip
+        return cls(**{**d, "spec": SdramSpec(**d["spec"]), "verilog": root / d["verilog"],
+                        "init": tuple(tuple(s) for s in d["init"])})  # fmt: skip
 
 
 class SdramController(wiring.Component):
@@ -84,7 +80,7 @@ class SdramController(wiring.Component):
     def elaborate(self, platform) -> Module:
         m = Module()
         core = self.core
-        m.submodules.init = init = SdramInit(program(core.csr, [list(s) for s in core.init]))
+        m.submodules.init = init = SdramInit(program(core.csr, core.init))
         p, u = f"user_port_{core.spec.port}", self.port
         all_bytes = (1 << core.data_width // 8) - 1  # every write is a whole word
         m.submodules.litedram = Instance(

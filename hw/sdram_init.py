@@ -9,6 +9,8 @@ cycles; every write has a bounded wait for its acknowledge.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from amaranth import Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
@@ -24,7 +26,7 @@ DFII_BITS = {
 DFII_CONTROL_SEL = DFII_BITS["DFII_CONTROL_SEL"]  # the controller, not the init port, drives
 
 
-def program(csr: dict[str, int], init: list[list[int]]) -> list[tuple[int, int, int]]:
+def program(csr: dict[str, int], init: Sequence[Sequence[int]]) -> list[tuple[int, int, int]]:
     """(byte address, data, wait after) for every write: the init steps, then hardware
     control and init_done (which opens the user port)."""
     out: list[tuple[int, int, int]] = []

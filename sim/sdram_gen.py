@@ -16,7 +16,7 @@ import json
 import re
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from filelock import FileLock
@@ -33,31 +33,22 @@ GEN_TIMEOUT_S = 600
 STAMP = re.compile(r"^// (LiteX sha1|Date)\s*:.*\n", re.M)
 
 
-@dataclass(frozen=True)
-class _Job:
-    spec: SdramSpec
-    sim: bool
+def _key(spec: SdramSpec, sim: bool) -> str:
+    """What the output depends on: the configuration, the tools' versions, this code."""
+    from importlib.metadata import PackageNotFoundError, version
 
-
-def _key(job: _Job) -> str:
-    from importlib.metadata import version
-
-    tools = {t: version(t) for t in ("litedram", "litex", "migen")}
-    me = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()  # this generator's code
-    text = json.dumps({**asdict(job.spec), "sim": job.sim, **tools, "generator": me})
+    try:
+        tools = {t: version(t) for t in ("litedram", "litex", "migen")}
+    except PackageNotFoundError as e:
+        raise ToolchainError(f"{e.name} is not installed: {FIX}") from e
+    me = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    text = json.dumps({**asdict(spec), "sim": sim, **tools, "generator": me})
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def generate(spec: SdramSpec, *, sim: bool) -> SdramCore:
-    """The controller for `spec` (generated once per configuration and litedram version)."""
-    try:
-        from importlib.metadata import version
-
-        version("litedram")
-    except Exception as e:
-        raise ToolchainError(f"litedram is not installed: {FIX}") from e
-    job = _Job(spec, sim)
-    out = BUILD / "litedram" / f"{'sim' if sim else 'board'}-{_key(job)}"
+    """The controller for `spec` (generated once per configuration and tool versions)."""
+    out = BUILD / "litedram" / f"{'sim' if sim else 'board'}-{_key(spec, sim)}"
     out.mkdir(parents=True, exist_ok=True)
     info = out / "core.json"
     with FileLock(str(out / ".lock"), timeout=GEN_TIMEOUT_S):
