@@ -28,6 +28,18 @@ Counters: one `inc_<name>` strobe per counter adds 1 per cycle it is high
 saturate at 2^32 - 1 and never wrap (a saturated counter reads all ones). Writing 1
 to CTRL bit 0 clears every counter; an increment in that same cycle is kept (the
 counter becomes 1), so no event is ever lost by a clear.
+
+Counter storage. 37 registers of 32 bits, each with its own saturating adder and a
+37-way read mux, were the largest block of the core (5 800 LUTs on the ECP5). The
+32-bit values live in LUT RAM instead: each counter keeps only a small `pending` count
+of its increments since its last visit, and a sequencer visits one counter per cycle,
+round robin, adding its pending count into the RAM word (read, add, saturate, write:
+one cycle). A read returns sat(word + pending), and saturation commutes with the
+flush (sat(sat(a) + b) = sat(a + b) for a, b >= 0), so every read gives exactly the
+value the registers gave, in the same cycle. A clear (and a reset: the RAM has none)
+sets a `cleared` flag per counter, the stale word is then ignored, and the next visit
+writes the pending count alone.
+Pending counts are wide enough for one round: n_counters x the counter's step.
 """
 
 from __future__ import annotations
@@ -35,8 +47,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from amaranth import Module, Mux, Signal
+from amaranth import Array, Module, Mux, Signal, Value
 from amaranth.lib import wiring
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from optireduce.counters import COUNTERS
@@ -302,12 +315,16 @@ class Csr(wiring.Component):
             for r in self.regs
             if r.kind == "config"
         }
-        self.counters = {name: Signal(32, name=f"cnt_{name}") for name in ALL_COUNTERS}
+        n = len(ALL_COUNTERS)
+        self.store = Memory(shape=32, depth=n, init=[])  # flushed values, by ALL_COUNTERS index
+        self.pending = [
+            Signal(range(n * counter_step(p, name) + 1), name=f"pend_{name}")
+            for name in ALL_COUNTERS
+        ]
 
     def elaborate(self, platform):
         m = Module()
         word = self.addr[2:]
-        top = (1 << 32) - 1
 
         clear = Signal()
         for r in self.regs:
@@ -321,13 +338,7 @@ class Csr(wiring.Component):
                     m.d.sync += reg.eq(self.w_data[: r.width])
                 m.d.comb += getattr(self, r.port)[r.lsb : r.lsb + r.width].eq(reg)
 
-        for name, cnt in self.counters.items():
-            inc = getattr(self, f"inc_{name}")
-            total = cnt + inc  # one bit wider: a carry out saturates
-            with m.If(clear):
-                m.d.sync += cnt.eq(inc)
-            with m.Elif(inc != 0):
-                m.d.sync += cnt.eq(Mux(total[32], top, total[:32]))
+        counter_value = self._counters(m, clear, word)
 
         with m.If(self.r_en), m.Switch(word):
             for r in self.regs:
@@ -337,7 +348,7 @@ class Csr(wiring.Component):
                     if r.kind == "config":
                         m.d.sync += self.r_data.eq(self.config_regs[r.name])
                     elif r.kind == "counter":
-                        m.d.sync += self.r_data.eq(self.counters[r.port])
+                        m.d.sync += self.r_data.eq(counter_value)
                     elif r.access == "WO":
                         m.d.sync += self.r_data.eq(0)
                     else:
@@ -345,3 +356,45 @@ class Csr(wiring.Component):
             with m.Default():
                 m.d.sync += self.r_data.eq(0)
         return m
+
+    def _counters(self, m: Module, clear: Value, word: Value) -> Value:
+        """The counter bank (module docstring, "Counter storage"): returns the value of
+        the counter that `word` addresses (any counter's, if it addresses another)."""
+        n = len(ALL_COUNTERS)
+        m.submodules.store = store = self.store
+        flush_rd = store.read_port(domain="comb")
+        bus_rd = store.read_port(domain="comb")
+        wr = store.write_port()
+        pending = Array(self.pending)
+        cleared = Signal(n, init=(1 << n) - 1)  # a reset clears too: RAM has no reset
+        visit = Signal(range(n))
+        m.d.sync += visit.eq(Mux(visit == n - 1, 0, visit + 1))
+
+        for j, name in enumerate(ALL_COUNTERS):
+            inc = getattr(self, f"inc_{name}")
+            pend = self.pending[j]
+            with m.If(clear | (visit == j)):
+                m.d.sync += pend.eq(inc)
+            with m.Elif(inc != 0):
+                m.d.sync += pend.eq(pend + inc)
+
+        m.d.comb += [
+            flush_rd.addr.eq(visit),
+            wr.addr.eq(visit),
+            wr.en.eq(1),
+            wr.data.eq(_value(flush_rd.data, pending[visit], cleared.bit_select(visit, 1))),
+        ]
+        with m.If(clear):
+            m.d.sync += cleared.eq(-1)
+        with m.Else():
+            m.d.sync += cleared.bit_select(visit, 1).eq(0)
+
+        index = Signal(range(n))  # the addressed counter (out of range: don't care)
+        m.d.comb += [index.eq(word - (COUNTER_BASE + 0x10 >> 2)), bus_rd.addr.eq(index)]
+        return _value(bus_rd.data, pending[index], cleared.bit_select(index, 1))
+
+
+def _value(word: Value, pending: Value, cleared: Value) -> Value:
+    """A counter's value: its pending count alone after a clear, else sat(word + pending)."""
+    total = word + pending  # wider than 32 bits: a carry out saturates
+    return Mux(cleared, pending, Mux(total[32:] != 0, (1 << 32) - 1, total[:32]))

@@ -214,7 +214,7 @@ def test_counters_count_saturate_and_clear():
         assert expect["exp_missing"] > sum(strobes[:, ALL_COUNTERS.index("exp_missing")])
 
         # a counter that adds several at once saturates too (the carry out)
-        ctx.set(dut.counters["exp_missing"], TOP - 3)
+        ctx.set(dut.store.data[ALL_COUNTERS.index("exp_missing")], TOP - 3)
         ctx.set(dut.inc_exp_missing, counter_step(p, "exp_missing"))
         await ctx.tick()
         ctx.set(dut.inc_exp_missing, 0)
@@ -222,7 +222,7 @@ def test_counters_count_saturate_and_clear():
 
         # saturation: never wraps
         sat = "duplicate"
-        ctx.set(dut.counters[sat], TOP - 2)
+        ctx.set(dut.store.data[ALL_COUNTERS.index(sat)], TOP - 2)
         ctx.set(getattr(dut, f"inc_{sat}"), 1)
         await ctx.tick().repeat(5)
         ctx.set(getattr(dut, f"inc_{sat}"), 0)
@@ -240,6 +240,58 @@ def test_counters_count_saturate_and_clear():
         for name in ALL_COUNTERS:
             assert await read(ctx, dut, offs[name]) == (name == "stale_op"), name
         assert await read(ctx, dut, ctrl) == 0
+
+    simulate(dut, bench)
+
+
+def test_counters_read_every_cycle_while_counting_and_clearing():
+    """After a reset the counters read 0 whatever their RAM held. Then they are read back in
+    every cycle of a random strobe pattern, with clears at random moments, near-saturated
+    starts and bursts on one counter: each read is the sum of the increments of the
+    cycles before it since the last clear, saturated (summed here)."""
+    p = NicParams(p=16, b=64, c=256, n_max=64)  # exp_missing adds up to 63 a cycle
+    dut = Csr(p)
+    offs = [r.offset for b in register_map(p) for r in b.regs if r.kind == "counter"]
+    ctrl = next(r.offset for r in register_map(p)[0].regs if r.kind == "ctrl")
+    rng = np.random.default_rng(11)
+    n = len(ALL_COUNTERS)
+    steps = [counter_step(p, name) for name in ALL_COUNTERS]
+
+    async def bench(ctx):
+        # the counter RAM has no reset: what it held before reads as 0 after one
+        for j in range(n):
+            ctx.set(dut.store.data[j], 0xDEAD_0000 + j)
+        for j in range(0, n, 5):
+            assert await read(ctx, dut, offs[j]) == 0, ALL_COUNTERS[j]
+        await ctx.tick().repeat(n)
+        start = {j: TOP - int(rng.integers(0, 60)) for j in rng.choice(n, 6, replace=False)}
+        for j, v in start.items():
+            ctx.set(dut.store.data[j], v)
+        expect = [start.get(j, 0) for j in range(n)]
+        clears = saturated = 0
+        for cycle in range(3000):
+            burst = int(rng.integers(n)) if cycle % 200 < 60 else None  # one counter, every cycle
+            incs = [
+                int(rng.integers(1, steps[j] + 1)) if j == burst or rng.random() < 0.15 else 0
+                for j in range(n)
+            ]
+            for j, name in enumerate(ALL_COUNTERS):
+                ctx.set(getattr(dut, f"inc_{name}"), incs[j])
+            j = int(rng.integers(n))
+            clear = cycle > 300 and rng.random() < 0.01
+            ctx.set(dut.addr, ctrl if clear else offs[j])
+            ctx.set(dut.w_data, 1)
+            ctx.set(dut.w_en, int(clear))
+            ctx.set(dut.r_en, int(not clear))
+            await ctx.tick()
+            if not clear:
+                assert ctx.get(dut.r_data) == min(expect[j], TOP), (cycle, ALL_COUNTERS[j])
+                saturated += expect[j] >= TOP
+            else:
+                clears += 1
+                expect = [0] * n
+            expect = [e + i for e, i in zip(expect, incs, strict=True)]
+        assert clears >= 10 and saturated >= 10
 
     simulate(dut, bench)
 
