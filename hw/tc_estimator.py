@@ -15,12 +15,19 @@ live one (they keep their reset ranks). The median register is the value whose r
 is (world - 1) // 2, so T is valid in every cycle in which `busy` is low. `floor` is
 the tick of the last table change (the model's `_t_change`): a deadline that moved
 into the past ends the phase there.
+
+Storage. The table and the ranks are LUT RAM with one read and one write port each
+(the scan reads one entry a cycle and writes one rank a cycle), not n_max registers
+behind wide muxes. A restart cannot rewrite every word at once, so a `fresh` bit per
+entry says it still holds its restart value (the t_c_init last taken, rank j); the
+entry's first write clears it. A reset sets every `fresh` bit, as a restart does.
 """
 
 from __future__ import annotations
 
-from amaranth import Array, Cat, Module, Mux, Signal, signed
+from amaranth import Cat, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from optireduce.hw.deadline import TICK_BITS
@@ -81,8 +88,18 @@ class TcEstimator(wiring.Component):
         m = Module()
         n = p.n_max
         init = p.t_c_init
-        vals = Array(Signal(TC_BITS, init=init, name=f"tc{j}") for j in range(n))
-        ranks = Array(Signal(range(n), init=j, name=f"rank{j}") for j in range(n))
+        restart = changed(m, self.t_c_init, init)
+        # the table and its ranks in LUT RAM (module docstring, "Storage")
+        m.submodules.vals = vals = Memory(shape=TC_BITS, depth=n, init=[])
+        m.submodules.ranks = ranks = Memory(shape=range(n), depth=n, init=[])
+        vals_rd, ranks_rd = vals.read_port(domain="comb"), ranks.read_port(domain="comb")
+        vals_wr, ranks_wr = vals.write_port(), ranks.write_port()
+        fresh_v = Signal(n, init=(1 << n) - 1)  # entry j reads restart.seen
+        fresh_r = Signal(n, init=(1 << n) - 1)  # rank j reads j
+        read_at = Signal(range(n))
+        val_j = Mux(fresh_v.bit_select(read_at, 1), restart.seen, vals_rd.data)
+        rank_j = Mux(fresh_r.bit_select(read_at, 1), read_at, ranks_rd.data)
+        m.d.comb += [vals_rd.addr.eq(read_at), ranks_rd.addr.eq(read_at)]
         med = Signal(TC_BITS, init=init)
         floor = Signal(TICK_BITS)
 
@@ -134,12 +151,14 @@ class TcEstimator(wiring.Component):
         down, same, up = Signal(), Signal(), Signal()  # rank - 1, rank, rank + 1 is k_med
         m.d.sync += [down.eq(rj_r == k_med + 1), same.eq(rj_r == k_med), up.eq(rj_r + 1 == k_med)]
         with m.If(b_ok):
-            m.d.sync += [ranks[jb].eq(rj_b + now_ - was), below.eq(below + lt_new)]
+            m.d.sync += below.eq(below + lt_new)
+            m.d.comb += [ranks_wr.en.eq(1), ranks_wr.addr.eq(jb),
+                         ranks_wr.data.eq(rj_b + now_ - was)]  # fmt: skip
+            m.d.sync += fresh_r.bit_select(jb, 1).eq(0)
             with m.If(Mux(now_ == was, same, Mux(now_, up, down))):
                 m.d.sync += med.eq(vj_b)
 
         smp = Signal(TICK_BITS)
-        restart = changed(m, self.t_c_init, init)
         with m.FSM() as fsm:
             with m.State("IDLE"):
                 idle = ~restart.pending
@@ -147,8 +166,7 @@ class TcEstimator(wiring.Component):
                              self.sample.ready.eq(idle & ~self.update.valid)]  # fmt: skip
                 with m.If(restart.pending):  # every t_C state as after reset, from the new init
                     m.d.comb += restart.take.eq(1)
-                    m.d.sync += [v.eq(self.t_c_init) for v in vals]
-                    m.d.sync += [rk.eq(j) for j, rk in enumerate(ranks)]
+                    m.d.sync += [fresh_v.eq(-1), fresh_r.eq(-1)]
                     m.d.sync += [med.eq(self.t_c_init), own.eq(self.t_c_init), floor.eq(0),
                                  mean.eq(0), dev.eq(0), have.eq(0)]  # fmt: skip
                 with m.Elif(self.update.valid):
@@ -203,7 +221,8 @@ class TcEstimator(wiring.Component):
                 ]
                 m.next = "CHECK"
             with m.State("CHECK"):  # read the entry (a wide mux), then compare
-                m.d.sync += [old.eq(vals[r]), j.eq(0), below.eq(0), a_valid.eq(0)]
+                m.d.comb += read_at.eq(r)
+                m.d.sync += [old.eq(val_j), j.eq(0), below.eq(0), a_valid.eq(0)]
                 m.next = "CHECK_EQ"
             with m.State("CHECK_EQ"):
                 # only a change moves the ranks and the floor (the model's _set_tc)
@@ -212,7 +231,8 @@ class TcEstimator(wiring.Component):
                 with m.Else():
                     m.next = "SCAN"
             with m.State("SCAN"):  # stage A: read entry j (stage B below moves it)
-                m.d.sync += [vj_r.eq(vals[j]), rj_r.eq(ranks[j]), jr.eq(j)]
+                m.d.comb += read_at.eq(j)
+                m.d.sync += [vj_r.eq(val_j), rj_r.eq(rank_j), jr.eq(j)]
                 m.d.sync += [a_valid.eq(j < self.world), a_ok.eq((j < self.world) & (j != r))]
                 with m.If(j < self.world):
                     m.d.sync += j.eq(j + 1)
@@ -221,7 +241,12 @@ class TcEstimator(wiring.Component):
             with m.State("DRAIN"):  # stage C takes the last entry
                 m.next = "COMMIT"
             with m.State("COMMIT"):
-                m.d.sync += [vals[r].eq(new), ranks[r].eq(below), floor.eq(at)]
+                m.d.comb += [
+                    vals_wr.en.eq(1), vals_wr.addr.eq(r), vals_wr.data.eq(new),
+                    ranks_wr.en.eq(1), ranks_wr.addr.eq(r), ranks_wr.data.eq(below),
+                ]  # fmt: skip
+                m.d.sync += [fresh_v.bit_select(r, 1).eq(0), fresh_r.bit_select(r, 1).eq(0)]
+                m.d.sync += floor.eq(at)
                 with m.If(below == k_med):
                     m.d.sync += med.eq(new)
                 m.next = "IDLE"
@@ -233,18 +258,18 @@ class TcEstimator(wiring.Component):
 
 
 class Change:
-    """`pending`: the watched value differs from the one last taken; `take` (a strobe the
-    user drives) records it."""
+    """`pending`: the watched value differs from the one last taken (`seen`); `take` (a
+    strobe the user drives) records it."""
 
-    def __init__(self, pending: Signal, take: Signal) -> None:
-        self.pending, self.take = pending, take
+    def __init__(self, pending: Signal, take: Signal, seen: Signal) -> None:
+        self.pending, self.take, self.seen = pending, take, seen
 
 
 def changed(m: Module, value, init: int) -> Change:
     """Whether a configuration value moved since it was last taken (its reset value
     counts as taken): what restarts the t_C state built with `init` from the new one."""
     seen = Signal(len(value), init=init)
-    c = Change(Signal(), Signal())
+    c = Change(Signal(), Signal(), seen)
     m.d.comb += c.pending.eq(value != seen)
     with m.If(c.take):
         m.d.sync += seen.eq(value)

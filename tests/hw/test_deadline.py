@@ -214,13 +214,24 @@ def test_tc_estimator_and_median_match_the_model(world, t_c_min):
     seen_ops: list = []
     back_to_back = rng.random(len(ops)) < 0.3
 
+    restarts = {40: t_b // 3 + 7, 80: t_b // 2 + 1}  # op index: a new t_c_init
+
     async def bench(ctx):
-        nonlocal floor
+        nonlocal floor, est, table
         ctx.set(dut.world, world)
         ctx.set(dut.rank, rank)
         ctx.set(dut.t_b, t_b)
         await ctx.tick()
-        for op in ops:
+        for i, op in enumerate(ops):
+            if i in restarts:  # everything as after a reset with t_c_init_us = the new value
+                await wait_idle(ctx)
+                init = restarts[i]
+                ctx.set(dut.t_c_init, init)
+                await wait_idle(ctx)
+                est = TcEstimator(p.replace(t_c_init_us=init))
+                table, floor = np.full(world, init, dtype=np.int64), 0
+                assert ctx.get(dut.median) == ctx.get(dut.own_tc) == init
+                assert ctx.get(dut.floor) == 0
             if op[0] == "sample":
                 _, s, at = op
                 tc = est.sample(s)
