@@ -315,12 +315,14 @@ class Csr(wiring.Component):
             for r in self.regs
             if r.kind == "config"
         }
+        # a round's worth of the most the port can carry (not only the nominal step)
         n = len(ALL_COUNTERS)
-        self.store = Memory(shape=32, depth=n, init=[])  # flushed values, by ALL_COUNTERS index
         self.pending = [
-            Signal(range(n * counter_step(p, name) + 1), name=f"pend_{name}")
+            Signal(range(n * ((1 << len(getattr(self, f"inc_{name}"))) - 1) + 1),
+                   name=f"pend_{name}")
             for name in ALL_COUNTERS
-        ]
+        ]  # fmt: skip
+        self.store: Memory | None = None  # flushed values, by ALL_COUNTERS index (elaborate)
 
     def elaborate(self, platform):
         m = Module()
@@ -361,7 +363,8 @@ class Csr(wiring.Component):
         """The counter bank (module docstring, "Counter storage"): returns the value of
         the counter that `word` addresses (any counter's, if it addresses another)."""
         n = len(ALL_COUNTERS)
-        m.submodules.store = store = self.store
+        # made here, so the bank can be elaborated more than once; tests preload it
+        m.submodules.store = store = self.store = Memory(shape=32, depth=n, init=[])
         flush_rd = store.read_port(domain="comb")
         bus_rd = store.read_port(domain="comb")
         wr = store.write_port()
@@ -378,11 +381,13 @@ class Csr(wiring.Component):
             with m.Elif(inc != 0):
                 m.d.sync += pend.eq(pend + inc)
 
+        visit_pending = Signal(max(len(x) for x in self.pending), name="visit_pending")
         m.d.comb += [
+            visit_pending.eq(pending[visit]),
             flush_rd.addr.eq(visit),
             wr.addr.eq(visit),
             wr.en.eq(1),
-            wr.data.eq(_value(flush_rd.data, pending[visit], cleared.bit_select(visit, 1))),
+            wr.data.eq(_value(flush_rd.data, visit_pending, cleared.bit_select(visit, 1))),
         ]
         with m.If(clear):
             m.d.sync += cleared.eq(-1)
@@ -390,8 +395,13 @@ class Csr(wiring.Component):
             m.d.sync += cleared.bit_select(visit, 1).eq(0)
 
         index = Signal(range(n))  # the addressed counter (out of range: don't care)
-        m.d.comb += [index.eq(word - (COUNTER_BASE + 0x10 >> 2)), bus_rd.addr.eq(index)]
-        return _value(bus_rd.data, pending[index], cleared.bit_select(index, 1))
+        value = Signal(32, name="counter_value")  # once, not in every counter's case
+        m.d.comb += [
+            index.eq(word - (COUNTER_BASE + 0x10 >> 2)),
+            bus_rd.addr.eq(index),
+            value.eq(_value(bus_rd.data, pending[index], cleared.bit_select(index, 1))),
+        ]
+        return value
 
 
 def _value(word: Value, pending: Value, cleared: Value) -> Value:

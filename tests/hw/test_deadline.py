@@ -215,6 +215,7 @@ def test_tc_estimator_and_median_match_the_model(world, t_c_min):
     back_to_back = rng.random(len(ops)) < 0.3
 
     restarts = {40: t_b // 3 + 7, 80: t_b // 2 + 1}  # op index: a new t_c_init
+    back_to_back[min(restarts) - 1] = True  # the first one comes while an op is in flight
 
     async def bench(ctx):
         nonlocal floor, est, table
@@ -224,8 +225,12 @@ def test_tc_estimator_and_median_match_the_model(world, t_c_min):
         await ctx.tick()
         for i, op in enumerate(ops):
             if i in restarts:  # everything as after a reset with t_c_init_us = the new value
-                await wait_idle(ctx)
                 init = restarts[i]
+                # the first one lands while the previous op may still be in flight: the
+                # restart waits for it and then undoes it too
+                if i != min(restarts):
+                    await wait_idle(ctx)
+                assert ctx.get(dut.busy) == (i == min(restarts))
                 ctx.set(dut.t_c_init, init)
                 await wait_idle(ctx)
                 est = TcEstimator(p.replace(t_c_init_us=init))
