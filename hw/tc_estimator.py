@@ -231,10 +231,10 @@ class TcEstimator(wiring.Component):
                 with m.Else():
                     m.next = "SCAN"
             with m.State("SCAN"):  # stage A: read entry j (stage B below moves it)
-                m.d.comb += read_at.eq(j)
                 m.d.sync += [vj_r.eq(val_j), rj_r.eq(rank_j), jr.eq(j)]
                 m.d.sync += [a_valid.eq(j < self.world), a_ok.eq((j < self.world) & (j != r))]
-                with m.If(j < self.world):
+                with m.If(j < self.world):  # j = world = n_max would read past the RAM
+                    m.d.comb += read_at.eq(j)
                     m.d.sync += j.eq(j + 1)
                 with m.Else():
                     m.next = "DRAIN"
