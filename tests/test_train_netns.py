@@ -46,7 +46,7 @@ def test_both_methods_train_with_each_rank_on_its_own_network_stack(tmp_path, ne
 def test_training_through_virtual_boards(tmp_path, netns_ready, boards):
     """The DDP hook on namespace hosts where some ranks (or all) drive a virtual board over
     its host port and the rest run the native engine."""
-    cfg = TrainConfig(world=3, steps=5, straggler_median_ms=5, packet_median_us=100,
+    cfg = TrainConfig(world=3, steps=3, straggler_median_ms=5, packet_median_us=100,
                       cluster="netns", boards=boards, methods=("optireduce",))  # fmt: skip
     out, _ = train.run_train(cfg, str(tmp_path))
     o = out["optireduce"]
