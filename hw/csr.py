@@ -66,6 +66,7 @@ TYPE_COUNTERS = 0x4F52_0002
 TYPE_PEERS = 0x4F52_0003
 TYPE_HOST = 0x4F52_0004
 NIC_BASE, COUNTER_BASE, PEERS_BASE = 0x000, 0x100, 0x200
+FIRST_COUNTER = COUNTER_BASE + 0x10  # counter j is at FIRST_COUNTER + 4 * j
 CTRL_CLEAR_COUNTERS = 1  # CTRL bit 0
 
 # Build parameters (read only): name, value from NicParams, description.
@@ -182,7 +183,7 @@ def register_map(p: NicParams) -> tuple[Block, ...]:
     cnt.append(Reg("count", COUNTER_BASE + 0xC, "RO", 32, len(ALL_COUNTERS), "header", "counters"))
     for j, name in enumerate(ALL_COUNTERS):
         desc = _COUNTER_DOC.get(name, f"frames dropped: {name.replace('_', ' ')}")
-        cnt.append(Reg(name, COUNTER_BASE + 0x10 + 4 * j, "RO", 32, 0, "counter", desc, port=name))
+        cnt.append(Reg(name, FIRST_COUNTER + 4 * j, "RO", 32, 0, "counter", desc, port=name))
     host_base = host_block_base(p)
     peers = _header(PEERS_BASE, TYPE_PEERS, host_base)
     peers.append(Reg("admit", PEERS_BASE + 0xC, "RW", 1, 0, "config",
@@ -397,7 +398,7 @@ class Csr(wiring.Component):
         index = Signal(range(n))  # the addressed counter (out of range: don't care)
         value = Signal(32, name="counter_value")  # once, not in every counter's case
         m.d.comb += [
-            index.eq(word - (COUNTER_BASE + 0x10 >> 2)),
+            index.eq(word - (FIRST_COUNTER >> 2)),
             bus_rd.addr.eq(index),
             value.eq(_value(bus_rd.data, pending[index], cleared.bit_select(index, 1))),
         ]
