@@ -129,8 +129,8 @@ class Aggregator(wiring.Component):
     LATENCY = 11  # 7 with the mean's product in one stage and no stage per carry chain
     ACC_WRITE_DELAY = 2  # cycles from a payload beat's handshake to its accumulator write
 
-    def __init__(self, p: NicParams) -> None:
-        self.p = p
+    def __init__(self, p: NicParams, tick0: int = 0) -> None:
+        self.p, self.tick0 = p, tick0  # tick0: `now` after reset (a test starts near the wrap)
         self.n_ctx = 1 << _bits(p.rx_window)
         self.npk_max = p.c // p.p
         self.rows_max = -(-self.npk_max // 2)  # world >= 2
@@ -199,7 +199,7 @@ class Aggregator(wiring.Component):
         s.world_shape = range(n_max + 1)
 
         # ---- time ------------------------------------------------------------------
-        s.now = now = Signal(TICK_BITS)
+        s.now = now = Signal(TICK_BITS, init=self.tick0)
         s.pend = Signal(16)  # strobes not yet applied
         s.consume = Signal()
         m.d.sync += s.pend.eq(s.pend + self.tick - s.consume)
@@ -208,6 +208,7 @@ class Aggregator(wiring.Component):
         # ---- t_C and T ---------------------------------------------------------------
         m.submodules.tc = tc = s.tc = TcEstimator(p)
         m.d.comb += [tc.world.eq(self.world), tc.rank.eq(self.rank), tc.t_b.eq(self.t_b)]
+        m.d.comb += tc.now.eq(now)
         m.d.comb += [tc.t_c_min.eq(self.t_c_min), tc.t_c_init.eq(self.t_c_init)]
         m.d.comb += self.own_tc.eq(tc.own_tc)
 
@@ -215,7 +216,6 @@ class Aggregator(wiring.Component):
         s.cx = cx = PhaseContexts(n_ctx, tot_shape, n_cnt)
         for name, field in zip(PhaseContexts.FIELDS, cx.fields(), strict=True):
             setattr(s, f"c_{name}", field)
-        s.c_started = cx.begun  # phase 1 begins at START
         s.c_mine = Array(Signal(rcv_shape, name=f"mine{k}") for k in range(n_ctx))
         # per-context end evaluation, registered (the FSM settles after a change)
         s.T, s.due, s.due_end, s.due_reason = cx.evaluate(m, tc, self.alpha_q8, now)
@@ -329,7 +329,7 @@ class Aggregator(wiring.Component):
         with m.State("LOOKUP"):
             with m.If(~s.hits.bit_select(c, 1)):
                 # claim the context: its previous op is done (and read out)
-                m.d.sync += [*s.cx.claim(c, ev.op_id), s.clr.eq(0)]
+                m.d.sync += [*s.cx.claim(c, ev.op_id, s.ev_now), s.clr.eq(0)]
                 # slots owned: (n_packets - 1 - rank) // world + 1, divided while clearing
                 m.d.sync += s.mine_pending.eq(s.n_pk_r > self.rank)
                 m.d.comb += [
@@ -372,7 +372,6 @@ class Aggregator(wiring.Component):
 
     def _dispatch_states(self, m: Module, s: SimpleNamespace) -> None:
         ev, c, ev_now, pp = s.ev, s.c, s.ev_now, s.pp
-        c_started, c_start, c_anchor = s.c_started, s.c_start, s.c_anchor
         with m.State("DISPATCH"):
             # the event's facts over the contexts, all in parallel (registered)
             fin = s.cx.mark_done(m)
@@ -395,9 +394,7 @@ class Aggregator(wiring.Component):
                     m.next = "ROW_WAIT"
                 with m.Case(Kind.START):
                     m.d.sync += [
-                        c_started[c].eq(1),
-                        c_start[c].eq(ev_now),
-                        c_anchor[c].eq(ev_now),
+                        *s.cx.begin(c, ev_now, ev_now),
                         s.settle.restart(),
                     ]
                     m.next = "POST"

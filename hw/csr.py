@@ -56,7 +56,7 @@ from optireduce.counters import COUNTERS
 from optireduce.frame_checks import ADMISSION_REASONS, default_peers
 from optireduce.host.model.nic_model import EXP_COUNTERS, NicModel
 from optireduce.host_port import ADAPTER_COUNTER_DOC, ADAPTER_COUNTERS
-from optireduce.params import NicParams
+from optireduce.params import T_B_BITS, NicParams
 from optireduce.ubt import DEFAULT_ADDRESSING
 
 # 1.1: t_c_min_us, t_c_init_us; 1.2: padded host frames taken; 1.3: the host block
@@ -88,7 +88,8 @@ CONFIG: tuple[tuple[str, str, int, Callable, Callable, str], ...] = (
     ("world", "world", 0, lambda p: p.n_max.bit_length(), lambda p: 2, "world size N, 2..n_max"),
     ("job_id", "job_id", 0, lambda p: 16, lambda p: p.job_id, "job id of the UBT header"),
     ("udp_port", "udp_port", 0, lambda p: 16, lambda p: p.udp_port, "UDP port of the job"),
-    ("t_b_us", "t_b_us", 0, lambda p: 32, lambda p: p.t_b_us, "hard phase bound t_B, us"),
+    ("t_b_us", "t_b_us", 0, lambda p: T_B_BITS, lambda p: p.t_b_us,
+     f"hard phase bound t_B, us (1..2^{T_B_BITS}-1)"),
     ("alpha_q8", "alpha_q8", 0, lambda p: 9, lambda p: p.alpha_q8,
      "early-timeout gap alpha, 1/256 units (1..256)"),
     ("seed", "seed", 0, lambda p: 32, lambda p: p.seed, "sign PRNG key"),

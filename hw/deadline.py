@@ -17,24 +17,50 @@ blocks settle `settle_cycles(n_ctx)` cycles after every change.
   deadline   anchor + T                   -> max(anchor + T, floor)
 
 `idle` = max(1, alpha_q8 * T >> 8) is computed once for all contexts (`idle_gap`).
-Ticks are TICK_BITS wide: 2^48 microseconds is about 9 years of uptime.
+
+Ticks. A tick is TICK_BITS = 32 bits and wraps (every 71.6 minutes): ticks are serial
+numbers (as TCP's sequence numbers), compared by the sign of their difference
+(`tick_before`), and sums wrap. That order is the model's (unbounded integers) for any
+two ticks less than 2^31 apart, and every pair the blocks compare is, by three rules:
+  - a phase lasts less than 2^29 ticks: T <= t_B < 2^28 (NicParams.t_b_us, the CSR
+    register's width), phase 1 ends by start + T, phase 2 by p1_start + t1 + T;
+  - a context's ticks are set when it is claimed (to the claim's tick, not 0), and its
+    begin sets start, and moves the arrival and "gone" ticks taken before it to start
+    (the model's max(start, ...) takes start for them): an active phase's ticks are
+    all in [start, now];
+  - the t_C floor, the only tick kept across ops, is retired (`floor_live` low) once it
+    is 2^30 ticks old: by then every live phase began after it, and max(x, floor) = x.
+One 32-bit tick is half the carry chains and flip-flops of the 48-bit ones before it
+(about 2 400 LUTs and 1 900 flip-flops of the 25F core, docs/boards.md).
 """
 
 from __future__ import annotations
 
 import enum
 
-from amaranth import Array, Cat, Const, Module, Mux, Signal
+from amaranth import Array, Cat, Const, Module, Mux, Signal, Value
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from optireduce.hw import wide_multiplier as wmul
 
-TICK_BITS = 48
+TICK_BITS = 32
 
-# Compares are written as `<` and `>=` only: yosys maps those to a CCU2C carry chain alone,
-# but `>` and `<=` to the chain and an equality tree beside it (three more logic levels
-# at 48 bits; docs/gateware.md, "Timing").
+
+def tick_before(a, b) -> Value:
+    """Tick `a` comes before tick `b` (serial-number order, module docstring "Ticks"):
+    the sign bit of a - b, one carry chain as a compare."""
+    return (a - b)[TICK_BITS - 1]
+
+
+def tick_sum(a, b) -> Value:
+    """a + b on the wrapping tick clock."""
+    return (a + b)[:TICK_BITS]
+
+
+# Other compares are written as `<` and `>=` only: yosys maps those to a CCU2C carry chain
+# alone, but `>` and `<=` to the chain and an equality tree beside it (three more logic
+# levels; docs/gateware.md, "Timing"). A tick compare is one subtraction's sign bit.
 
 
 class Reason(enum.IntEnum):
@@ -80,9 +106,9 @@ class PhaseTimer(wiring.Component):
     (`reason` is NONE for an inactive phase).
     """
 
-    # For 125 MHz every 48-bit compare or add has a register stage of its own, and a mux
-    # one level of logic: LATENCY register stages from the inputs, then the candidate end
-    # ticks are compared with the live `now` (the owner registers the outputs). One timer
+    # For 125 MHz every tick compare or add has a register stage of its own, and a mux
+    # one level of logic: LATENCY register stages from the inputs, then the end tick of
+    # the rule is compared with the live `now` (the owner registers the outputs). One timer
     # serves every context of an owner in turn (`PhaseContexts.evaluate`), so the inputs
     # of one context may follow those of another in the next cycle: each per-context value
     # travels with its context from stage to stage, flags included ("due" only ever follows
@@ -107,6 +133,7 @@ class PhaseTimer(wiring.Component):
                 "timeout": In(32),
                 "idle": In(33),
                 "floor": In(t),
+                "floor_live": In(1),
                 "now": In(t),
                 "due": Out(1),
                 "end_tick": Out(t),
@@ -124,33 +151,37 @@ class PhaseTimer(wiring.Component):
             return r
 
         floor = self.floor  # the owner's: held while it settles
+
+        def above_floor(x):  # max(x, floor) = x (a retired floor is below every live tick)
+            return ~self.floor_live | tick_before(floor, x)
+
         flags = Cat(self.active, self.all_in, self.in_or_gone, self.all_flagged)
         # stage 0: arrival after start? anchor + T
-        arr_gt = stage("arr_gt", self.has_arrival & (self.start < self.last_arrival), 1)
+        arr_gt = stage("arr_gt", self.has_arrival & tick_before(self.start, self.last_arrival), 1)
         arr0, start0 = stage("arr0", self.last_arrival), stage("start0", self.start)
-        dl_sum = stage("dl_sum", self.anchor + self.timeout, t + 1)
+        dl_sum = stage("dl_sum", tick_sum(self.anchor, self.timeout))
         gone0, f0 = stage("gone0", self.last_gone), stage("f0", flags, 4)
         # stage 1: the base tick (start or last arrival); anchor + T against the floor
         base1 = stage("base1", Mux(arr_gt, arr0, start0))
-        dl_gt = stage("dl_gt", floor < dl_sum, 1)
-        dl_sum1 = stage("dl_sum1", dl_sum, t + 1)
+        dl_gt = stage("dl_gt", above_floor(dl_sum), 1)
+        dl_sum1 = stage("dl_sum1", dl_sum)
         gone1, f1 = stage("gone1", gone0), stage("f1", f0, 4)
         # stage 2: the deadline; base + idle; base against the last gone tick
-        deadline2 = stage("deadline2", Mux(dl_gt, dl_sum1, floor), t + 1)
-        e_sum2 = stage("e_sum2", base1 + self.idle, t + 1)
-        gone_gt = stage("gone_gt", gone1 < base1, 1)
+        deadline2 = stage("deadline2", Mux(dl_gt, dl_sum1, floor))
+        e_sum2 = stage("e_sum2", tick_sum(base1, self.idle))
+        gone_gt = stage("gone_gt", tick_before(gone1, base1), 1)
         base2, gone2, f2 = stage("base2", base1), stage("gone2", gone1), stage("f2", f1, 4)
         # stage 3: base + idle against the floor; does the early end beat the deadline
         # (max(e_sum, floor) < deadline <=> both are)
-        early_gt = stage("early_gt", floor < e_sum2, 1)
-        beats = stage("beats", (e_sum2 < deadline2) & (floor < deadline2), 1)
+        early_gt = stage("early_gt", above_floor(e_sum2), 1)
+        beats = stage("beats", tick_before(e_sum2, deadline2) & above_floor(deadline2), 1)
         gone_end3 = stage("gone_end3", Mux(gone_gt, base2, gone2))
-        e_sum3, deadline3 = stage("e_sum3", e_sum2, t + 1), stage("deadline3", deadline2, t + 1)
+        e_sum3, deadline3 = stage("e_sum3", e_sum2), stage("deadline3", deadline2)
         base3, f3 = stage("base3", base2), stage("f3", f2, 4)
         active, all_in, in_or_gone, all_flagged = f3
         # stage 4: the early end tick; which rule decides; the end when it is due now
-        early = stage("early4", Mux(early_gt, e_sum3, floor), t + 1)
-        deadline = stage("deadline4", deadline3, t + 1)
+        early = stage("early4", Mux(early_gt, e_sum3, floor))
+        deadline = stage("deadline4", deadline3)
         use_early = stage("use_early", all_flagged & beats, 1)
         fixed = stage("fixed", Mux(all_in, base3, gone_end3))  # all in, or in or gone
         settled_in = all_in | in_or_gone
@@ -159,7 +190,7 @@ class PhaseTimer(wiring.Component):
         imm_reason = stage("imm_reason", Mux(all_in, Reason.COMPLETE, Reason.EARLY), 2)
         # then against the live clock (both compares at once, the rule picks one); the end
         # tick and reason do not wait for the compare (they mean something while `due`)
-        reached = Mux(use_early, self.now >= early, self.now >= deadline)
+        reached = ~tick_before(self.now, Mux(use_early, early, deadline))
         m.d.comb += [
             self.due.eq(imm | (wait & reached)),
             self.end_tick.eq(Mux(imm, fixed, Mux(use_early, early, deadline))),
@@ -230,15 +261,29 @@ class PhaseContexts:
     def fields(self) -> tuple:
         return tuple(getattr(self, f) for f in self.FIELDS)
 
-    def claim(self, c, op_id) -> list:
-        """Statements that give context `c` to op `op_id`: valid, not begun, nothing in
-        (the per-sender counts are the owner's to set once it knows the op's size)."""
+    def claim(self, c, op_id, now) -> list:
+        """Statements that give context `c` to op `op_id` at tick `now`: valid, not begun,
+        nothing in (the per-sender counts are the owner's to set once it knows the op's
+        size); its ticks are `now`, a recent tick (module docstring, "Ticks")."""
         return [
             self.valid[c].eq(1),
             self.op[c].eq(op_id),
-            *(getattr(self, f)[c].eq(0) for f in ("begun", "ended", "has_arr", "last_arr",
-                                                  "last_gone", "start", "anchor", "recv")),
+            *(getattr(self, f)[c].eq(0) for f in ("begun", "ended", "has_arr", "recv")),
+            *(getattr(self, f)[c].eq(now) for f in ("last_arr", "last_gone", "start", "anchor")),
         ]  # fmt: skip
+
+    def begin(self, c, start, anchor) -> list:
+        """Statements that begin context `c`'s phase at tick `start`, with its deadline
+        anchored at `anchor`. Arrivals and "gone" notices taken before the begin are no
+        later than `start`, and the end rules take max(start, them): they become `start`,
+        so that no tick of an active phase is older than its start."""
+        return [
+            self.begun[c].eq(1),
+            self.start[c].eq(start),
+            self.anchor[c].eq(anchor),
+            self.last_arr[c].eq(start),
+            self.last_gone[c].eq(start),
+        ]
 
     def arrival(self, c, now) -> list:
         """Statements for an accepted packet of context `c` at tick `now`."""
@@ -306,6 +351,7 @@ class PhaseContexts:
             pt.timeout.eq(T),
             pt.idle.eq(idle),
             pt.floor.eq(tc.floor),
+            pt.floor_live.eq(tc.floor_live),
             pt.now.eq(now),
         ]
         whose = turn  # the context whose result leaves the timer now
@@ -336,7 +382,7 @@ class PhaseContexts:
         op, n = self.op, self.n_ctx
 
         def by_time(i, j):  # end tick, then op: each compare registered on its own
-            return (due_end[i] < due_end[j], due_end[i] == due_end[j], op[j] >= op[i])
+            return (tick_before(due_end[i], due_end[j]), due_end[i] == due_end[j], op[j] >= op[i])
 
         idle_found, idle_pick = pick_first(m, "pick_idle", list(due), by_time)
         self.post_found, self.post_pick = pick_first(
@@ -400,7 +446,7 @@ class PhaseContexts:
             m.d.sync += [
                 dl_smp.eq(f_end - f_start),
                 arr_smp.eq(f_arr - f_start),
-                arr_ok.eq(f_has & (f_start < f_arr)),
+                arr_ok.eq(f_has & tick_before(f_start, f_arr)),
             ]
             m.next = "FIRE_END"
         with m.State("FIRE_END"):

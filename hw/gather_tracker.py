@@ -73,7 +73,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from optireduce.host.model.nic_model import NicModel
-from optireduce.hw.deadline import TICK_BITS, PhaseContexts, Reason, Settle
+from optireduce.hw.deadline import TICK_BITS, PhaseContexts, Reason, Settle, tick_before, tick_sum
 from optireduce.hw.peer_progress import PeerProgress, peer_layout
 from optireduce.hw.serial_divider import SerialDivider
 from optireduce.hw.staged_write import StagedWrite
@@ -129,8 +129,8 @@ class GatherTracker(wiring.Component):
 
     MODEL = NicModel  # phase 2: p2, tc[1], _peer_progress
 
-    def __init__(self, p: NicParams) -> None:
-        self.p = p
+    def __init__(self, p: NicParams, tick0: int = 0) -> None:
+        self.p, self.tick0 = p, tick0  # tick0: `now` after reset (a test starts near the wrap)
         self.n_ctx = 1 << _bits(p.rx_window)
         self.npk_max = p.c // p.p
         self.own_max = -(-self.npk_max // 2)  # world >= 2
@@ -182,9 +182,10 @@ class GatherTracker(wiring.Component):
             self._dispatch_states(m, s)  # DISPATCH by kind; TC; GONE (peer progress)
             self._slot_states(m, s)  # LATE, SLOT_REG, SLOT: a gather frame's verdict
             self._end_states(m, s)  # POST, FIRE*, SETTLE: the phases the event made due
-        m.d.comb += self.ev.ready.eq(
-            fsm.ongoing("IDLE") & ~s.idle_found & (s.now >= self.ev.payload.at)
-        )
+        # no event: ready as the clock allows (a serial compare with the idle payload's
+        # tick 0 is not "at or after" once the clock is past 2^31)
+        early = self.ev.valid & tick_before(s.now, self.ev.payload.at)
+        m.d.comb += self.ev.ready.eq(fsm.ongoing("IDLE") & ~s.idle_found & ~early)
         return m
 
     def _state(self, m: Module) -> SimpleNamespace:
@@ -197,12 +198,13 @@ class GatherTracker(wiring.Component):
         s.tot = tot = range(npk + 1)
         s.rcv_shape = range(self.own_max + 1)
 
-        s.now = Signal(TICK_BITS)
+        s.now = Signal(TICK_BITS, init=self.tick0)
         m.d.comb += self.now.eq(s.now)
 
         # ---- t_C and T of phase 2 -----------------------------------------------------
         m.submodules.tc = tc = s.tc = TcEstimator(p)
         m.d.comb += [tc.world.eq(self.world), tc.rank.eq(self.rank), tc.t_b.eq(self.t_b)]
+        m.d.comb += tc.now.eq(s.now)
         m.d.comb += [tc.t_c_min.eq(self.t_c_min), tc.t_c_init.eq(self.t_c_init)]
         m.d.comb += self.own_tc.eq(tc.own_tc)
 
@@ -245,7 +247,7 @@ class GatherTracker(wiring.Component):
         s.me = Signal()  # the sender is this rank
         s.q_e, s.lt_e = Signal(tot), Signal()  # the event's context: q, sender < rem
         s.exp_e = Signal(s.rcv_shape)  # packets it expects from the sender
-        s.p1_anchor = Signal(TICK_BITS + 1)  # a PHASE1_END's p1_start + t1
+        s.p1_anchor = Signal(TICK_BITS)  # a PHASE1_END's p1_start + t1
         s.accepted = Signal()
         s.clr = Signal(range(max(n_max, npk) + 1))  # the entry being cleared
 
@@ -283,7 +285,7 @@ class GatherTracker(wiring.Component):
             with m.If(s.idle_found):
                 m.d.sync += [s.fire_c.eq(s.idle_pick), s.ret_post.eq(0)]
                 m.next = "FIRE"
-            with m.Elif(now < target):
+            with m.Elif(tick_before(now, target)):
                 # NicModel.advance(target): ends come out in (end tick, op) order
                 m.d.sync += [now.eq(target), s.settle.restart()]
                 m.next = "SETTLE"
@@ -295,14 +297,14 @@ class GatherTracker(wiring.Component):
             m.d.sync += [
                 s.n_pk_r.eq(s.n_pk),
                 s.me.eq(ev.sender == self.rank),
-                s.p1_anchor.eq(ev.p1_start + ev.t1),
+                s.p1_anchor.eq(tick_sum(ev.p1_start, ev.t1)),
             ]
             m.next = "LOOKUP"
 
         with m.State("LOOKUP"):
             with m.If(~s.hits.bit_select(c, 1)):
                 # claim the context: the op it held is done (the receive window)
-                m.d.sync += [*s.cx.claim(c, ev.op_id), s.clr.eq(0)]
+                m.d.sync += [*s.cx.claim(c, ev.op_id, s.ev_now), s.clr.eq(0)]
                 m.d.comb += [s.div.go.eq(1), s.div.num.eq(s.n_pk_r)]  # n_packets divmod world
                 m.next = "CLEAR"
             with m.Else():
@@ -369,9 +371,9 @@ class GatherTracker(wiring.Component):
                     m.next = "POST"
                 with m.Case(Kind.PHASE1_END):
                     m.d.sync += [
-                        s.c_begun[c].eq(1),
-                        s.c_start[c].eq(ev_now),
-                        s.c_anchor[c].eq(Mux(ev_now < s.p1_anchor, s.p1_anchor, ev_now)),
+                        *s.cx.begin(
+                            c, ev_now, Mux(tick_before(ev_now, s.p1_anchor), s.p1_anchor, ev_now)
+                        ),
                         s.settle.restart(),
                     ]
                     m.next = "POST"

@@ -108,10 +108,13 @@ class NicCore(wiring.Component):
 
     MODEL = NicModel
 
-    def __init__(self, p: NicParams, addressing: ubt.Addressing = ubt.DEFAULT_ADDRESSING) -> None:
+    def __init__(
+        self, p: NicParams, addressing: ubt.Addressing = ubt.DEFAULT_ADDRESSING, tick0: int = 0
+    ) -> None:
         if p.lanes != 1:
             raise ValueError(f"NicCore: lanes={p.lanes}; the core runs one element per cycle")
         self.p, self.addressing = p, addressing
+        self.tick0 = tick0  # `now` after reset (a test starts the clock near its wrap)
         self.n_ctx = 1 << _bits(p.rx_window)
         self.csr = Csr(p)
         super().__init__(
@@ -168,8 +171,8 @@ class NicCore(wiring.Component):
         # ---- blocks ------------------------------------------------------------------------
         m.submodules.csr = csr = self.csr
         m.submodules.parser = parser = Parser(p)
-        m.submodules.aggregator = agg = Aggregator(p)
-        m.submodules.tracker = trk = GatherTracker(p)
+        m.submodules.aggregator = agg = Aggregator(p, self.tick0)
+        m.submodules.tracker = trk = GatherTracker(p, self.tick0)
         m.submodules.encoder = enc = Encoder(p)
         m.submodules.pk_scatter = pks = Packetizer(p, self.addressing)
         m.submodules.pk_gather = pkg = Packetizer(p, self.addressing)
@@ -671,10 +674,10 @@ class NicCore(wiring.Component):
         ]
         # time: the aggregator's now when it last could take an event, a few cycles late
         t_ready = Signal(TIME_DELAY)
-        t_now = [Signal(TICK_BITS, name=f"t_now{k}") for k in range(TIME_DELAY)]
+        t_now = [Signal(TICK_BITS, name=f"t_now{k}", init=self.tick0) for k in range(TIME_DELAY)]
         m.d.sync += [t_ready.eq(Cat(agg.ev.ready, t_ready[:-1])), t_now[0].eq(agg.now)]
         m.d.sync += [t_now[k].eq(t_now[k - 1]) for k in range(1, TIME_DELAY)]
-        s.time = Signal(TICK_BITS)
+        s.time = Signal(TICK_BITS, init=self.tick0)
         with m.If(t_ready[-1]):
             m.d.sync += s.time.eq(t_now[-1])
         m.d.comb += trk.time.eq(s.time)

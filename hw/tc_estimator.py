@@ -14,7 +14,10 @@ pipeline stages). Entries j >= world never move and rank above every
 live one (they keep their reset ranks). The median register is the value whose rank
 is (world - 1) // 2, so T is valid in every cycle in which `busy` is low. `floor` is
 the tick of the last table change (the model's `_t_change`): a deadline that moved
-into the past ends the phase there.
+into the past ends the phase there. Ticks wrap (hw/deadline.py, "Ticks"): `floor_live`
+goes low once the floor is 2^(TICK_BITS - 2) ticks behind `now`, and after a reset or
+restart (the model's floor is then 0, below every tick): every live phase began after
+it, so the owners then ignore it.
 
 Storage. The table and the ranks are LUT RAM with one read and one write port each
 (the scan reads one entry a cycle and writes one rank a cycle), not n_max registers
@@ -73,6 +76,7 @@ class TcEstimator(wiring.Component):
                 "t_b": In(32),
                 "t_c_min": In(TC_BITS, init=p.t_c_min_us),
                 "t_c_init": In(TC_BITS, init=p.t_c_init),
+                "now": In(TICK_BITS),
                 "update": In(stream.Signature(tc_update_layout(p))),
                 "sample": In(stream.Signature(tc_sample_layout())),
                 "busy": Out(1),
@@ -80,6 +84,7 @@ class TcEstimator(wiring.Component):
                 "median": Out(TC_BITS),
                 "own_tc": Out(TC_BITS),  # what this node's packets carry
                 "floor": Out(TICK_BITS),
+                "floor_live": Out(1),
             }
         )
 
@@ -101,9 +106,11 @@ class TcEstimator(wiring.Component):
         rank_j = Mux(fresh_r.bit_select(read_at, 1), read_at, ranks_rd.data)
         m.d.comb += [vals_rd.addr.eq(read_at), ranks_rd.addr.eq(read_at)]
         med = Signal(TC_BITS, init=init)
-        floor = Signal(TICK_BITS)
+        floor, floor_live = Signal(TICK_BITS), Signal()
+        with m.If((self.now - floor)[TICK_BITS - 2]):  # 2^(TICK_BITS - 2) old: retired
+            m.d.sync += floor_live.eq(0)
 
-        # EWMA state: widths cover mean + 16 * dev of 48-bit samples without overflow
+        # EWMA state: widths cover mean + 16 * dev of TICK_BITS-bit samples without overflow
         wide = TICK_BITS + 8
         mean = Signal(signed(wide))
         dev = Signal(signed(wide))
@@ -125,6 +132,7 @@ class TcEstimator(wiring.Component):
             self.timeout.eq(Mux(med < self.t_b, med, self.t_b)),
             self.own_tc.eq(own),
             self.floor.eq(floor),
+            self.floor_live.eq(floor_live),
         ]
 
         def key_lt(va, ia, vb, ib):
@@ -167,7 +175,7 @@ class TcEstimator(wiring.Component):
                 with m.If(restart.pending):  # every t_C state as after reset, from the new init
                     m.d.comb += restart.take.eq(1)
                     m.d.sync += [fresh_v.eq(-1), fresh_r.eq(-1)]
-                    m.d.sync += [med.eq(self.t_c_init), own.eq(self.t_c_init), floor.eq(0),
+                    m.d.sync += [med.eq(self.t_c_init), own.eq(self.t_c_init), floor_live.eq(0),
                                  mean.eq(0), dev.eq(0), have.eq(0)]  # fmt: skip
                 with m.Elif(self.update.valid):
                     m.d.sync += [
@@ -246,7 +254,7 @@ class TcEstimator(wiring.Component):
                     ranks_wr.en.eq(1), ranks_wr.addr.eq(r), ranks_wr.data.eq(below),
                 ]  # fmt: skip
                 m.d.sync += [fresh_v.bit_select(r, 1).eq(0), fresh_r.bit_select(r, 1).eq(0)]
-                m.d.sync += floor.eq(at)
+                m.d.sync += [floor.eq(at), floor_live.eq(1)]
                 with m.If(below == k_med):
                     m.d.sync += med.eq(new)
                 m.next = "IDLE"

@@ -14,6 +14,7 @@ TC_SAMPLES = ("duration", "last_arrival")
 # t_B of the DDP hook's warm-up phases: only a dead peer reaches it. A NIC starts with it
 # (its t_C starts there too), and the hook sets the calibrated t_B after the warm-up.
 WARMUP_T_B_US = 30_000_000
+T_B_BITS = 28  # t_b_us < 2^28 us: the bound the wrapping tick clock needs
 
 
 class ParamError(ValueError):
@@ -112,7 +113,11 @@ class NicParams:
             "exp_lead",
             f"must be in K={self.ops_in_flight}..256 (an op is proposed for before it starts)",
         )
-        need(1 <= self.t_b_us < 1 << 32, "t_b_us", "must be in 1..2^32-1 microseconds")
+        need(
+            1 <= self.t_b_us < 1 << T_B_BITS, "t_b_us",
+            f"must be in 1..2^{T_B_BITS}-1 microseconds (268 s; the NIC's tick clock wraps "
+            "every 2^32 us, and a phase must last under 2^29 of them: docs/nic_core.md, Ticks)",
+        )  # fmt: skip
         need(
             self.t_c_init_us is None or 1 <= self.t_c_init_us <= self.t_b_us,
             "t_c_init_us",

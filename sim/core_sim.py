@@ -27,6 +27,7 @@ from amaranth.sim import Simulator
 
 from optireduce import host_port
 from optireduce.host.model.nic_model import EXP_COUNTERS
+from optireduce.hw.deadline import TICK_BITS
 from optireduce.hw.nic_core import NicCore
 from optireduce.sim.replay import (
     ALL_NIC_COUNTERS,
@@ -70,9 +71,13 @@ def replay_traces(
     seed: int = 0,
     idle_bound: int | None = None,
     progress: bool = False,
+    tick0: int = 0,
 ) -> list[ReplayResult]:
     """Replay each trace through one NicCore (built once from the first trace's CONFIG
     params, which every trace must share), with a reset between traces.
+
+    tick0: the core's clock after reset (NicCore(tick0=...)) and the driver's first
+    tick: a trace whose ticks start there runs across the 32-bit clock's wrap.
 
     backpressure: probability that net_tx / host_o are not ready in a cycle.
     Raises CoreSimError if the core is not idle within `idle_bound` cycles of an input.
@@ -82,7 +87,7 @@ def replay_traces(
     p = evs[0].params
     if any(ev.params != p for ev in evs):
         raise ReplayError("replay_traces: every trace must have the same CONFIG params")
-    dut = NicCore(p)
+    dut = NicCore(p, tick0=tick0 % (1 << TICK_BITS))
     soft_rst = Signal()
     top = Module()
     top.submodules.core = ResetInserter(soft_rst)(dut)
@@ -108,7 +113,7 @@ def replay_traces(
         starts = deque(what for _, kind, what in ev.inputs if kind == "start")
         n_starts = len(starts)
         res = ReplayResult()
-        cur.update(res=res, now=0, records=0, taken=0, world=ev.world, cycles=0, reset=True)
+        cur.update(res=res, now=tick0, records=0, taken=0, world=ev.world, cycles=0, reset=True)
         for addr, value in config_writes(p, ev.rank, ev.world, ev.peers):
             ctx.set(dut.csr_addr, addr)
             ctx.set(dut.csr_w_data, value)

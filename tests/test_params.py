@@ -34,6 +34,7 @@ def test_defaults_and_derived_widths():
         ("estimator", "magic"),
         ("rht", 1),
         ("t_b_us", 0),
+        ("t_b_us", 1 << 28),  # the wrapping tick clock needs phases under 2^29 us
         ("t_c_init_us", 10**9),
         ("alpha_q8", 0),
         ("alpha_q8", 300),
@@ -47,6 +48,10 @@ def test_defaults_and_derived_widths():
 def test_rejects_bad_values_naming_the_parameter(field, value):
     with pytest.raises(ParamError, match=rf"NicParams\.{field}="):
         NicParams(**{field: value})
+
+
+def test_t_b_us_takes_every_value_the_register_holds():
+    assert NicParams(t_b_us=(1 << 28) - 1, t_c_min_us=1).t_b_us == (1 << 28) - 1
 
 
 def test_replace_validates_again():

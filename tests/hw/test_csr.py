@@ -72,7 +72,7 @@ PUBLISHED = {
     0x040: ("rank", "RW", 6, 0),
     0x044: ("world", "RW", 7, 2),
     0x048: ("job_id", "RW", 16, 1),
-    0x050: ("t_b_us", "RW", 32, 20_000),
+    0x050: ("t_b_us", "RW", 28, 20_000),  # 32 until the tick clock wrapped (t_B < 2^28)
     0x058: ("seed", "RW", 32, 0x5EED0001),
     0x100: ("type", "RO", 32, TYPE_COUNTERS),
     0x108: ("next", "RO", 32, 0x200),

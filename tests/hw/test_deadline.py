@@ -7,7 +7,9 @@ from amaranth.sim import Simulator
 from optireduce.host.model.deadline import PhaseTracker, TcEstimator, agreed_timeout
 from optireduce.hw.deadline import REASON_NAMES, PhaseTimer, Reason
 from optireduce.hw.tc_estimator import TcEstimator as TcEstimatorHw
-from optireduce.params import NicParams
+from optireduce.params import T_B_BITS, NicParams
+
+WRAP = 1 << 32  # ticks are serial numbers modulo 2^32 (hw/deadline.py, "Ticks")
 
 
 def _run(dut, bench, clock: bool = True) -> None:
@@ -40,57 +42,75 @@ def _random_tracker(rng: np.random.Generator, alpha: int | None = None):
             ph.sender_gone(t, s)
     if begun:
         ph.begin(begin_at, anchor=None if rng.random() < 0.7 else begin_at + int(rng.integers(9)))
-    timeout = int(rng.choice([1, 2, 40, 300, int(rng.integers(1, 500)), (1 << 32) - 1]))
+    timeout = int(rng.choice([1, 2, 40, 300, int(rng.integers(1, 500)), (1 << T_B_BITS) - 1]))
     floor = int(rng.choice([0, 0, t, int(rng.integers(0, 400))]))
     now = max(t, begin_at) + int(rng.integers(0, 600))
     return ph, now, timeout, floor, alpha
 
 
-def _set_phase(ctx, dut: PhaseTimer, ph: PhaseTracker) -> None:
-    """Drive the timer's per-context inputs from a tracker's state."""
+def _offset(rng: np.random.Generator) -> int:
+    """Where the clock stands: at 0, or anywhere, or just before its wrap."""
+    return int(rng.choice([0, int(rng.integers(0, WRAP)), WRAP - int(rng.integers(1, 2000))]))
+
+
+def _set_phase(ctx, dut: PhaseTimer, ph: PhaseTracker, off: int = 0) -> None:
+    """Drive the timer's per-context inputs from a tracker's state, as PhaseContexts keeps
+    it: every tick `off` later on the wrapping clock, and arrival and "gone" ticks taken
+    before the begin moved to the start (PhaseContexts.begin)."""
     senders = ph.exp > 0
+    start = ph.start or 0
     ctx.set(dut.active, ph.start is not None and ph.end is None)
-    ctx.set(dut.start, ph.start or 0)
-    ctx.set(dut.anchor, ph.anchor)
+    ctx.set(dut.start, (start + off) % WRAP)
+    ctx.set(dut.anchor, (ph.anchor + off) % WRAP)
     ctx.set(dut.has_arrival, ph.last_arrival is not None)
-    ctx.set(dut.last_arrival, ph.last_arrival or 0)
-    ctx.set(dut.last_gone, ph.last_gone)
+    ctx.set(dut.last_arrival, (max(ph.last_arrival or 0, start) + off) % WRAP)
+    ctx.set(dut.last_gone, (max(ph.last_gone, start) + off) % WRAP)
     ctx.set(dut.all_in, bool((ph.rcv >= ph.exp).all()))
     ctx.set(dut.in_or_gone, bool(((ph.rcv >= ph.exp) | ph.gone).all()))
     ctx.set(dut.all_flagged, bool(((ph.flagged & senders) == senders).all()))
 
 
-def _set_owner(ctx, dut: PhaseTimer, now: int, timeout: int, floor: int, alpha: int) -> None:
-    """Drive the inputs every context shares: T, its idle gap, the floor and `now`."""
+def _set_owner(ctx, dut: PhaseTimer, now: int, timeout: int, floor: int, alpha: int,
+               off: int = 0, live: bool = True) -> None:  # fmt: skip
+    """Drive the inputs every context shares: T, its idle gap, the floor and `now`, `off`
+    later. The model's floor 0 (no change yet) is a retired floor (`floor_live` low, its
+    value any) unless `live`."""
     ctx.set(dut.timeout, timeout)
     ctx.set(dut.idle, max(1, (alpha * timeout) >> 8))
-    ctx.set(dut.floor, floor)
-    ctx.set(dut.now, now)
+    live = live or floor != 0
+    ctx.set(dut.floor_live, live)
+    ctx.set(dut.floor, (floor + off) % WRAP if live else (now + off + 7) % WRAP)
+    ctx.set(dut.now, (now + off) % WRAP)
 
 
-def _got(ctx, dut: PhaseTimer):
+def _got(ctx, dut: PhaseTimer, off: int = 0):
+    """(end tick, reason) if due, the end tick `off` earlier (the model's clock)."""
     if not ctx.get(dut.due):
         return None
-    return ctx.get(dut.end_tick), REASON_NAMES[Reason(ctx.get(dut.reason))]
+    return (ctx.get(dut.end_tick) - off) % WRAP, REASON_NAMES[Reason(ctx.get(dut.reason))]
 
 
 def test_phase_timer_matches_phase_tracker_due():
+    """Every rule, with the clock anywhere (across its wrap too), and the floor live,
+    retired, or 0 and live."""
     rng = np.random.default_rng(1)
-    cases = [_random_tracker(rng) for _ in range(600)]
+    cases = [(*_random_tracker(rng), _offset(rng), rng.random() < 0.5) for _ in range(900)]
     dut = PhaseTimer()
 
     async def bench(ctx):
-        fired = set()
-        for ph, now, timeout, floor, alpha in cases:
+        fired, wrapped = set(), 0
+        for ph, now, timeout, floor, alpha, off, live in cases:
             want = ph.due(now, timeout, floor)
-            _set_phase(ctx, dut, ph)
-            _set_owner(ctx, dut, now, timeout, floor, alpha)
+            _set_phase(ctx, dut, ph, off)
+            _set_owner(ctx, dut, now, timeout, floor, alpha, off, live)
             for _ in range(PhaseTimer.LATENCY):
                 await ctx.tick()
-            assert _got(ctx, dut) == want, (now, timeout, floor, vars(ph))
+            assert _got(ctx, dut, off) == want, (now, timeout, floor, off, vars(ph))
             if want:
                 fired.add(want[1])
+                wrapped += (ph.start or 0) + off < WRAP <= want[0] + off
         assert fired == {"complete", "early", "deadline"}  # every rule was exercised
+        assert wrapped >= 5  # phases that began before the wrap and ended after it
 
     _run(dut, bench)
 
@@ -107,21 +127,21 @@ def test_phase_timer_takes_a_new_context_every_cycle():
         cases = [_random_tracker(rng, alpha) for _ in range(8)]
         now = max(c[1] for c in cases)
         timeout, floor = cases[0][2], cases[0][3]
-        sweeps.append((now, timeout, floor, alpha, [c[0] for c in cases]))
+        sweeps.append((now, timeout, floor, alpha, [c[0] for c in cases], _offset(rng)))
     dut = PhaseTimer()
 
     async def bench(ctx):
         fired, checked = set(), 0
-        for now, timeout, floor, alpha, phases in sweeps:
-            _set_owner(ctx, dut, now, timeout, floor, alpha)
+        for now, timeout, floor, alpha, phases, off in sweeps:
+            _set_owner(ctx, dut, now, timeout, floor, alpha, off)
             wants = []
             for ph in [*phases, *phases[: lat - 1]]:  # again, to push the last ones out
-                _set_phase(ctx, dut, ph)
+                _set_phase(ctx, dut, ph, off)
                 wants.append(ph.due(now, timeout, floor))
                 await ctx.tick()
                 if len(wants) >= lat:  # the output is of the context set lat - 1 ticks ago
                     want = wants[-lat]
-                    assert _got(ctx, dut) == want, (now, timeout, floor)
+                    assert _got(ctx, dut, off) == want, (now, timeout, floor, off)
                     fired.add(want[1] if want else None)
                     checked += 1
         assert checked == 60 * 8
@@ -137,7 +157,7 @@ def test_phase_timer_due_only_follows_active_latency_cycles_before():
     rng = np.random.default_rng(7)
     dut = PhaseTimer()
     lat = PhaseTimer.LATENCY
-    ticks = [0, 1, 99, 100, 500, 600, (1 << 47) + 5]
+    ticks = [0, 1, 99, 100, 500, 600, (1 << 31) + 5, WRAP - 1]
 
     async def bench(ctx):
         hist, violations = [], 0
@@ -192,7 +212,7 @@ def test_tc_estimator_and_median_match_the_model(world, t_c_min):
     for k in range(120):
         at = 10 * k + int(rng.integers(0, 10))
         if rng.random() < 0.3:  # own phase end
-            s = int(rng.choice([0, 1, t_b, int(rng.integers(0, 3 * t_b)), (1 << 40) + 3]))
+            s = int(rng.choice([0, 1, t_b, int(rng.integers(0, 3 * t_b)), WRAP - 1]))
             ops.append(("sample", s, at))
         else:
             r = int(rng.choice([j for j in range(world) if j != rank]))
@@ -216,9 +236,15 @@ def test_tc_estimator_and_median_match_the_model(world, t_c_min):
 
     restarts = {40: t_b // 3 + 7, 80: t_b // 2 + 1}  # op index: a new t_c_init
     back_to_back[min(restarts) - 1] = True  # the first one comes while an op is in flight
+    off = 0 if world == 2 else WRAP - 600  # the owner's clock: from 0, or across its wrap
+
+    def hw_floor(ctx) -> int:
+        """The floor on the model's clock; a retired one is the model's 0 (below all)."""
+        return (ctx.get(dut.floor) - off) % WRAP if ctx.get(dut.floor_live) else 0
 
     async def bench(ctx):
         nonlocal floor, est, table
+        ctx.set(dut.now, off)
         ctx.set(dut.world, world)
         ctx.set(dut.rank, rank)
         ctx.set(dut.t_b, t_b)
@@ -236,18 +262,19 @@ def test_tc_estimator_and_median_match_the_model(world, t_c_min):
                 est = TcEstimator(p.replace(t_c_init_us=init))
                 table, floor = np.full(world, init, dtype=np.int64), 0
                 assert ctx.get(dut.median) == ctx.get(dut.own_tc) == init
-                assert ctx.get(dut.floor) == 0
+                assert hw_floor(ctx) == 0
+            ctx.set(dut.now, (op[-1] + off) % WRAP)  # the owner's now: the op's tick
             if op[0] == "sample":
                 _, s, at = op
                 tc = est.sample(s)
                 if table[rank] != tc:
                     table[rank], floor = tc, at
-                port, pl = dut.sample, {"value": s, "at": at}
+                port, pl = dut.sample, {"value": s, "at": (at + off) % WRAP}
             else:
                 _, r, v, at = op
                 if table[r] != v:
                     table[r], floor = v, at
-                port, pl = dut.update, {"rank": r, "value": v, "at": at}
+                port, pl = dut.update, {"rank": r, "value": v, "at": (at + off) % WRAP}
             ctx.set(port.valid, 1)
             ctx.set(port.payload, pl)
             while not ctx.get(port.ready):
@@ -262,9 +289,52 @@ def test_tc_estimator_and_median_match_the_model(world, t_c_min):
             assert ctx.get(dut.own_tc) == est.tc
             assert ctx.get(dut.median) == int(np.sort(table)[(world - 1) // 2])
             assert ctx.get(dut.timeout) == agreed_timeout(table, t_b)
-            assert ctx.get(dut.floor) == floor
+            assert hw_floor(ctx) == floor
             seen.add(ctx.get(dut.timeout))
         assert len(seen) >= 5  # T really moved
+
+    _run(dut, bench)
+
+
+def test_tc_floor_is_retired_2_30_ticks_after_it_was_set():
+    """A table change across the clock's wrap sets a live floor at its tick; it stays live
+    until 2^30 ticks later on the wrapped clock, then is retired; a restart retires it."""
+    p = NicParams(p=16, b=64, c=256, n_max=8, t_b_us=500)
+    dut = TcEstimatorHw(p)
+    at = WRAP - 3
+
+    async def bench(ctx):
+        ctx.set(dut.world, 3)
+        ctx.set(dut.rank, 0)
+        ctx.set(dut.t_b, 500)
+        ctx.set(dut.now, at)
+        await ctx.tick()
+        assert not ctx.get(dut.floor_live)  # after reset: no change yet
+        ctx.set(dut.update.valid, 1)
+        ctx.set(dut.update.payload, {"rank": 1, "value": 77, "at": at})
+        await ctx.tick()
+        ctx.set(dut.update.valid, 0)
+        ctx.set(dut.now, 5)  # the clock wrapped: 8 ticks later
+        await ctx.tick().until(~dut.busy)
+        await ctx.tick()
+        assert ctx.get(dut.floor_live) and ctx.get(dut.floor) == at
+        ctx.set(dut.now, (at + (1 << 30) - 1) % WRAP)
+        await ctx.tick().repeat(2)
+        assert ctx.get(dut.floor_live)
+        ctx.set(dut.now, (at + (1 << 30)) % WRAP)
+        await ctx.tick().repeat(2)
+        assert not ctx.get(dut.floor_live)
+        ctx.set(dut.update.valid, 1)  # a new change makes it live again, then a restart
+        ctx.set(dut.update.payload, {"rank": 2, "value": 9, "at": (at + (1 << 30)) % WRAP})
+        await ctx.tick()
+        ctx.set(dut.update.valid, 0)
+        await ctx.tick().until(~dut.busy)
+        await ctx.tick()
+        assert ctx.get(dut.floor_live) and ctx.get(dut.floor) == (at + (1 << 30)) % WRAP
+        ctx.set(dut.t_c_init, 123)
+        await ctx.tick().repeat(3)
+        await ctx.tick().until(~dut.busy)
+        assert not ctx.get(dut.floor_live)
 
     _run(dut, bench)
 

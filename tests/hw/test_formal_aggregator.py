@@ -5,8 +5,9 @@ cycles), from reset, at the smallest legal sizes: P = 1, B = 2, C = 4 (4 packets
 op), n_max = 2 (so world = 2), K = 2 (4 contexts, op ids 0..1), lanes = 1, with ticks
 and t_C values built 10 bits wide (`narrow_times`). Every input is free (AnySeq /
 AnyConst) except for the documented input contract, which is assumed:
-  - reset in the first cycle only; configuration static: rank < world = 2, t_b >= 1,
-    1 <= alpha_q8 <= 256;
+  - reset in the first cycle only; configuration static: rank < world = 2,
+    1 <= t_b < 2^6 (the tick contract of hw/deadline.py at 10-bit ticks: t_B below
+    2^(tick bits - 4), as 2^28 at 32), 1 <= alpha_q8 <= 256;
   - valid/ready on `ev` and `i`: once valid, valid and payload hold until ready;
   - every event passed checks 1-28 (docs/protocol.md): op_id in the receive window
     (here op_id < N_OPS <= n_ctx, so no context is reused within the bound),
@@ -117,6 +118,8 @@ def harness(prop: str, variant: str = "holds", mod=aggregator, p: NicParams = P,
         dut.rank.eq(rank), dut.world.eq(world), dut.t_b.eq(t_b), dut.alpha_q8.eq(alpha),
         Assume(world >= 2), Assume(world <= n_max), Assume(rank < world),
         Assume(t_b >= 1), Assume(alpha >= 1), Assume(alpha <= 256),
+        # the tick contract (hw/deadline.py, "Ticks"): t_B < 2^(tick bits - 4)
+        Assume(t_b < (1 << (len(dut.now) - 4))),
     ]  # fmt: skip
 
     # ---- time --------------------------------------------------------------------------
@@ -382,7 +385,7 @@ MUTANTS = {
         {"& (bm_q.bits & who_bit).any()),": "& (bm_q.bits & who_bit).any() & 0),"}
     ),
     "deadline": (  # the deadline anchored one tick after START
-        {"c_anchor[c].eq(ev_now),": "c_anchor[c].eq(ev_now + 1),"}
+        {"*s.cx.begin(c, ev_now, ev_now),": "*s.cx.begin(c, ev_now, ev_now + 1),"}
     ),
 }
 # (prop, variant): "holds" must pass; "mutant" and "no_parser" (the range check without
