@@ -16,7 +16,8 @@ and the in-place result is already in natural order: no bit reversal and all twi
   register files for the delays up to 16 would cost about 800 LUTs and 800 FFs more than LUTRAM.
   A memory's read side is a prefetch pipeline (the memory's own register, then READ_REGS
   more), so that on ECP5 the DP16KD's slow clock-to-out (5.6 ns at speed 6) drives one
-  flip-flop and nothing else: out of context the block meets 125 MHz (docs/gateware.md,
+  flip-flop and nothing else (with READ_REGS = 2 the block met 125 MHz out of context;
+  the core runs at 52.08 MHz, and 1 saves a register a stage; docs/gateware.md,
   "Timing"). The prefetch changes no slot of the schedule, so LATENCY is unchanged.
 * Strides < lanes are plain butterflies across the lanes of one beat, before the output register.
 
@@ -64,8 +65,11 @@ class Fwht(wiring.Component):
     """
 
     MODEL = fwht_blocks
-    # registers on a delay memory's read, the memory's own excluded (rdata is the last)
-    READ_REGS = 2
+    # registers on a delay memory's read, the memory's own excluded (rdata is the last):
+    # the BRAM's clock-to-out drives the head alone, which is enough at the core's
+    # 52.08 MHz (2, a register that only the BRAM drives before the head, gave 125 MHz
+    # out of context; docs/gateware.md, "Timing")
+    READ_REGS = 1
 
     def __init__(self, p: NicParams, width_in: int, *, mem_min_delay: int = 4) -> None:
         if p.lanes > p.b:

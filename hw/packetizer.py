@@ -376,6 +376,8 @@ class Packetizer(wiring.Component):
 
         rd_half = Signal()
         rdst = Signal(w_rank)
+        # the header from the frame's fields as they stand (both hold for the frame): no
+        # register of its 74 bytes
         hdr = Signal(8 * FRAME_HEADER_BYTES)
         k = Signal(range(nb))
         prev = Signal(2 * L * p.w_wire)
@@ -413,6 +415,7 @@ class Packetizer(wiring.Component):
         assert nb >= 2
         ck = Signal(16)
         m.d.sync += ck.eq(self._ip_checksum(sel.rank, rdst))
+        m.d.comb += hdr.eq(Cat(*self._header_bytes(sel, rdst, ck)))
         nd_r = Signal(w_rank)
         nd_ok = Signal()
         nd1 = rdst + 1
@@ -428,8 +431,7 @@ class Packetizer(wiring.Component):
             with m.State("PREP0"):
                 m.next = "PREP"
             with m.State("PREP"):
-                # header of the next frame, and the first buffer word read ahead
-                m.d.sync += hdr.eq(Cat(*self._header_bytes(sel, rdst, ck)))
+                # the first buffer word read ahead
                 m.d.comb += [s.rp.addr.eq(Cat(Const(0, s.w_word), rd_half)), s.rp.en.eq(1)]
                 m.next = "EMIT"
             with m.State("EMIT"):
