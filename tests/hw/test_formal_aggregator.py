@@ -341,8 +341,7 @@ def harness(prop: str, variant: str = "holds", mod=aggregator, p: NicParams = P,
 # A started phase past its deadline ends within DEADLINE_BOUND cycles: the rest of the
 # event in progress, then the settle count and the three states of an end. The worst case
 # by hand, with the control registered a state ahead (settle 11 with a timer per context;
-# 14 with one timer of five stages over the four contexts, 11 with two stages; the bound
-# was set at 14 and kept): the t_C estimator goes idle in a scatter
+# 14 now, one timer over the four contexts): the t_C estimator goes idle in a scatter
 # frame's peer scan, then the scan's rest, LATE, ROW_*, the payload, POST (SETTLE), IDLE
 # and FIRE x 3, about 28-30 cycles (the count restarts while the estimator is busy). 30
 # fails at depth 60 (it held at 54 with a timer per context), 33 at 63; 36 holds at 63
