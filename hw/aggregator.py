@@ -43,7 +43,8 @@ end tick, the T in force, and received/expected packet counts (the model's
 OpStats.phase1_*), then the op's owned slots in index order on `o` (P elements
 each, first/last per slot) with `o_op`, `o_index`, `o_count` (contributors,
 own included) valid on every beat. Counters `cnt_rx`, `cnt_duplicate`, `cnt_late`
-are the model's rx_scatter / duplicate / late for scatter frames.
+are the model's rx_scatter / duplicate / late for scatter frames, each with a strobe
+(`inc_*`) in the cycle it moves (hw/event_counts.py).
 
 Structure. One control FSM owns the per-op contexts (registers), the per-sender
 table (BRAM) and the slot bitmaps (BRAM) and handles one event at a time; the
@@ -79,6 +80,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from optireduce.hw import event_counts
 from optireduce.hw.deadline import TICK_BITS, PhaseContexts, Reason, Settle
 from optireduce.hw.mean_readout import MeanReadout
 from optireduce.hw.peer_progress import PeerProgress, peer_layout
@@ -166,9 +168,7 @@ class Aggregator(wiring.Component):
                 # status
                 "timeout": Out(32),
                 "own_tc": Out(TC_BITS),
-                "cnt_rx": Out(32),
-                "cnt_duplicate": Out(32),
-                "cnt_late": Out(32),
+                **event_counts.ports(),  # rx / duplicate / late: counts and strobes
             }
         )
 
@@ -275,12 +275,8 @@ class Aggregator(wiring.Component):
         m.d.sync += self.end_valid.eq(0)  # end report (one-cycle strobe)
 
         # counters
-        s.cnt_rx, s.cnt_dup, s.cnt_late = Signal(32), Signal(32), Signal(32)
-        m.d.comb += [
-            self.cnt_rx.eq(s.cnt_rx),
-            self.cnt_duplicate.eq(s.cnt_dup),
-            self.cnt_late.eq(s.cnt_late),
-        ]
+        s.counts = event_counts.EventCounts(m)
+        s.counts.drive(m, self)
         return s
 
     def _control(self, m: Module, s: SimpleNamespace) -> None:
@@ -329,7 +325,7 @@ class Aggregator(wiring.Component):
         with m.State("LOOKUP"):
             with m.If(~s.hits.bit_select(c, 1)):
                 # claim the context: its previous op is done (and read out)
-                m.d.sync += [*s.cx.claim(c, ev.op_id, s.ev_now), s.clr.eq(0)]
+                m.d.sync += [*s.cx.claim(c, ev.op_id), s.clr.eq(0)]
                 # slots owned: (n_packets - 1 - rank) // world + 1, divided while clearing
                 m.d.sync += s.mine_pending.eq(s.n_pk_r > self.rank)
                 m.d.comb += [
@@ -429,7 +425,7 @@ class Aggregator(wiring.Component):
             with m.If(s.c_ended[c]):
                 # the peer-progress and t_C changes before: settle from here on
                 m.d.sync += [
-                    s.cnt_late.eq(s.cnt_late + 1),
+                    *s.counts.step("late"),
                     s.drop.eq(1),
                     s.beat.eq(0),
                     s.settle.restart(),
@@ -468,7 +464,7 @@ class Aggregator(wiring.Component):
                 s.settle.restart(),
             ]
             with m.If(dup):
-                m.d.sync += [s.cnt_dup.eq(s.cnt_dup + 1), s.drop.eq(1)]
+                m.d.sync += [*s.counts.step("duplicate"), s.drop.eq(1)]
             with m.Else():
                 m.d.sync += [
                     s.bm_wr.addr.eq(Cat(row, c)),
@@ -486,7 +482,7 @@ class Aggregator(wiring.Component):
                     ]
                     m.d.sync += [
                         s.accepted.eq(1),
-                        s.cnt_rx.eq(s.cnt_rx + 1),
+                        *s.counts.step("rx"),
                         *s.cx.arrival(c, ev_now),
                     ]
                     with m.If(last_new):

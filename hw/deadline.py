@@ -5,8 +5,8 @@ keeps, per context, what the tracker keeps (start, anchor, last arrival, last
 "gone" tick) and, instead of per-sender vectors, three incrementally maintained
 facts: every expected packet is in, every sender still owing is gone, every
 expected sender's LAST is in. This block turns them and the live T into
-(due, end tick, reason): the base tick and anchor + T registered, then the candidate
-end ticks, then compared with the live `now` (PhaseTimer.LATENCY = 5 register stages);
+(due, end tick, reason): the base tick, the deadline and base + idle registered, then
+the early end and the rule, then compared with the live `now` (PhaseTimer.LATENCY = 2);
 `PhaseContexts` runs one timer over its contexts in turn and registers the results; the
 blocks settle `settle_cycles(n_ctx)` cycles after every change.
 
@@ -24,10 +24,9 @@ numbers (as TCP's sequence numbers), compared by the sign of their difference
 two ticks less than 2^31 apart, and every pair the blocks compare is, by three rules:
   - a phase lasts less than 2^29 ticks: T <= t_B < 2^28 (NicParams.t_b_us, the CSR
     register's width), phase 1 ends by start + T, phase 2 by p1_start + t1 + T;
-  - a context's ticks are set when it is claimed (to the claim's tick, not 0), and its
-    begin sets start, and moves the arrival and "gone" ticks taken before it to start
-    (the model's max(start, ...) takes start for them): an active phase's ticks are
-    all in [start, now];
+  - a context's begin sets start and anchor, and moves the arrival and "gone" ticks
+    taken before it to start (the model's max(start, ...) takes start for them): an
+    active phase's ticks are all in [start, now], however long its context waited;
   - the t_C floor, the only tick kept across ops, is retired (`floor_live` low) once it
     is 2^30 ticks old: by then every live phase began after it, and max(x, floor) = x.
 One 32-bit tick is half the carry chains and flip-flops of the 48-bit ones before it
@@ -106,16 +105,17 @@ class PhaseTimer(wiring.Component):
     (`reason` is NONE for an inactive phase).
     """
 
-    # For 125 MHz every tick compare or add has a register stage of its own, and a mux
-    # one level of logic: LATENCY register stages from the inputs, then the end tick of
-    # the rule is compared with the live `now` (the owner registers the outputs). One timer
+    # Two register stages at the core's 52.08 MHz, two carry chains and their muxes
+    # each (it had five at 125 MHz, a chain each: 400 flip-flops more per timer), then
+    # the rule's end tick is compared with the live `now` (the owner registers the
+    # outputs). One timer
     # serves every context of an owner in turn (`PhaseContexts.evaluate`), so the inputs
     # of one context may follow those of another in the next cycle: each per-context value
     # travels with its context from stage to stage, flags included ("due" only ever follows
     # an `active` LATENCY cycles before; the cut timers of the formal harness assume it).
     # `timeout`, `idle` and `floor` are the owner's, the same for every context: they are
     # read where they are used, and the owner settles after they change.
-    LATENCY = 5
+    LATENCY = 2
 
     def __init__(self) -> None:
         t = TICK_BITS
@@ -156,40 +156,29 @@ class PhaseTimer(wiring.Component):
             return ~self.floor_live | tick_before(floor, x)
 
         flags = Cat(self.active, self.all_in, self.in_or_gone, self.all_flagged)
-        # stage 0: arrival after start? anchor + T
-        arr_gt = stage("arr_gt", self.has_arrival & tick_before(self.start, self.last_arrival), 1)
-        arr0, start0 = stage("arr0", self.last_arrival), stage("start0", self.start)
-        dl_sum = stage("dl_sum", tick_sum(self.anchor, self.timeout))
-        gone0, f0 = stage("gone0", self.last_gone), stage("f0", flags, 4)
-        # stage 1: the base tick (start or last arrival); anchor + T against the floor
-        base1 = stage("base1", Mux(arr_gt, arr0, start0))
-        dl_gt = stage("dl_gt", above_floor(dl_sum), 1)
-        dl_sum1 = stage("dl_sum1", dl_sum)
-        gone1, f1 = stage("gone1", gone0), stage("f1", f0, 4)
-        # stage 2: the deadline; base + idle; base against the last gone tick
-        deadline2 = stage("deadline2", Mux(dl_gt, dl_sum1, floor))
-        e_sum2 = stage("e_sum2", tick_sum(base1, self.idle))
-        gone_gt = stage("gone_gt", tick_before(gone1, base1), 1)
-        base2, gone2, f2 = stage("base2", base1), stage("gone2", gone1), stage("f2", f1, 4)
-        # stage 3: base + idle against the floor; does the early end beat the deadline
-        # (max(e_sum, floor) < deadline <=> both are)
-        early_gt = stage("early_gt", above_floor(e_sum2), 1)
-        beats = stage("beats", tick_before(e_sum2, deadline2) & above_floor(deadline2), 1)
-        gone_end3 = stage("gone_end3", Mux(gone_gt, base2, gone2))
-        e_sum3, deadline3 = stage("e_sum3", e_sum2), stage("deadline3", deadline2)
-        base3, f3 = stage("base3", base2), stage("f3", f2, 4)
-        active, all_in, in_or_gone, all_flagged = f3
-        # stage 4: the early end tick; which rule decides; the end when it is due now
-        early = stage("early4", Mux(early_gt, e_sum3, floor))
-        deadline = stage("deadline4", deadline3)
+        # stage A: the base tick (start or last arrival); the deadline max(anchor + T,
+        # floor); base + idle; the "gone" end max(base, last gone)
+        arr_gt = self.has_arrival & tick_before(self.start, self.last_arrival)
+        base_c = Mux(arr_gt, self.last_arrival, self.start)
+        dl_sum = tick_sum(self.anchor, self.timeout)
+        gone_c = Mux(tick_before(self.last_gone, base_c), base_c, self.last_gone)
+        deadline_a = stage("deadline_a", Mux(above_floor(dl_sum), dl_sum, floor))
+        e_sum = stage("e_sum_a", tick_sum(base_c, self.idle))
+        base, gone_end = stage("base_a", base_c), stage("gone_end_a", gone_c)
+        active, all_in, in_or_gone, all_flagged = stage("flags_a", flags, 4)
+        # stage B: the early end max(base + idle, floor); does it beat the deadline
+        # (max(e_sum, floor) < deadline <=> both are); the end if all are in or gone
+        early = stage("early_b", Mux(above_floor(e_sum), e_sum, floor))
+        deadline = stage("deadline_b", deadline_a)
+        beats = tick_before(e_sum, deadline_a) & above_floor(deadline_a)
         use_early = stage("use_early", all_flagged & beats, 1)
-        fixed = stage("fixed", Mux(all_in, base3, gone_end3))  # all in, or in or gone
+        fixed = stage("fixed", Mux(all_in, base, gone_end))  # all in, or in or gone
         settled_in = all_in | in_or_gone
         imm = stage("imm", active & settled_in, 1)  # due whatever the clock
         wait = stage("wait", active & ~settled_in, 1)
         imm_reason = stage("imm_reason", Mux(all_in, Reason.COMPLETE, Reason.EARLY), 2)
-        # then against the live clock (both compares at once, the rule picks one); the end
-        # tick and reason do not wait for the compare (they mean something while `due`)
+        # then the rule's end tick against the live clock; the end tick and reason do not
+        # wait for the compare (they mean something while `due`)
         reached = ~tick_before(self.now, Mux(use_early, early, deadline))
         m.d.comb += [
             self.due.eq(imm | (wait & reached)),
@@ -203,14 +192,14 @@ class PhaseTimer(wiring.Component):
 
 
 # Cycles from a change (with the t_C estimator idle) to a trustworthy end evaluation
-# and pick: T, the idle gap's two steps (2 cycles to spare: stage 2 reads it), the turn's
+# and pick: T, the idle gap's two steps (the timer's first stage reads it), the turn's
 # wait (n_ctx - 1) at the shared PhaseTimer, its stages, the due registers, pick_first.
 PICK_LATENCY = 2  # cycles from stable `eligible` and keys to a valid `pick_first`
 
 
 def settle_cycles(n_ctx: int) -> int:
     """Cycles an owner waits after a change before it trusts its end evaluation and picks."""
-    return 2 + IDLE_LATENCY + (n_ctx - 1) + PhaseTimer.LATENCY + PICK_LATENCY  # 14 at 4
+    return 2 + IDLE_LATENCY + (n_ctx - 1) + PhaseTimer.LATENCY + PICK_LATENCY  # 11 at 4
 
 
 class Settle:
@@ -261,16 +250,15 @@ class PhaseContexts:
     def fields(self) -> tuple:
         return tuple(getattr(self, f) for f in self.FIELDS)
 
-    def claim(self, c, op_id, now) -> list:
-        """Statements that give context `c` to op `op_id` at tick `now`: valid, not begun,
-        nothing in (the per-sender counts are the owner's to set once it knows the op's
-        size); its ticks are `now`, a recent tick (module docstring, "Ticks")."""
+    def claim(self, c, op_id) -> list:
+        """Statements that give context `c` to op `op_id`: valid, not begun, nothing in
+        (the per-sender counts are the owner's to set once it knows the op's size; its
+        ticks mean nothing before `begin` sets them)."""
         return [
             self.valid[c].eq(1),
             self.op[c].eq(op_id),
             *(getattr(self, f)[c].eq(0) for f in ("begun", "ended", "has_arr", "recv")),
-            *(getattr(self, f)[c].eq(now) for f in ("last_arr", "last_gone", "start", "anchor")),
-        ]  # fmt: skip
+        ]
 
     def begin(self, c, start, anchor) -> list:
         """Statements that begin context `c`'s phase at tick `start`, with its deadline

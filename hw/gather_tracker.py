@@ -73,6 +73,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from optireduce.host.model.nic_model import NicModel
+from optireduce.hw import event_counts
 from optireduce.hw.deadline import TICK_BITS, PhaseContexts, Reason, Settle, tick_before, tick_sum
 from optireduce.hw.peer_progress import PeerProgress, peer_layout
 from optireduce.hw.serial_divider import SerialDivider
@@ -122,7 +123,7 @@ class GatherTracker(wiring.Component):
     LATENCY: cycles from taking a GATHER event (ev.valid & ev.ready) to its verdict
     strobe, no context to claim and no phase due: n_ctx + 9 (13 at K = 2); the next
     event is taken after the end evaluation settles (deadline.settle_cycles) and its picks
-    (about 2 n_ctx + 15 cycles per event). The first event of an
+    (2 n_ctx + 18 cycles per event). The first event of an
     op claims its context: max(n_max, c/p) + about 10 cycles more.
     MODEL: host/model/nic_model.py NicModel phase 2 (_accept, _peer_progress, _end_phase2).
     """
@@ -164,9 +165,7 @@ class GatherTracker(wiring.Component):
                 # status
                 "timeout": Out(32),
                 "own_tc": Out(TC_BITS),
-                "cnt_rx": Out(32),
-                "cnt_duplicate": Out(32),
-                "cnt_late": Out(32),
+                **event_counts.ports(),  # rx / duplicate / late: counts and strobes
             }
         )
 
@@ -256,12 +255,8 @@ class GatherTracker(wiring.Component):
         s.idle_found, s.idle_pick, s.post_found, s.post_pick = cx.picks(m, s.due, s.due_end, s.done)
         s.fire_c, s.ret_post, s.post_b = cx.fire_c, cx.ret_post, cx.post_b
 
-        s.cnt_rx, s.cnt_dup, s.cnt_late = Signal(32), Signal(32), Signal(32)
-        m.d.comb += [
-            self.cnt_rx.eq(s.cnt_rx),
-            self.cnt_duplicate.eq(s.cnt_dup),
-            self.cnt_late.eq(s.cnt_late),
-        ]
+        s.counts = event_counts.EventCounts(m)
+        s.counts.drive(m, self)
         m.d.sync += [self.end_valid.eq(0), self.verdict_valid.eq(0)]
         return s
 
@@ -304,7 +299,7 @@ class GatherTracker(wiring.Component):
         with m.State("LOOKUP"):
             with m.If(~s.hits.bit_select(c, 1)):
                 # claim the context: the op it held is done (the receive window)
-                m.d.sync += [*s.cx.claim(c, ev.op_id, s.ev_now), s.clr.eq(0)]
+                m.d.sync += [*s.cx.claim(c, ev.op_id), s.clr.eq(0)]
                 m.d.comb += [s.div.go.eq(1), s.div.num.eq(s.n_pk_r)]  # n_packets divmod world
                 m.next = "CLEAR"
             with m.Else():
@@ -421,7 +416,7 @@ class GatherTracker(wiring.Component):
             m.d.sync += [exp_r.eq(s.exp_e - 1), exp_z.eq(s.exp_e == 0)]
             with m.If(s.c_ended[c]):
                 m.d.sync += [
-                    s.cnt_late.eq(s.cnt_late + 1),
+                    *s.counts.step("late"),
                     self.verdict_valid.eq(1),
                     self.verdict.eq(Verdict.LATE),
                     self.verdict_op.eq(ev.op_id),
@@ -443,7 +438,7 @@ class GatherTracker(wiring.Component):
                 s.settle.restart(),
             ]
             with m.If(hv_q):
-                m.d.sync += [s.cnt_dup.eq(s.cnt_dup + 1), self.verdict.eq(Verdict.DUPLICATE)]
+                m.d.sync += [*s.counts.step("duplicate"), self.verdict.eq(Verdict.DUPLICATE)]
             with m.Else():
                 m.d.sync += [
                     s.hv_wr.addr.eq(Cat(ev.pkt_index[:ib], c)),
@@ -458,7 +453,7 @@ class GatherTracker(wiring.Component):
                 m.d.sync += [
                     self.verdict.eq(Verdict.ACCEPT),
                     s.accepted.eq(1),
-                    s.cnt_rx.eq(s.cnt_rx + 1),
+                    *s.counts.step("rx"),
                     *s.cx.arrival(c, ev_now),
                 ]
                 with m.If(ev.last & ~pm_q.flagged):

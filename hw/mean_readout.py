@@ -106,7 +106,6 @@ class MeanReadout(wiring.Component):
         ro_beat = Signal(bb + 1)
         ro_idx = Signal(range(self.npk_max + p.n_max + 1))
         ro_n = Signal(range(p.n_max + 1))
-        ro_rec = Signal(rec_w)
         adv = Signal()
         issue = Signal()
         m.d.comb += [adv.eq(~self.o.valid | self.o.ready), self.ctx.eq(ro_c)]
@@ -131,7 +130,6 @@ class MeanReadout(wiring.Component):
             with m.State("COUNT"):
                 m.d.sync += [
                     ro_n.eq(self.bm_count),
-                    ro_rec.eq(recips[self.bm_count]),
                     ro_beat.eq(0),
                 ]
                 m.next = "STREAM"
@@ -147,7 +145,7 @@ class MeanReadout(wiring.Component):
             self.acc_issue.eq(issue),
             self.acc_addr.eq(Cat(ro_beat[:bb], ro_row[:rb], ro_c)),
         ]
-        s1 = self._means(m, adv, rec_w)
+        s1 = self._means(m, adv, recips)
         m.d.comb += self.busy.eq(~ro.ongoing("IDLE") | s1.v)
         with m.If(adv):
             m.d.sync += [
@@ -155,13 +153,12 @@ class MeanReadout(wiring.Component):
                 s1.first.eq(ro_beat == 0),
                 s1.last.eq(ro_beat == beats - 1),
                 s1.n.eq(ro_n),
-                s1.rec.eq(ro_rec),
                 s1.op.eq(self.op),
                 s1.idx.eq(ro_idx),
             ]
         return m
 
-    def _means(self, m: Module, adv, rec_w: int):
+    def _means(self, m: Module, adv, recips: Array):
         """The pipeline from the accumulator word to `o`; returns its first stage's
         registers (the word's facts, loaded by the caller as the read is issued)."""
         p, w_acc, lanes = self.p, self.w_acc, self.p.lanes
@@ -172,7 +169,6 @@ class MeanReadout(wiring.Component):
                 "first": 1,
                 "last": 1,
                 "n": range(p.n_max + 1),
-                "rec": rec_w,
                 "op": 32,
                 "idx": range(self.npk_max),
             }
@@ -210,7 +206,8 @@ class MeanReadout(wiring.Component):
                 ]
                 m.d.sync += [negs[0].eq(neg2[k]), *(negs[d].eq(negs[d - 1]) for d in
                                                     range(1, wmul.LATENCY))]  # fmt: skip
-            prod = wmul.wide_multiply(m, num2[k], s2.rec, adv, name=f"prod_{k}")
+            # the reciprocal looked up where the product takes it (not carried from s1)
+            prod = wmul.wide_multiply(m, num2[k], recips[s2.n], adv, name=f"prod_{k}")
             q_mag = prod >> s_shift
             with m.If(adv):
                 m.d.sync += self.o.payload.data[k].eq(Mux(negs[-1], -q_mag, q_mag))

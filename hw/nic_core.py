@@ -896,13 +896,10 @@ class NicCore(wiring.Component):
     def _counters(self, m: Module, s: SimpleNamespace) -> None:
         """Counters into the CSR bank: several strobes in one cycle are all kept."""
         csr, agg, trk = s.csr, s.agg, s.trk
-        s.incs["rx_scatter"].append(_delta(m, agg.cnt_rx, "rx_scatter_a"))
-        s.incs["rx_gather"].append(_delta(m, trk.cnt_rx, "rx_gather_t"))
-        s.incs["late"] += [_delta(m, agg.cnt_late, "late_a"), _delta(m, trk.cnt_late, "late_t")]
-        s.incs["duplicate"] += [
-            _delta(m, agg.cnt_duplicate, "dup_a"),
-            _delta(m, trk.cnt_duplicate, "dup_t"),
-        ]
+        s.incs["rx_scatter"].append(agg.inc_rx)
+        s.incs["rx_gather"].append(trk.inc_rx)
+        s.incs["late"] += [agg.inc_late, trk.inc_late]
+        s.incs["duplicate"] += [agg.inc_duplicate, trk.inc_duplicate]
         # every strobe is registered first: the events come from deep in the blocks, the
         # counters sit in one bank (125 MHz); a count lands one cycle later
         for name in ALL_COUNTERS:
@@ -960,12 +957,3 @@ class NicCore(wiring.Component):
         with m.Elif(hold != IDLE_HOLD):
             m.d.sync += hold.eq(hold + 1)
         m.d.comb += self.idle.eq(no_work & (hold == IDLE_HOLD))
-
-
-def _delta(m: Module, counter, name: str) -> Signal:
-    """A strobe each cycle a (monotonic, +1 per cycle at most) counter moved."""
-    prev = Signal(len(counter), name=f"prev_{name}")
-    strobe = Signal(name=f"inc_{name}")
-    m.d.sync += prev.eq(counter)
-    m.d.comb += strobe.eq(counter != prev)
-    return strobe

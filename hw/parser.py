@@ -291,6 +291,14 @@ class Parser(wiring.Component):
             & (self.world > r)
             for r in range(p.n_max)
         )
+        # V1 reads the UBT header from the captured bytes themselves when the next frame
+        # cannot have overwritten them by then: its first beat (at most, in V0's cycle)
+        # writes bytes 0..nbytes-1 only (no 256-bit register at 8 bytes a beat)
+        ubt_hdr = wire_to_header(s.hb[ubt.L2_L4_LEN : PAYLOAD_OFF])
+        if self.nbytes <= ubt.L2_L4_LEN:
+            m.d.comb += s.v0_hdr.eq(ubt_hdr)
+        else:
+            m.d.sync += s.v0_hdr.eq(ubt_hdr)
         m.d.sync += [
             s.v0.eq(s.done),
             s.v0_len.eq(s.done_len),
@@ -311,7 +319,6 @@ class Parser(wiring.Component):
                     be(ip0 + ubt.IP_LEN + 2, 2) != p.udp_port,
                 )
             ),
-            s.v0_hdr.eq(wire_to_header(s.hb[ubt.L2_L4_LEN : PAYLOAD_OFF])),
             s.v0_rank.eq(self.rank),
             s.v0_world.eq(self.world),
             s.v0_base.eq(self.base),

@@ -187,17 +187,17 @@ class TcEstimator(wiring.Component):
                 with m.Elif(self.sample.valid):
                     m.d.sync += [smp.eq(self.sample.payload.value), at.eq(self.sample.payload.at)]
                     m.next = "EWMA"
-            # the EWMA in registered steps (125 MHz, a carry chain each): error, its
-            # magnitude, mean and deviation, t_C, the clamp's compares, the clamp
+            # the EWMA in steps: error, mean and deviation, t_C's clamp compares, the clamp.
+            # Its magnitude and t_C are not registered (the core's 52 MHz allows two carry
+            # chains a step); their states stay, so that OWN_LATENCY holds
             err = Signal(signed(wide + 1))
-            abs_err = Signal(wide + 1)
+            abs_err = Mux(err < 0, -err, err)
             mean_n = Signal(signed(wide))
             dev_n = Signal(signed(wide))
             with m.State("EWMA"):
                 m.d.sync += err.eq(smp - mean)
                 m.next = "EWMA_ABS"
             with m.State("EWMA_ABS"):
-                m.d.sync += abs_err.eq(Mux(err < 0, -err, err))
                 m.next = "EWMA_MD"
             with m.State("EWMA_MD"):
                 with m.If(~have):
@@ -209,8 +209,8 @@ class TcEstimator(wiring.Component):
                     ]
                 m.next = "EWMA_TC"
             tc_w = Signal(signed(wide + 6))
+            m.d.comb += tc_w.eq(mean_n + dev_n * p.tc_dev_mult)
             with m.State("EWMA_TC"):
-                m.d.sync += tc_w.eq(mean_n + dev_n * p.tc_dev_mult)
                 m.next = "EWMA_CLAMP"
             lo = self.t_c_min  # the model clamps at t_c_min, not 1
             below_lo, above_tb = Signal(), Signal()
