@@ -57,6 +57,24 @@ def tick_sum(a, b) -> Value:
     return (a + b)[:TICK_BITS]
 
 
+def op_order_bits(n_ctx: int) -> int:
+    """Low bits of an op id that order two ops of one receive window (`op_at_most`)."""
+    return (n_ctx - 1).bit_length() + 2
+
+
+def op_at_most(a, b, n_ctx: int) -> Value:
+    """Op `a` <= op `b`, for two ops less than 2 * n_ctx apart, from their low
+    `op_order_bits(n_ctx)` bits: the sign of b - a, as the ticks' serial order.
+
+    Every op an owner orders is so: a context whose phase has not ended holds an op not
+    done, in the receive window [base, base + 2K) (n_ctx >= 2K), and an event's op,
+    less K, is in [base - K, base + K). A 32-bit compare was a carry chain per pair of
+    contexts in each owner's picks, and one per context for the sender's finished ops.
+    """
+    w = op_order_bits(n_ctx)
+    return ~(b[:w] - a[:w])[w - 1]
+
+
 # Other compares are written as `<` and `>=` only: yosys maps those to a CCU2C carry chain
 # alone, but `>` and `<=` to the chain and an equality tree beside it (three more logic
 # levels; docs/gateware.md, "Timing"). A tick compare is one subtraction's sign bit.
@@ -284,7 +302,7 @@ class PhaseContexts:
         """(hits, done), a bit per context; set by `take_event` and `mark_done`."""
         self.hits = Signal(self.n_ctx, name="hits")
         self.done = Signal(self.n_ctx, name="done")
-        self._op_k = Signal(32, name="op_k")  # op id - K
+        self._op_k = Signal(op_order_bits(self.n_ctx), name="op_k")  # op id - K, low bits
         self._op_k_ok = Signal(name="op_k_ok")  # op id >= K
         return self.hits, self.done
 
@@ -299,7 +317,8 @@ class PhaseContexts:
 
     def mark_done(self, m: Module) -> list:
         """In a state after the claim: registers `done`; returns its terms, per context."""
-        fin = [self._op_k_ok & (self._op_k >= self.op[k]) for k in range(self.n_ctx)]
+        n = self.n_ctx
+        fin = [self._op_k_ok & op_at_most(self.op[k], self._op_k, n) for k in range(n)]
         m.d.sync += self.done.eq(Cat(fin))
         return fin
 
@@ -370,12 +389,13 @@ class PhaseContexts:
         op, n = self.op, self.n_ctx
 
         def by_time(i, j):  # end tick, then op: each compare registered on its own
-            return (tick_before(due_end[i], due_end[j]), due_end[i] == due_end[j], op[j] >= op[i])
+            return (tick_before(due_end[i], due_end[j]), due_end[i] == due_end[j],
+                    op_at_most(op[i], op[j], n))  # fmt: skip
 
         idle_found, idle_pick = pick_first(m, "pick_idle", list(due), by_time)
         self.post_found, self.post_pick = pick_first(
             m, "pick_post", [due[k] & done[k] for k in range(n)],
-            lambda i, j: (op[j] >= op[i],),
+            lambda i, j: (op_at_most(op[i], op[j], n),),
         )  # fmt: skip
         return idle_found, idle_pick, self.post_found, self.post_pick
 

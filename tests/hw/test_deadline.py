@@ -432,3 +432,36 @@ def test_idle_gap_is_the_models_floored_product():
             assert ctx.get(dut.gap) == max(1, (a * t) >> 8) % (1 << 33), (a, t)
 
     _run(dut, bench)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_op_order_matches_integer_order_inside_the_receive_window(k):
+    """op_at_most against `<=` on the op ids themselves, for every pair an owner orders:
+    a context's op in [base, base + 2K) against another such op or an event's op - K in
+    [base - K, base + K), with base anywhere, near 0 and across the 32-bit wrap."""
+    from amaranth import Module, Signal
+
+    from optireduce.hw.deadline import op_at_most
+
+    n_ctx = 1 << (2 * k - 1).bit_length()
+    m = Module()
+    a, b, le = Signal(32), Signal(32), Signal()
+    m.d.comb += le.eq(op_at_most(a, b, n_ctx))
+    rng = np.random.default_rng(k)
+    bases = [k, 2 * k, int(rng.integers(0, WRAP)), WRAP - 1, WRAP - 2 * k]
+    pairs = []
+    for base in bases:
+        ctx_ops = range(base, base + 2 * k)
+        peer_ops = range(base - k, base + k)
+        pairs += [(x, y) for x in ctx_ops for y in [*ctx_ops, *peer_ops]]
+        pairs += [(y, x) for x in ctx_ops for y in ctx_ops]
+    got = []
+
+    async def bench(ctx):
+        for x, y in pairs:
+            ctx.set(a, x % WRAP)
+            ctx.set(b, y % WRAP)
+            got.append(ctx.get(le))
+
+    _run(m, bench, clock=False)
+    assert got == [int(x <= y) for x, y in pairs]
