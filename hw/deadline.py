@@ -307,10 +307,14 @@ class PhaseContexts:
         return self.hits, self.done
 
     def take_event(self, m: Module, op_id, ops_in_flight: int) -> None:
-        """In the state after taking an event: each context's op against its op id."""
-        n = self.n_ctx
+        """In the state after taking an event: each context's op against its op id, by
+        their low bits: the event's op is in the window [base, base + 2K), and a valid
+        context holds an op >= base - n_ctx (every op below base had its events here, in
+        its context, and a claim never goes back), so the two differ by less than
+        2 n_ctx (op_at_most)."""
+        n, w = self.n_ctx, op_order_bits(self.n_ctx)
         m.d.sync += [
-            self.hits.eq(Cat(self.valid[k] & (self.op[k] == op_id) for k in range(n))),
+            self.hits.eq(Cat(self.valid[k] & (self.op[k][:w] == op_id[:w]) for k in range(n))),
             self._op_k.eq(op_id - ops_in_flight),
             self._op_k_ok.eq(op_id >= ops_in_flight),
         ]
