@@ -67,9 +67,12 @@ def op_at_most(a, b, n_ctx: int) -> Value:
     `op_order_bits(n_ctx)` bits: the sign of b - a, as the ticks' serial order.
 
     Every op an owner orders is so: a context whose phase has not ended holds an op not
-    done, in the receive window [base, base + 2K) (n_ctx >= 2K), and an event's op,
-    less K, is in [base - K, base + K). A 32-bit compare was a carry chain per pair of
-    contexts in each owner's picks, and one per context for the sender's finished ops.
+    done, in the receive window [base, base + 2K) (n_ctx >= 2K), and an event's op is in
+    [base - K - 1, base + 2K) (base may pass it while the event waits: a START can slip
+    in after a frame was judged), so op - K is in [base - 2K - 1, base + K): b - a is in
+    [-4K, 2K), and -4K >= -2 n_ctx is still read right. A 32-bit compare was a carry
+    chain per pair of contexts in each owner's picks, and one per context for the
+    sender's finished ops.
     """
     w = op_order_bits(n_ctx)
     return ~(b[:w] - a[:w])[w - 1]
@@ -308,10 +311,10 @@ class PhaseContexts:
 
     def take_event(self, m: Module, op_id, ops_in_flight: int) -> None:
         """In the state after taking an event: each context's op against its op id, by
-        their low bits: the event's op is in the window [base, base + 2K), and a valid
-        context holds an op >= base - n_ctx (every op below base had its events here, in
-        its context, and a claim never goes back), so the two differ by less than
-        2 n_ctx (op_at_most)."""
+        their low bits: the event's op is in [base - K - 1, base + 2K) (op_at_most), and a
+        valid context holds an op >= base - n_ctx (every op below base had its events
+        here, in its context, and a claim never goes back), so the two differ by less
+        than 4 n_ctx, the span of op_order_bits."""
         n, w = self.n_ctx, op_order_bits(self.n_ctx)
         m.d.sync += [
             self.hits.eq(Cat(self.valid[k] & (self.op[k][:w] == op_id[:w]) for k in range(n))),

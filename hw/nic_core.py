@@ -249,10 +249,11 @@ class NicCore(wiring.Component):
         w_op = op_order_bits(n_ctx)
 
         def holds(op_id):
-            """Op `op_id`'s context slot holds it. Every op asked about is in the window
-            [base, base + 2K), and a slot holds an op >= base - n_ctx (every op below
-            base made a context in its slot, and a maker never goes back), so the two
-            differ by less than 2 n_ctx: their low bits tell (hw/deadline.py, op_at_most)."""
+            """Op `op_id`'s context slot holds it. Every op asked about is in
+            [base - K - 1, base + 2K) (hw/deadline.py, op_at_most), and a slot holds an op
+            >= base - n_ctx (every op below base made a context in its slot, and a maker
+            never goes back), so the two differ by less than 4 n_ctx: the low
+            op_order_bits tell."""
             k = slot_of(op_id)
             return c_valid[k] & (s.c_op[k][:w_op] == op_id[:w_op])
 

@@ -438,7 +438,7 @@ def test_idle_gap_is_the_models_floored_product():
 def test_op_order_matches_integer_order_inside_the_receive_window(k):
     """op_at_most against `<=` on the op ids themselves, for every pair an owner orders:
     a context's op in [base, base + 2K) against another such op or an event's op - K in
-    [base - K, base + K), with base anywhere, near 0 and across the 32-bit wrap."""
+    [base - 2K - 1, base + K), with base anywhere, near 0 and across the 32-bit wrap."""
     from amaranth import Module, Signal
 
     from optireduce.hw.deadline import op_at_most
@@ -452,7 +452,7 @@ def test_op_order_matches_integer_order_inside_the_receive_window(k):
     pairs = []
     for base in bases:
         ctx_ops = range(base, base + 2 * k)
-        peer_ops = range(base - k, base + k)
+        peer_ops = range(base - 2 * k - 1, base + k)
         pairs += [(x, y) for x in ctx_ops for y in [*ctx_ops, *peer_ops]]
         pairs += [(y, x) for x in ctx_ops for y in ctx_ops]
     got = []
