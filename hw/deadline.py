@@ -78,6 +78,16 @@ def op_at_most(a, b, n_ctx: int) -> Value:
     return ~(b[:w] - a[:w])[w - 1]
 
 
+def op_same(a, b, n_ctx: int) -> Value:
+    """Op `a` is op `b`, for two ops less than 4 * n_ctx apart, from their low
+    `op_order_bits(n_ctx)` bits. A context lookup is so: the op asked about is in
+    [base - K - 1, base + 2K) (op_at_most), and a valid context holds an op
+    >= base - n_ctx (every op below base had its events, or its START, in its slot, and
+    a claim never goes back)."""
+    w = op_order_bits(n_ctx)
+    return a[:w] == b[:w]
+
+
 # Other compares are written as `<` and `>=` only: yosys maps those to a CCU2C carry chain
 # alone, but `>` and `<=` to the chain and an equality tree beside it (three more logic
 # levels; docs/gateware.md, "Timing"). A tick compare is one subtraction's sign bit.
@@ -129,9 +139,9 @@ class PhaseTimer(wiring.Component):
     # Two register stages at the core's 52.08 MHz, two carry chains and their muxes
     # each (it had five at 125 MHz, a chain each: 400 flip-flops more per timer), then
     # the rule's end tick is compared with the live `now` (the owner registers the
-    # outputs). One timer
-    # serves every context of an owner in turn (`PhaseContexts.evaluate`), so the inputs
-    # of one context may follow those of another in the next cycle: each per-context value
+    # outputs). One timer serves every context of an owner in turn
+    # (`PhaseContexts.evaluate`), so the inputs of one context may follow those of
+    # another in the next cycle: each per-context value
     # travels with its context from stage to stage, flags included ("due" only ever follows
     # an `active` LATENCY cycles before; the cut timers of the formal harness assume it).
     # `timeout`, `idle` and `floor` are the owner's, the same for every context: they are
@@ -310,14 +320,11 @@ class PhaseContexts:
         return self.hits, self.done
 
     def take_event(self, m: Module, op_id, ops_in_flight: int) -> None:
-        """In the state after taking an event: each context's op against its op id, by
-        their low bits: the event's op is in [base - K - 1, base + 2K) (op_at_most), and a
-        valid context holds an op >= base - n_ctx (every op below base had its events
-        here, in its context, and a claim never goes back), so the two differ by less
-        than 4 n_ctx, the span of op_order_bits."""
-        n, w = self.n_ctx, op_order_bits(self.n_ctx)
+        """In the state after taking an event: each context's op against its op id
+        (op_same)."""
+        n = self.n_ctx
         m.d.sync += [
-            self.hits.eq(Cat(self.valid[k] & (self.op[k][:w] == op_id[:w]) for k in range(n))),
+            self.hits.eq(Cat(self.valid[k] & op_same(self.op[k], op_id, n) for k in range(n))),
             self._op_k.eq(op_id - ops_in_flight),
             self._op_k_ok.eq(op_id >= ops_in_flight),
         ]

@@ -8,6 +8,7 @@ counts (hw/nic_core.py). The core reads only the strobes, so synthesis drops the
 from __future__ import annotations
 
 from amaranth import Module, Signal
+from amaranth.lib.wiring import Out
 
 NAMES = ("rx", "duplicate", "late")
 
@@ -33,6 +34,4 @@ class EventCounts:
 
 def ports() -> dict:
     """The ports EventCounts drives, for a component's signature."""
-    from amaranth.lib.wiring import Out
-
     return {**{f"cnt_{n}": Out(32) for n in NAMES}, **{f"inc_{n}": Out(1) for n in NAMES}}

@@ -59,7 +59,7 @@ from optireduce.hw import gather_tracker as gt
 from optireduce.hw.aggregator import Aggregator
 from optireduce.hw.aggregator import Kind as AggKind
 from optireduce.hw.csr import ALL_COUNTERS, Csr
-from optireduce.hw.deadline import TICK_BITS, op_order_bits, settle_cycles
+from optireduce.hw.deadline import TICK_BITS, op_same, settle_cycles
 from optireduce.hw.decoder import Decoder
 from optireduce.hw.encoder import Encoder
 from optireduce.hw.gather_buffer import GatherOp
@@ -246,16 +246,11 @@ class NicCore(wiring.Component):
 
         c_valid, s.c_op = regs("ctx_valid", 1), regs("ctx_op", 32)
 
-        w_op = op_order_bits(n_ctx)
-
         def holds(op_id):
-            """Op `op_id`'s context slot holds it. Every op asked about is in
-            [base - K - 1, base + 2K) (hw/deadline.py, op_at_most), and a slot holds an op
-            >= base - n_ctx (every op below base made a context in its slot, and a maker
-            never goes back), so the two differ by less than 4 n_ctx: the low
-            op_order_bits tell."""
+            """Op `op_id`'s context slot holds it (by the op's low bits: hw/deadline.py,
+            op_same; a maker never goes back, as an owner's claim does not)."""
             k = slot_of(op_id)
-            return c_valid[k] & (s.c_op[k][:w_op] == op_id[:w_op])
+            return c_valid[k] & op_same(s.c_op[k], op_id, n_ctx)
 
         s.holds = holds
         s.c_n, s.c_exp = regs("ctx_n", range(p.c + 1)), regs("ctx_exp", signed(8))
