@@ -16,7 +16,7 @@ from amaranth_boards.colorlight_5a75b_r7_0 import Colorlight_5A75B_R70Platform
 from optireduce.hw.board_top import Board, NoProgrammer
 from optireduce.params import NicParams
 
-PARAMS = NicParams(n_max=8, p=256, b=1024, c=2048)
+PARAMS = NicParams(n_max=8, p=256, b=1024, c=2048, fwht_shared=True)  # docs/boards.md
 
 
 class ColorlightPlatform(NoProgrammer, Colorlight_5A75B_R70Platform):

@@ -21,12 +21,17 @@ from optireduce.hw.skid import Skid
 
 class StreamCrossing(wiring.Component):
     """`i` (in `w_domain`) to `o` (in `r_domain`), in order, nothing dropped. `depth` beats
-    buffer the gap between the two clocks (AsyncFIFO rounds it to a power of two); both
-    ends are registers (a registered Skid on each side)."""
+    buffer the gap between the two clocks (AsyncFIFO rounds it to a power of two). The
+    ends in `skid_domains` (default: both) are registers, a registered Skid each: the
+    FIFO's flag logic (gray compares) and that side's logic never share a path. A side
+    with time to spare leaves it out (the shell's core side, at 52 MHz: its skids were
+    about 330 LUTs and 600 flip-flops of the 25F)."""
 
-    def __init__(self, shape, *, w_domain: str, r_domain: str, depth: int = 16) -> None:
+    def __init__(self, shape, *, w_domain: str, r_domain: str, depth: int = 16,
+                 skid_domains: tuple[str, ...] | None = None) -> None:  # fmt: skip
         self.shape, self.depth = shape, depth
         self.w_domain, self.r_domain = w_domain, r_domain
+        self.skid_domains = (w_domain, r_domain) if skid_domains is None else skid_domains
         super().__init__({"i": In(stream.Signature(shape)), "o": Out(stream.Signature(shape))})
 
     def elaborate(self, platform):
@@ -35,19 +40,26 @@ class StreamCrossing(wiring.Component):
         m.submodules.fifo = fifo = AsyncFIFO(
             width=width, depth=self.depth, w_domain=self.w_domain, r_domain=self.r_domain
         )
-        # a registered skid on each side: the FIFO's flag logic (gray compares) and the
-        # neighbours' logic never share a path (125 MHz on the MACs' side)
-        m.submodules.w_skid = w = DomainRenamer(self.w_domain)(Skid(self.shape, registered=True))
-        m.submodules.r_skid = r = DomainRenamer(self.r_domain)(Skid(self.shape, registered=True))
-        wiring.connect(m, wiring.flipped(self.i), w.i)
-        wiring.connect(m, r.o, wiring.flipped(self.o))
+        w_in, r_out = self.i, self.o  # the FIFO's two ends, behind the skids if any
+        if self.w_domain in self.skid_domains:
+            m.submodules.w_skid = w = DomainRenamer(self.w_domain)(
+                Skid(self.shape, registered=True)
+            )
+            wiring.connect(m, wiring.flipped(w_in), w.i)
+            w_in = w.o
+        if self.r_domain in self.skid_domains:
+            m.submodules.r_skid = r = DomainRenamer(self.r_domain)(
+                Skid(self.shape, registered=True)
+            )
+            wiring.connect(m, r.o, wiring.flipped(r_out))
+            r_out = r.i
         m.d.comb += [
-            fifo.w_data.eq(w.o.payload),
-            fifo.w_en.eq(w.o.valid),
-            w.o.ready.eq(fifo.w_rdy),
-            r.i.payload.eq(fifo.r_data),
-            r.i.valid.eq(fifo.r_rdy),
-            fifo.r_en.eq(r.i.ready),
+            fifo.w_data.eq(w_in.payload),
+            fifo.w_en.eq(w_in.valid),
+            w_in.ready.eq(fifo.w_rdy),
+            r_out.payload.eq(fifo.r_data),
+            r_out.valid.eq(fifo.r_rdy),
+            fifo.r_en.eq(r_out.ready),
         ]
         return m
 

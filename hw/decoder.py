@@ -5,7 +5,9 @@ of the gather buffer starts an op's decode; its context (seed, op id, exponent,
 length) rides in small FIFOs to the stages that need it, each of which takes its
 entry with the op's first beat, so several ops can be in the pipeline at once.
 The last stage trims the padding: an op of n elements leaves as exactly n floats,
-`last` on the n-th (n must be a multiple of p.lanes).
+`last` on the n-th (n must be a multiple of p.lanes). With p.fwht_shared the inverse
+FWHT is the core's SharedFwht: the gather buffer's blocks leave on `to_fwht`, the
+transform comes back on `from_fwht`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from optireduce.host.model.codec import decode
 from optireduce.hw.block_divider import BlockDivider
 from optireduce.hw.dequantizer import Dequantizer
 from optireduce.hw.forward_ports import forward_ports
-from optireduce.hw.fwht import Fwht
+from optireduce.hw.fwht import Fwht, fwht_latency
 from optireduce.hw.gather_buffer import (
     GatherBuffer,
     GatherOp,
@@ -49,9 +51,15 @@ class Decoder(wiring.Component):
         self.p = p
         self.gather = GatherBuffer(p, slots)
         self.n_slots = self.gather.n_slots
-        if p.rht:
+        self.external = p.rht and p.fwht_shared  # the FWHT is outside (SharedFwht)
+        fwht_ports = {}
+        if self.external:
+            fwht_ports = {"to_fwht": Out(element_stream(p.w_wire, p.lanes)),
+                          "from_fwht": In(element_stream(p.w_inv, p.lanes))}  # fmt: skip
+        elif p.rht:
             self.fwht = Fwht(p, p.w_wire)
-            self.divider = BlockDivider(p, self.fwht.width_out)
+        if p.rht:
+            self.divider = BlockDivider(p, p.w_inv)
             width = self.divider.width_out
             self.signs = SignFlip(p, width)
         else:
@@ -59,6 +67,7 @@ class Decoder(wiring.Component):
         self.deq = Dequantizer(p, width)
         super().__init__(
             {
+                **fwht_ports,
                 "i": In(element_stream(p.w_wire, p.lanes)),
                 **placement_ports(p, self.n_slots),
                 "cmd": In(stream.Signature(decode_command_layout(p, self.n_slots))),
@@ -142,12 +151,19 @@ class Decoder(wiring.Component):
 
         # Data path, in the order the data flows.
         if p.rht:
-            fw, dv, sg = self.fwht, self.divider, self.signs
-            m.submodules.fwht, m.submodules.divider, m.submodules.signs = fw, dv, sg
-            wiring.connect(m, g.o, fw.i)
-            wiring.connect(m, fw.o, dv.i)
-            # k of each block waits for its block to leave the FWHT
-            kf = SyncFIFOBuffered(width=len(g.k.payload), depth=max(4, 2 + fw.LATENCY // p.b))
+            dv, sg = self.divider, self.signs
+            m.submodules.divider, m.submodules.signs = dv, sg
+            if self.external:
+                wiring.connect(m, g.o, wiring.flipped(self.to_fwht))
+                wiring.connect(m, wiring.flipped(self.from_fwht), dv.i)
+            else:
+                m.submodules.fwht = fw = self.fwht
+                wiring.connect(m, g.o, fw.i)
+                wiring.connect(m, fw.o, dv.i)
+            # k of each block waits for its block to leave the FWHT (shared: the Fwht
+            # holds at most two blocks of either stream, so no more of this one's)
+            depth = max(4, 2 + fwht_latency(p) // p.b)
+            kf = SyncFIFOBuffered(width=len(g.k.payload), depth=depth)
             m.submodules.k_fifo = kf
             m.d.comb += [
                 kf.w_data.eq(g.k.payload), kf.w_en.eq(g.k.valid), g.k.ready.eq(kf.w_rdy),

@@ -3,7 +3,9 @@
 Model: host/model/codec.py `encode`. Blocks are joined with wiring.connect in the order
 the data flows; the op's configuration (exponent, seed, op id) is latched by each
 block on the op's `first` beat (the chain's input latches them for the later
-stages). With p.rht off the chain is quantize -> saturate.
+stages). With p.rht off the chain is quantize -> saturate. With p.fwht_shared the FWHT
+is the core's SharedFwht: the signs leave on `to_fwht` and the transform comes back on
+`from_fwht` (LATENCY then counts this block's own stages only).
 """
 
 from __future__ import annotations
@@ -28,15 +30,24 @@ class Encoder(wiring.Component):
         self.p = p
         self.quantizer = Quantizer(p)
         self.stages: list[wiring.Component] = [self.quantizer]
+        self.external = p.rht and p.fwht_shared  # the FWHT is outside (SharedFwht)
+        fwht_ports = {}
         if p.rht:
             self.signs = SignFlip(p, p.w_in)
-            self.fwht = Fwht(p, p.w_in)
-            self.saturate = Saturate(p, self.fwht.width_out, p.w_wire)
-            self.stages += [self.signs, self.fwht, self.saturate]
+            self.saturate = Saturate(p, p.w_fwd, p.w_wire)
+            if self.external:
+                self.stages += [self.signs]
+                fwht_ports = {"to_fwht": Out(element_stream(p.w_in, p.lanes)),
+                              "from_fwht": In(element_stream(p.w_fwd, p.lanes))}  # fmt: skip
+            else:
+                self.fwht = Fwht(p, p.w_in)
+                self.stages += [self.signs, self.fwht]
+            self.stages += [self.saturate]
         # Without the transform nothing grows: w_in bits are sign-extended to the wire.
         self.LATENCY = sum(s.LATENCY for s in self.stages)
         super().__init__(
             {
+                **fwht_ports,
                 "i": In(float_stream(p.lanes)),
                 "o": Out(element_stream(p.w_wire, p.lanes)),
                 "exponent": In(signed(8)),
@@ -55,7 +66,11 @@ class Encoder(wiring.Component):
             m.submodules[f"stage{k}_{type(stage).__name__.lower()}"] = stage
         wiring.connect(m, wiring.flipped(self.i), self.quantizer.i)
         for a, b in zip(self.stages, self.stages[1:], strict=False):
-            wiring.connect(m, a.o, b.i)
+            if self.external and a is self.signs:  # through the shared FWHT
+                wiring.connect(m, a.o, wiring.flipped(self.to_fwht))
+                wiring.connect(m, wiring.flipped(self.from_fwht), b.i)
+            else:
+                wiring.connect(m, a.o, b.i)
         last = self.stages[-1]
         if self.p.rht:
             wiring.connect(m, last.o, wiring.flipped(self.o))

@@ -29,6 +29,9 @@ stops the tail of the last block drains by itself: a block never waits for the n
 Position counters count valid beats only, so bubbles never break the block alignment, and with
 a continuous input no stage ever emits a bubble (one beat per cycle, no gaps).
 
+`side` (only with `side_bits`): a block's tag, taken from its last beat in and put on every
+beat of it out (SharedFwht tells its two streams apart so).
+
 `first`/`last`: an op is a whole number of blocks, so `first` is on the first beat of a block and
 `last` on the last beat of one. Block positions are counted from reset (they are not realigned on
 `first`: a stream that breaks this rule is garbage in, garbage out). Each block's (first, last)
@@ -44,8 +47,8 @@ one register per SDF stage and the output register (B = lanes: 1, the output reg
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Mux, Signal, signed
-from amaranth.lib import data, wiring
+from amaranth import Cat, Const, Module, Mux, Signal, signed
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -53,8 +56,22 @@ from amaranth.utils import exact_log2
 
 from optireduce.host.model.fwht import fwht_blocks
 from optireduce.hw.skid import Skid
-from optireduce.hw.streams import element_stream
+from optireduce.hw.streams import element_layout
 from optireduce.params import NicParams
+
+
+def fwht_latency(p: NicParams) -> int:
+    """Fwht's LATENCY for p (module docstring): B/lanes - 1 beats of delay lines, the input
+    register, one register per SDF stage and the output register."""
+    beats = p.b // p.lanes
+    stages = exact_log2(beats)
+    return beats + stages + (1 if stages else 0)
+
+
+def fwht_layout(width: int, lanes: int, side_bits: int = 0) -> data.StructLayout:
+    """element_layout, with a `side` field of side_bits when there are any."""
+    fields = dict(element_layout(width, lanes).members)
+    return data.StructLayout({**fields, "side": side_bits} if side_bits else fields)
 
 
 class Fwht(wiring.Component):
@@ -71,7 +88,9 @@ class Fwht(wiring.Component):
     # out of context; docs/gateware.md, "Timing")
     READ_REGS = 1
 
-    def __init__(self, p: NicParams, width_in: int, *, mem_min_delay: int = 4) -> None:
+    def __init__(
+        self, p: NicParams, width_in: int, *, mem_min_delay: int = 4, side_bits: int = 0
+    ) -> None:
         if p.lanes > p.b:
             raise ValueError(f"lanes={p.lanes} exceeds the block b={p.b}")
         self.p, self.width_in, self.lanes = p, width_in, p.lanes
@@ -81,11 +100,12 @@ class Fwht(wiring.Component):
         self.delays = [self.beats >> (k + 1) for k in range(exact_log2(self.beats))]
         # the read pipeline of a memory needs d >= READ_REGS + 2 (see _sdf_stage)
         self.mem_min_delay = max(self.READ_REGS + 2, mem_min_delay)
-        self.LATENCY = self.beats + len(self.delays) + (1 if self.delays else 0)
+        self.LATENCY = fwht_latency(p)
+        self.side_bits = side_bits
         super().__init__(
             {
-                "i": In(element_stream(width_in, p.lanes)),
-                "o": Out(element_stream(self.width_out, p.lanes)),
+                "i": In(stream.Signature(fwht_layout(width_in, p.lanes, side_bits))),
+                "o": Out(stream.Signature(fwht_layout(self.width_out, p.lanes, side_bits))),
             }
         )
 
@@ -233,28 +253,32 @@ class Fwht(wiring.Component):
                     nxt[a], nxt[a + h] = vals[a] + vals[a + h], vals[a] - vals[a + h]
             vals, h = nxt, 2 * h
 
-        # block tags: (first of its first beat, last of its last beat)
+        # block tags: (first of its first beat, last of its last beat, side of its last)
         take = self.i.valid & en
+        sb = self.side_bits
+        side_in = self.i.payload.side if sb else Const(0, 0)
         if self.delays:
             ipos = Signal(range(beats))
             blk_first = Signal()
-            m.submodules.tags = tags = SyncFIFO(width=2, depth=4)  # holds <= 2: B-1+S beats inside
+            # holds <= 2: B-1+S beats inside
+            m.submodules.tags = tags = SyncFIFO(width=2 + sb, depth=4)
             with m.If(take):
                 m.d.sync += ipos.eq(Mux(ipos == beats - 1, 0, ipos + 1))
                 with m.If(ipos == 0):
                     m.d.sync += blk_first.eq(self.i.payload.first)
             m.d.comb += [
-                tags.w_data.eq(Cat(blk_first, self.i.payload.last)),
+                tags.w_data.eq(Cat(blk_first, self.i.payload.last, side_in)),
                 tags.w_en.eq(take & (ipos == beats - 1)),
             ]
             opos = Signal(range(beats))
-            tag_first, tag_last = tags.r_data[0], tags.r_data[1]
+            tag_first, tag_last, out_side = tags.r_data[0], tags.r_data[1], tags.r_data[2:]
             out_first, out_last = (opos == 0) & tag_first, (opos == beats - 1) & tag_last
             with m.If(en & valid):
                 m.d.sync += opos.eq(Mux(opos == beats - 1, 0, opos + 1))
             m.d.comb += tags.r_en.eq(en & valid & (opos == beats - 1))
         else:  # one beat per block: the flags go straight through
             out_first, out_last = self.i.payload.first, self.i.payload.last
+            out_side = side_in
 
         with m.If(en):
             m.d.sync += [
@@ -262,5 +286,7 @@ class Fwht(wiring.Component):
                 out.i.payload.first.eq(out_first),
                 out.i.payload.last.eq(out_last),
             ]
+            if sb:
+                m.d.sync += out.i.payload.side.eq(out_side)
             m.d.sync += [out.i.payload.data[a].eq(vals[a]) for a in range(lanes)]
         return m

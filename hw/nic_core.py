@@ -36,6 +36,11 @@ In-band exponents (NicParams.exp_inband): the parser's notes fill the proposal t
 (hw/proposal_table.py); a START with `inband` takes its agreed value, or follows the
 context peers ahead made (NicModel.start_op); the op's proposal word rides in `reserved`.
 
+One FWHT (NicParams.fwht_shared): the encoder's forward and the decoder's inverse
+transform take turns in one SharedFwht, a block at a time (hw/shared_fwht.py). The
+decode's output then waits while an encode block waits for host words, and the encode
+while host_o is not read: a host reads host_o independently of writing host_i.
+
 Documented gaps (docs/nic_core.md): NicModel.exclude and put_proposal (no port), the
 start-time purge of an op whose peers used another exponent or length (the START uses
 the context the frames made), an `inband` START with no in-band value (the model refuses
@@ -68,6 +73,7 @@ from optireduce.hw.op_records import OpRecords
 from optireduce.hw.packetizer import Packetizer
 from optireduce.hw.parser import PARSER_CODES, PARSER_REASONS, Parser
 from optireduce.hw.proposal_table import ProposalTable
+from optireduce.hw.shared_fwht import SharedFwht
 from optireduce.hw.streams import float_stream, frame_stream
 from optireduce.hw.tc_estimator import TC_BITS, TcEstimator, changed
 from optireduce.params import NicParams
@@ -177,6 +183,12 @@ class NicCore(wiring.Component):
         m.submodules.pk_scatter = pks = Packetizer(p, self.addressing)
         m.submodules.pk_gather = pkg = Packetizer(p, self.addressing)
         m.submodules.decoder = dec = Decoder(p, slots=n_ctx)
+        if enc.external:  # one FWHT for both (NicParams.fwht_shared): encode a, decode b
+            m.submodules.fwht = fw = SharedFwht(p, p.w_in, p.w_wire)
+            wiring.connect(m, enc.to_fwht, fw.a_i)
+            wiring.connect(m, fw.a_o, enc.from_fwht)
+            wiring.connect(m, dec.to_fwht, fw.b_i)
+            wiring.connect(m, fw.b_o, dec.from_fwht)
         tbl = None
         if p.exp_inband:
             m.submodules.proposals = tbl = ProposalTable(p)

@@ -3,7 +3,8 @@ the core (domain `core`, the board's core clock; docs/boards.md, "Clocks"):
 
   host_rx (bytes) -> HostAdapter -> host_cmd, host_i --StreamCrossing--> core
                                  <- host_o          <-StreamCrossing--  core
-                 (byte streams and host_o pass a registered Skid at the shell's edge)
+                 (byte streams and host_o pass a registered Skid at the shell's edge;
+                  each crossing has one on its sync side)
                      CSR bus     <-> CsrCrossing <-> core's register bank
   net_rx (bytes)  -> Widen(8)    --StreamCrossing--> core net_rx
   net_tx (bytes)  <- Narrow(8)  <-StreamCrossing--  core net_tx
@@ -69,7 +70,10 @@ class NicShell(wiring.Component):
 
         def crossing(name: str, shape, to_core: bool) -> StreamCrossing:
             w, r = ("sync", c) if to_core else (c, "sync")
-            m.submodules[name] = x = StreamCrossing(shape, w_domain=w, r_domain=r)
+            # the core's side has time to spare at its clock: a skid on the MACs' side only
+            m.submodules[name] = x = StreamCrossing(
+                shape, w_domain=w, r_domain=r, skid_domains=("sync",)
+            )
             return x
 
         def buffered(name: str, shape, src, dst) -> None:

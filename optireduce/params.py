@@ -62,6 +62,9 @@ class NicParams:
     # Off: frames as the gateware builds and parses them today (reserved = 0).
     exp_inband: bool = False  # exponents agreed in-band from proposals carried ahead of time
     exp_lead: int | None = None  # in-band proposals are for op + lead (None: 2K)
+    # Gateware only: a smaller NIC whose two directions share 1 element a cycle
+    # (docs/gateware.md, "One FWHT"); no effect without rht (no transform, no FWHT)
+    fwht_shared: bool = False  # one FWHT serves encode and decode, a block at a time
 
     def __post_init__(self) -> None:
         def need(cond: bool, name: str, msg: str) -> None:
@@ -108,6 +111,7 @@ class NicParams:
         need(isinstance(self.rht, bool), "rht", "must be a bool")
         need(isinstance(self.exp_inband, bool), "exp_inband", "must be a bool")
         need(isinstance(self.progress_ahead, bool), "progress_ahead", "must be a bool")
+        need(isinstance(self.fwht_shared, bool), "fwht_shared", "must be a bool")
         need(
             self.ops_in_flight <= self.exp_lead_eff <= 256,
             "exp_lead",

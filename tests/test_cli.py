@@ -221,7 +221,7 @@ NIC_VALUES = {
     "t_c_init_us": 3000, "t_c_min_us": 10, "alpha_q8": 32, "last_percent": 2,
     "tc_gain_shift": 4, "tc_dev_shift": 3, "tc_dev_mult": 2, "tc_sample": "last_arrival",
     "udp_port": 4000, "job_id": 9,
-    "exp_inband": True, "exp_lead": 5, "progress_ahead": True,
+    "exp_inband": True, "exp_lead": 5, "progress_ahead": True, "fwht_shared": True,
 }  # fmt: skip
 
 

@@ -12,13 +12,15 @@ from optireduce.sim.cosim_build import harness_path
 
 # the harness's first Verilator build takes 1-6 min, more beside the rest of the suite
 @pytest.mark.timeout(1500)
-def test_mixed_cluster_is_bit_identical_to_all_software():
-    harness_path(LIVE_PARAMS)  # build before the workers fork (cached under build/cosim/)
+@pytest.mark.parametrize("fwht_shared", [False, True])  # True: the 25F's one FWHT
+def test_mixed_cluster_is_bit_identical_to_all_software(fwht_shared):
+    params = LIVE_PARAMS.replace(fwht_shared=fwht_shared)
+    harness_path(params)  # build before the workers fork (cached under build/cosim/)
     world, n, seed = 3, 1500, 11  # 6 ops of at most c = 256, the last one partial
     xs = inputs(world, n, seed)
-    run = run_cluster(LIVE_PARAMS, xs, sim_ranks=(1,), timeout_s=240)
+    run = run_cluster(params, xs, sim_ranks=(1,), timeout_s=240)
     assert run.backends == ["software", "sim", "software"]
-    want, _ = simulate_allreduce(xs, params=LIVE_PARAMS, calibrate=False)
+    want, _ = simulate_allreduce(xs, params=params, calibrate=False)
     for r in range(world):
         np.testing.assert_array_equal(run.outs[r].view(np.uint32), want[r].view(np.uint32))
     for ops in run.stats:

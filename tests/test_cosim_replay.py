@@ -21,6 +21,7 @@ from optireduce.sim.trace import (
     SCENARIOS,
     TRACE_PARAMS,
     make_trace,
+    with_params,
 )
 from optireduce.sim.trace_mutate import mutate
 
@@ -111,6 +112,21 @@ def test_rtl_equals_model_with_admission_mutated(seed):
 
 def test_rtl_equals_model_with_output_backpressure():
     frames = make_trace("reorder", 4)
+    model = replay(frames, backend="model")
+    assert_same(replay(frames, backend="rtl", backpressure=3), model)
+
+
+# One FWHT for the encode and the decode (NicParams.fwht_shared, the 25F's build; a third
+# build): the same traces give the same bits, with outputs stalled too
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_rtl_equals_model_with_one_fwht(scenario):
+    check(with_params(make_trace(scenario, 1), fwht_shared=True))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_rtl_equals_model_with_one_fwht_mutated_and_stalled(seed):
+    frames = make_trace(SCENARIOS[(seed + 3) % len(SCENARIOS)], seed)
+    frames = with_params(mutate(frames, seed=400 + seed, rate=0.15), fwht_shared=True)
     model = replay(frames, backend="model")
     assert_same(replay(frames, backend="rtl", backpressure=3), model)
 

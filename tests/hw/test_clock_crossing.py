@@ -17,11 +17,13 @@ from optireduce.params import NicParams
 from optireduce.sim.stream_sim import two_clock_sim
 
 
+@pytest.mark.parametrize("skid_domains", [None, ("sync",)])  # both sides; the shell's
 @pytest.mark.parametrize("w_domain, r_domain", [("sync", "core"), ("core", "sync")])
-def test_stream_crossing_keeps_every_beat_in_order(w_domain, r_domain):
+def test_stream_crossing_keeps_every_beat_in_order(w_domain, r_domain, skid_domains):
     rng = random.Random(7)
     beats = [(rng.getrandbits(64), rng.getrandbits(8), rng.random() < 0.2) for _ in range(300)]
-    dut = StreamCrossing(frame_layout(8), w_domain=w_domain, r_domain=r_domain, depth=8)
+    dut = StreamCrossing(frame_layout(8), w_domain=w_domain, r_domain=r_domain, depth=8,
+                         skid_domains=skid_domains)  # fmt: skip
     sim = two_clock_sim(dut)
     got = []
 
