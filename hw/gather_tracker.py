@@ -78,7 +78,7 @@ from optireduce.hw.deadline import TICK_BITS, PhaseContexts, Reason, Settle, tic
 from optireduce.hw.peer_progress import PeerProgress, peer_layout
 from optireduce.hw.serial_divider import SerialDivider
 from optireduce.hw.staged_write import StagedWrite
-from optireduce.hw.tc_estimator import TC_BITS, TcEstimator
+from optireduce.hw.tc_estimator import TC_BITS, owner_estimator, owner_estimator_port
 from optireduce.params import NicParams
 
 
@@ -130,8 +130,9 @@ class GatherTracker(wiring.Component):
 
     MODEL = NicModel  # phase 2: p2, tc[1], _peer_progress
 
-    def __init__(self, p: NicParams, tick0: int = 0) -> None:
+    def __init__(self, p: NicParams, tick0: int = 0, *, tc_external: bool = False) -> None:
         self.p, self.tick0 = p, tick0  # tick0: `now` after reset (a test starts near the wrap)
+        self.tc_external = tc_external  # the t_C estimator is a bank of the core's (`tc`)
         self.n_ctx = 1 << _bits(p.rx_window)
         self.npk_max = p.c // p.p
         self.own_max = -(-self.npk_max // 2)  # world >= 2
@@ -165,6 +166,7 @@ class GatherTracker(wiring.Component):
                 # status
                 "timeout": Out(32),
                 "own_tc": Out(TC_BITS),
+                **owner_estimator_port(p, tc_external),
                 **event_counts.ports(),  # rx / duplicate / late: counts and strobes
             }
         )
@@ -201,11 +203,7 @@ class GatherTracker(wiring.Component):
         m.d.comb += self.now.eq(s.now)
 
         # ---- t_C and T of phase 2 -----------------------------------------------------
-        m.submodules.tc = tc = s.tc = TcEstimator(p)
-        m.d.comb += [tc.world.eq(self.world), tc.rank.eq(self.rank), tc.t_b.eq(self.t_b)]
-        m.d.comb += tc.now.eq(s.now)
-        m.d.comb += [tc.t_c_min.eq(self.t_c_min), tc.t_c_init.eq(self.t_c_init)]
-        m.d.comb += self.own_tc.eq(tc.own_tc)
+        tc = s.tc = owner_estimator(m, self, s.now)
 
         # ---- per-op contexts ------------------------------------------------------------
         s.cx = cx = PhaseContexts(n_ctx, tot, n_cnt)

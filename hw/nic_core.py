@@ -64,7 +64,7 @@ from optireduce.hw import gather_tracker as gt
 from optireduce.hw.aggregator import Aggregator
 from optireduce.hw.aggregator import Kind as AggKind
 from optireduce.hw.csr import ALL_COUNTERS, Csr
-from optireduce.hw.deadline import TICK_BITS, op_same, settle_cycles
+from optireduce.hw.deadline import TICK_BITS, op_same
 from optireduce.hw.decoder import Decoder
 from optireduce.hw.encoder import Encoder
 from optireduce.hw.gather_buffer import GatherOp
@@ -77,9 +77,6 @@ from optireduce.hw.shared_fwht import SharedFwht
 from optireduce.hw.streams import float_stream, frame_stream
 from optireduce.hw.tc_estimator import TC_BITS, TcEstimator, changed
 from optireduce.params import NicParams
-
-# an end's fields are held while its strobe is delayed: the next end is settle_cycles on
-assert settle_cycles(1) > TcEstimator.OWN_LATENCY
 
 STATS_FIXED = len(host_port.STATS_FIELDS)  # record words before the histogram
 IDLE_HOLD = 4  # cycles the no-work condition must hold: covers the blocks' inner pipelines
@@ -98,6 +95,21 @@ def host_cmd_layout() -> data.StructLayout:
 
 def host_word_layout() -> data.StructLayout:
     return data.StructLayout({"data": 32, "last": 1})
+
+
+def end_strobe(m: Module, name: str, end_valid, busy) -> tuple[Signal, Signal]:
+    """An owner's end strobe, held until its estimator bank is not busy: then own_tc holds
+    the end's sample (the bank's requests may wait for the other's). The owner takes no
+    event before that (it settles after the bank is idle), so the end's fields hold.
+    Returns (the delayed strobe, an end is waiting)."""
+    wait = Signal(name=f"{name}_wait")
+    strobe = Signal(name=f"{name}_d")
+    m.d.comb += strobe.eq(wait & ~busy)
+    with m.If(end_valid):
+        m.d.sync += wait.eq(1)
+    with m.Elif(strobe):
+        m.d.sync += wait.eq(0)
+    return strobe, wait
 
 
 def stats_len(world: int) -> int:
@@ -177,8 +189,12 @@ class NicCore(wiring.Component):
         # ---- blocks ------------------------------------------------------------------------
         m.submodules.csr = csr = self.csr
         m.submodules.parser = parser = Parser(p)
-        m.submodules.aggregator = agg = Aggregator(p, self.tick0)
-        m.submodules.tracker = trk = GatherTracker(p, self.tick0)
+        m.submodules.aggregator = agg = Aggregator(p, self.tick0, tc_external=True)
+        m.submodules.tracker = trk = GatherTracker(p, self.tick0, tc_external=True)
+        # one t_C estimator: bank 0 is phase 1's (the aggregator's), bank 1 phase 2's
+        m.submodules.tc = tce = TcEstimator(p, banks=2)
+        wiring.connect(m, tce.b0, agg.tc)
+        wiring.connect(m, tce.b1, trk.tc)
         m.submodules.encoder = enc = Encoder(p)
         m.submodules.pk_scatter = pks = Packetizer(p, self.addressing)
         m.submodules.pk_gather = pkg = Packetizer(p, self.addressing)
@@ -202,6 +218,13 @@ class NicCore(wiring.Component):
             self.csr_r_data.eq(csr.r_data),
         ]
         rank, world = csr.rank, csr.world
+        m.d.comb += [
+            tce.rank.eq(rank),
+            tce.world.eq(world),
+            tce.t_b.eq(csr.t_b_us),
+            tce.t_c_min.eq(csr.t_c_min_us),
+            tce.t_c_init.eq(csr.t_c_init_us),
+        ]
         for blk in (agg, trk):
             m.d.comb += [
                 blk.rank.eq(rank),
@@ -237,6 +260,7 @@ class NicCore(wiring.Component):
             agg=agg,
             trk=trk,
             enc=enc,
+            tce=tce,
             pks=pks,
             pkg=pkg,
             dec=dec,
@@ -323,9 +347,8 @@ class NicCore(wiring.Component):
         p, n_ctx, agg = self.p, self.n_ctx, s.agg
         s.ev_h, s.ev_r = Signal(agg.ev.payload.shape()), Signal(agg.ev.payload.shape())
         s.ev_h_valid, s.ev_r_valid = Signal(), Signal()
-        # the aggregator's end strobe, delayed until own_tc holds this end's sample
-        s.end_dl = Signal(TcEstimator.OWN_LATENCY)
-        s.end_d, s.end_busy = s.end_dl[-1], s.end_dl.any()
+        # the aggregator's end, held until own_tc holds this end's sample (its bank idle)
+        s.end_d, s.end_busy = end_strobe(m, "end", agg.end_valid, s.tce.b0.busy)
         s.fifo = SyncFIFO(
             width=len(Cat(Const(0, gt.event_layout(p).size), Const(0, TC_BITS))),
             depth=TRACKER_FIFO_DEPTH,
@@ -636,7 +659,6 @@ class NicCore(wiring.Component):
         m.d.comb += [s.fifo.w_data.eq(Cat(fw.as_value(), fw_tc1)), s.fifo.w_en.eq(fw_en)]
         e_op, e_tick = Signal(32), Signal(TICK_BITS)
         e_timeout = Signal(32)
-        m.d.sync += s.end_dl.eq(Cat(agg.end_valid, s.end_dl[:-1]))
         with m.If(agg.end_valid):
             es = slot_of(agg.end_op)
             m.d.sync += [
@@ -713,9 +735,8 @@ class NicCore(wiring.Component):
         n_ctx, cb, slot_of, trk = self.n_ctx, s.cb, s.slot_of, s.trk
         s.drain_q = SyncFIFO(width=cb, depth=n_ctx)
         m.submodules.drain_queue = s.drain_q
-        t_end_dl, t_end_slot = Signal(TcEstimator.OWN_LATENCY), Signal(cb)
-        t_end_d, s.t_end_busy = t_end_dl[-1], t_end_dl.any()
-        m.d.sync += t_end_dl.eq(Cat(trk.end_valid, t_end_dl[:-1]))
+        t_end_slot = Signal(cb)
+        t_end_d, s.t_end_busy = end_strobe(m, "t_end", trk.end_valid, s.tce.b1.busy)
         s.incs["ops_completed"].append(trk.end_valid)
         with m.If(trk.end_valid):
             ts = slot_of(trk.end_op)
@@ -831,7 +852,7 @@ class NicCore(wiring.Component):
             m.d.sync += [hist[h_addr_d].eq(dec.hist_data), h_sum.eq(h_sum + dec.hist_data)]
 
         # the record's words in host_port.STATS_FIELDS order (the one definition)
-        fields = s.rec.read(m, d_slot)
+        fields, written = s.rec.read(m, d_slot)
         fields.update(
             op_id=s.c_op[d_slot],
             n=s.c_n[d_slot],
@@ -842,12 +863,13 @@ class NicCore(wiring.Component):
         )
         fixed = [fields[name] for name in host_port.STATS_FIELDS]
         words = Array(Signal(32, name=f"stats_w{k}") for k in range(STATS_FIXED))
+        meant = Array(written.get(name, Const(1)) for name in host_port.STATS_FIELDS)
         for k, v in enumerate(fixed):
             m.d.comb += words[k].eq(v)
         stats_word = Signal(32)
         missing = n_packets(s.c_n[d_slot]) - h_sum
-        with m.If(word < STATS_FIXED):
-            m.d.comb += stats_word.eq(words[word])
+        with m.If(word < STATS_FIXED):  # a record group not written yet reads 0
+            m.d.comb += stats_word.eq(Mux(meant[word], words[word], 0))
         with m.Elif(word == STATS_FIXED):
             m.d.comb += stats_word.eq(missing)
         with m.Else():

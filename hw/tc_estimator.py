@@ -28,7 +28,7 @@ entry's first write clears it. A reset sets every `fresh` bit, as a restart does
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Mux, Signal, signed
+from amaranth import Array, Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -49,6 +49,24 @@ def tc_sample_layout() -> data.StructLayout:
     return data.StructLayout({"value": TICK_BITS, "at": TICK_BITS})
 
 
+def tc_bank_signature(p: NicParams) -> wiring.Signature:
+    """One phase's ports of the estimator, as the estimator sees them (an owner that uses
+    a shared estimator has them flipped: In(tc_bank_signature(p)))."""
+    return wiring.Signature(
+        {
+            "now": In(TICK_BITS),
+            "update": In(stream.Signature(tc_update_layout(p))),
+            "sample": In(stream.Signature(tc_sample_layout())),
+            "busy": Out(1),
+            "timeout": Out(TC_BITS),  # T, valid while busy is low
+            "median": Out(TC_BITS),
+            "own_tc": Out(TC_BITS),  # what this node's packets carry
+            "floor": Out(TICK_BITS),
+            "floor_live": Out(1),
+        }
+    )
+
+
 class TcEstimator(wiring.Component):
     """Own t_C (EWMA) + the world's t_C table + live T = min(lower median, t_B).
 
@@ -58,82 +76,103 @@ class TcEstimator(wiring.Component):
     every t_C: `NicParams.t_c_init`; a new value on `t_c_init` restarts the estimator from
     it (the table, the median, the EWMA) once it is idle, so one build serves every
     t_c_init and t_c_min the registers give it.
+
+    `banks` = 2: one estimator for both phases (the NIC core's). Each bank is a phase's
+    own state (table, median, EWMA, floor) behind its own ports `b0` and `b1`
+    (tc_bank_signature); one engine serves their requests in turn, so a bank's request
+    may wait for the other's (at most world + 10 cycles). A sample is latched when it
+    is offered (an owner offers it for one cycle, with its bank not busy).
     """
 
     # not a stream block: an update is in T after at most world + 4 cycles (busy low again),
-    # a sample after world + 10
+    # a sample after world + 10 (with two banks, plus what the other bank's request takes)
     LATENCY = 0
     # the EWMA steps: `own_tc` holds a sample's result OWN_LATENCY cycles after the owner's
-    # registered end strobe (OWN_LATENCY + 1 after the sample is taken)
+    # registered end strobe (OWN_LATENCY + 1 after the sample is taken); one bank only
     OWN_LATENCY = 6
 
-    def __init__(self, p: NicParams) -> None:
-        self.p = p
-        super().__init__(
-            {
-                "world": In(range(p.n_max + 1)),
-                "rank": In(range(p.n_max)),
-                "t_b": In(32),
-                "t_c_min": In(TC_BITS, init=p.t_c_min_us),
-                "t_c_init": In(TC_BITS, init=p.t_c_init),
-                "now": In(TICK_BITS),
-                "update": In(stream.Signature(tc_update_layout(p))),
-                "sample": In(stream.Signature(tc_sample_layout())),
-                "busy": Out(1),
-                "timeout": Out(TC_BITS),  # T, valid while busy is low
-                "median": Out(TC_BITS),
-                "own_tc": Out(TC_BITS),  # what this node's packets carry
-                "floor": Out(TICK_BITS),
-                "floor_live": Out(1),
-            }
-        )
+    def __init__(self, p: NicParams, banks: int = 1) -> None:
+        if banks not in (1, 2):
+            raise ValueError(f"TcEstimator: banks={banks}; one or two phases")
+        self.p, self.banks = p, banks
+        config = {
+            "world": In(range(p.n_max + 1)),
+            "rank": In(range(p.n_max)),
+            "t_b": In(32),
+            "t_c_min": In(TC_BITS, init=p.t_c_min_us),
+            "t_c_init": In(TC_BITS, init=p.t_c_init),
+        }
+        sig = tc_bank_signature(p)
+        if banks == 1:
+            super().__init__({**config, **sig.members})
+        else:
+            super().__init__({**config, **{f"b{k}": Out(sig) for k in range(banks)}})
 
     def elaborate(self, platform):
-        p = self.p
+        p, nb = self.p, self.banks
         m = Module()
         n = p.n_max
+        jb = max(1, (n - 1).bit_length())  # a bank's entries are at bank * 2^jb + j
+        ports = [self] if nb == 1 else [getattr(self, f"b{k}") for k in range(nb)]
         init = p.t_c_init
         restart = changed(m, self.t_c_init, init)
-        # the table and its ranks in LUT RAM (module docstring, "Storage")
-        m.submodules.vals = vals = Memory(shape=TC_BITS, depth=n, init=[])
-        m.submodules.ranks = ranks = Memory(shape=range(n), depth=n, init=[])
+        # the tables and their ranks in LUT RAM (module docstring, "Storage")
+        depth = n if nb == 1 else nb << jb
+        m.submodules.vals = vals = Memory(shape=TC_BITS, depth=depth, init=[])
+        m.submodules.ranks = ranks = Memory(shape=range(n), depth=depth, init=[])
         vals_rd, ranks_rd = vals.read_port(domain="comb"), ranks.read_port(domain="comb")
         vals_wr, ranks_wr = vals.write_port(), ranks.write_port()
-        fresh_v = Signal(n, init=(1 << n) - 1)  # entry j reads restart.seen
-        fresh_r = Signal(n, init=(1 << n) - 1)  # rank j reads j
+        eb = Signal(range(nb))  # the bank the engine works for
+
+        def at(j):
+            """The memory address of entry j of bank eb."""
+            return j if nb == 1 else Cat(j[:jb], eb)
+
+        def banked(name, shape, init=0, **kw):
+            return [Signal(shape, name=f"{name}{k}" if nb > 1 else name, init=init, **kw)
+                    for k in range(nb)]  # fmt: skip
+
+        def cur(regs):
+            """The engine's bank's register."""
+            return regs[0] if nb == 1 else Array(regs)[eb]
+
+        fresh_v = banked("fresh_v", n, (1 << n) - 1)  # entry j reads restart.seen
+        fresh_r = banked("fresh_r", n, (1 << n) - 1)  # rank j reads j
         read_at = Signal(range(n))
-        val_j = Mux(fresh_v.bit_select(read_at, 1), restart.seen, vals_rd.data)
-        rank_j = Mux(fresh_r.bit_select(read_at, 1), read_at, ranks_rd.data)
-        m.d.comb += [vals_rd.addr.eq(read_at), ranks_rd.addr.eq(read_at)]
-        med = Signal(TC_BITS, init=init)
-        floor, floor_live = Signal(TICK_BITS), Signal()
-        with m.If((self.now - floor)[TICK_BITS - 2]):  # 2^(TICK_BITS - 2) old: retired
-            m.d.sync += floor_live.eq(0)
+        val_j = Mux(cur(fresh_v).bit_select(read_at, 1), restart.seen, vals_rd.data)
+        rank_j = Mux(cur(fresh_r).bit_select(read_at, 1), read_at, ranks_rd.data)
+        m.d.comb += [vals_rd.addr.eq(at(read_at)), ranks_rd.addr.eq(at(read_at))]
+        med = banked("med", TC_BITS, init)
+        floor, floor_live = banked("floor", TICK_BITS), banked("floor_live", 1)
+        for k, port in enumerate(ports):
+            with m.If((port.now - floor[k])[TICK_BITS - 2]):  # 2^(TICK_BITS - 2) old: retired
+                m.d.sync += floor_live[k].eq(0)
 
         # EWMA state: widths cover mean + 16 * dev of TICK_BITS-bit samples without overflow
         wide = TICK_BITS + 8
-        mean = Signal(signed(wide))
-        dev = Signal(signed(wide))
-        have = Signal()  # a first sample was taken (the model's mean is not None)
-        own = Signal(TC_BITS, init=init)
+        mean = banked("mean", signed(wide))
+        dev = banked("dev", signed(wide))
+        have = banked("have", 1)  # a first sample was taken (the model's mean is not None)
+        own = banked("own", TC_BITS, init)
 
         # one table write in progress
         r = Signal(range(n))
         new = Signal(TC_BITS)
         old = Signal(TC_BITS)
-        at = Signal(TICK_BITS)
+        at_tick = Signal(TICK_BITS)
         j = Signal(range(n + 1))
         below = Signal(range(n + 1))  # keys below (new, r) so far
         k_med = Signal(range(n))
         m.d.comb += k_med.eq((self.world - 1) >> 1)
 
-        m.d.comb += [
-            self.median.eq(med),
-            self.timeout.eq(Mux(med < self.t_b, med, self.t_b)),
-            self.own_tc.eq(own),
-            self.floor.eq(floor),
-            self.floor_live.eq(floor_live),
-        ]
+        for k, port in enumerate(ports):
+            m.d.comb += [
+                port.median.eq(med[k]),
+                port.timeout.eq(Mux(med[k] < self.t_b, med[k], self.t_b)),
+                port.own_tc.eq(own[k]),
+                port.floor.eq(floor[k]),
+                port.floor_live.eq(floor_live[k]),
+            ]
 
         def key_lt(va, ia, vb, ib):
             return (va < vb) | ((va == vb) & (ia < ib))
@@ -146,11 +185,11 @@ class TcEstimator(wiring.Component):
         a_valid, a_ok = Signal(), Signal()
         vj_b = Signal(TC_BITS)
         rj_b = Signal(range(n))
-        jb = Signal(range(n + 1))
+        jb_r = Signal(range(n + 1))
         b_ok = Signal()
         was, now_, lt_new = Signal(), Signal(), Signal()
         m.d.sync += [
-            vj_b.eq(vj_r), rj_b.eq(rj_r), jb.eq(jr), b_ok.eq(a_valid & a_ok),
+            vj_b.eq(vj_r), rj_b.eq(rj_r), jb_r.eq(jr), b_ok.eq(a_valid & a_ok),
             was.eq(key_lt(old, r, vj_r, jr)),  # r was below jr
             now_.eq(key_lt(new, r, vj_r, jr)),  # r is below jr
             lt_new.eq(key_lt(vj_r, jr, new, r)),
@@ -160,33 +199,69 @@ class TcEstimator(wiring.Component):
         m.d.sync += [down.eq(rj_r == k_med + 1), same.eq(rj_r == k_med), up.eq(rj_r + 1 == k_med)]
         with m.If(b_ok):
             m.d.sync += below.eq(below + lt_new)
-            m.d.comb += [ranks_wr.en.eq(1), ranks_wr.addr.eq(jb),
+            m.d.comb += [ranks_wr.en.eq(1), ranks_wr.addr.eq(at(jb_r)),
                          ranks_wr.data.eq(rj_b + now_ - was)]  # fmt: skip
-            m.d.sync += fresh_r.bit_select(jb, 1).eq(0)
-            with m.If(Mux(now_ == was, same, Mux(now_, up, down))):
-                m.d.sync += med.eq(vj_b)
+            for k in range(nb):
+                with m.If(eb == k):
+                    m.d.sync += fresh_r[k].bit_select(jb_r, 1).eq(0)
+                    with m.If(Mux(now_ == was, same, Mux(now_, up, down))):
+                        m.d.sync += med[k].eq(vj_b)
+
+        # A sample is taken when offered (an owner offers one for a single cycle): by the
+        # engine if it is free for it, else into its bank's latch, served first after.
+        smp_pend = banked("smp_pend", 1)
+        smp_val, smp_at = banked("smp_val", TICK_BITS), banked("smp_at", TICK_BITS)
+        smp_asks, smp_in, smp_in_at, smp_took = [], [], [], []
+        for k, port in enumerate(ports):
+            took = Signal(name=f"smp_took{k}")
+            m.d.comb += port.sample.ready.eq(~smp_pend[k])
+            smp_asks.append(smp_pend[k] | port.sample.valid)
+            smp_in.append(Mux(smp_pend[k], smp_val[k], port.sample.payload.value))
+            smp_in_at.append(Mux(smp_pend[k], smp_at[k], port.sample.payload.at))
+            smp_took.append(took)
+            with m.If(took):
+                m.d.sync += smp_pend[k].eq(0)
+            with m.Elif(port.sample.valid & ~smp_pend[k]):
+                m.d.sync += [smp_pend[k].eq(1), smp_val[k].eq(port.sample.payload.value),
+                             smp_at[k].eq(port.sample.payload.at)]  # fmt: skip
+        turn = Signal(range(nb))  # the bank served first when both ask (they alternate)
 
         smp = Signal(TICK_BITS)
         with m.FSM() as fsm:
             with m.State("IDLE"):
                 idle = ~restart.pending
-                m.d.comb += [self.update.ready.eq(idle),
-                             self.sample.ready.eq(idle & ~self.update.valid)]  # fmt: skip
+                if nb == 1:
+                    pick = Const(0, 1)
+                else:
+                    asks = [ports[k].update.valid | smp_asks[k] for k in range(nb)]
+                    pick = Mux(asks[0] & asks[1], turn, asks[1])
+                for k, port in enumerate(ports):  # a sample taken before goes first
+                    m.d.comb += port.update.ready.eq(idle & (pick == k) & ~smp_asks[k])
                 with m.If(restart.pending):  # every t_C state as after reset, from the new init
                     m.d.comb += restart.take.eq(1)
-                    m.d.sync += [fresh_v.eq(-1), fresh_r.eq(-1)]
-                    m.d.sync += [med.eq(self.t_c_init), own.eq(self.t_c_init), floor_live.eq(0),
-                                 mean.eq(0), dev.eq(0), have.eq(0)]  # fmt: skip
-                with m.Elif(self.update.valid):
-                    m.d.sync += [
-                        r.eq(self.update.payload.rank),
-                        new.eq(self.update.payload.value),
-                        at.eq(self.update.payload.at),
-                    ]
-                    m.next = "CHECK"
-                with m.Elif(self.sample.valid):
-                    m.d.sync += [smp.eq(self.sample.payload.value), at.eq(self.sample.payload.at)]
-                    m.next = "EWMA"
+                    for k in range(nb):
+                        m.d.sync += [fresh_v[k].eq(-1), fresh_r[k].eq(-1)]
+                        m.d.sync += [med[k].eq(self.t_c_init), own[k].eq(self.t_c_init),
+                                     floor_live[k].eq(0), mean[k].eq(0), dev[k].eq(0),
+                                     have[k].eq(0)]  # fmt: skip
+                        # a latched sample is the old estimator's: the restart undoes it
+                        m.d.sync += smp_pend[k].eq(0)
+                with m.Else():
+                    for k, port in enumerate(ports):
+                        with m.If(pick == k):
+                            with m.If(smp_asks[k]):
+                                m.d.comb += smp_took[k].eq(1)
+                                m.d.sync += [eb.eq(k), turn.eq(k + 1), smp.eq(smp_in[k]),
+                                             at_tick.eq(smp_in_at[k])]  # fmt: skip
+                                m.next = "EWMA"
+                            with m.Elif(port.update.valid):
+                                m.d.sync += [
+                                    eb.eq(k), turn.eq(k + 1),
+                                    r.eq(port.update.payload.rank),
+                                    new.eq(port.update.payload.value),
+                                    at_tick.eq(port.update.payload.at),
+                                ]  # fmt: skip
+                                m.next = "CHECK"
             # the EWMA in steps: error, mean and deviation, t_C's clamp compares, the clamp.
             # Its magnitude and t_C are not registered (the core's 52 MHz allows two carry
             # chains a step); their states stay, so that OWN_LATENCY holds
@@ -195,17 +270,17 @@ class TcEstimator(wiring.Component):
             mean_n = Signal(signed(wide))
             dev_n = Signal(signed(wide))
             with m.State("EWMA"):
-                m.d.sync += err.eq(smp - mean)
+                m.d.sync += err.eq(smp - cur(mean))
                 m.next = "EWMA_ABS"
             with m.State("EWMA_ABS"):
                 m.next = "EWMA_MD"
             with m.State("EWMA_MD"):
-                with m.If(~have):
+                with m.If(~cur(have)):
                     m.d.sync += [mean_n.eq(smp), dev_n.eq(smp >> 1)]
                 with m.Else():
                     m.d.sync += [
-                        mean_n.eq(mean + (err >> p.tc_gain_shift)),
-                        dev_n.eq(dev + ((abs_err - dev) >> p.tc_dev_shift)),
+                        mean_n.eq(cur(mean) + (err >> p.tc_gain_shift)),
+                        dev_n.eq(cur(dev) + ((abs_err - cur(dev)) >> p.tc_dev_shift)),
                     ]
                 m.next = "EWMA_TC"
             tc_w = Signal(signed(wide + 6))
@@ -219,14 +294,11 @@ class TcEstimator(wiring.Component):
                 m.next = "EWMA_SET"
             with m.State("EWMA_SET"):
                 tc_c = Mux(below_lo, lo, Mux(above_tb, self.t_b, tc_w))
-                m.d.sync += [
-                    mean.eq(mean_n),
-                    dev.eq(dev_n),
-                    have.eq(1),
-                    own.eq(tc_c[:TC_BITS]),
-                    new.eq(tc_c[:TC_BITS]),
-                    r.eq(self.rank),
-                ]
+                for k in range(nb):
+                    with m.If(eb == k):
+                        m.d.sync += [mean[k].eq(mean_n), dev[k].eq(dev_n), have[k].eq(1),
+                                     own[k].eq(tc_c[:TC_BITS])]  # fmt: skip
+                m.d.sync += [new.eq(tc_c[:TC_BITS]), r.eq(self.rank)]
                 m.next = "CHECK"
             with m.State("CHECK"):  # read the entry (a wide mux), then compare
                 m.d.comb += read_at.eq(r)
@@ -250,19 +322,45 @@ class TcEstimator(wiring.Component):
                 m.next = "COMMIT"
             with m.State("COMMIT"):
                 m.d.comb += [
-                    vals_wr.en.eq(1), vals_wr.addr.eq(r), vals_wr.data.eq(new),
-                    ranks_wr.en.eq(1), ranks_wr.addr.eq(r), ranks_wr.data.eq(below),
+                    vals_wr.en.eq(1), vals_wr.addr.eq(at(r)), vals_wr.data.eq(new),
+                    ranks_wr.en.eq(1), ranks_wr.addr.eq(at(r)), ranks_wr.data.eq(below),
                 ]  # fmt: skip
-                m.d.sync += [fresh_v.bit_select(r, 1).eq(0), fresh_r.bit_select(r, 1).eq(0)]
-                m.d.sync += [floor.eq(at), floor_live.eq(1)]
-                with m.If(below == k_med):
-                    m.d.sync += med.eq(new)
+                for k in range(nb):
+                    with m.If(eb == k):
+                        m.d.sync += [fresh_v[k].bit_select(r, 1).eq(0),
+                                     fresh_r[k].bit_select(r, 1).eq(0),
+                                     floor[k].eq(at_tick), floor_live[k].eq(1)]  # fmt: skip
+                        with m.If(below == k_med):
+                            m.d.sync += med[k].eq(new)
                 m.next = "IDLE"
-        # a request in flight already makes T stale
-        m.d.comb += self.busy.eq(
-            ~fsm.ongoing("IDLE") | Cat(self.update.valid, self.sample.valid, restart.pending).any()
-        )
+        # a request in flight already makes T stale (a bank's: the other's leaves it valid)
+        working = ~fsm.ongoing("IDLE")
+        for k, port in enumerate(ports):
+            mine = working & (eb == k) if nb > 1 else working
+            m.d.comb += port.busy.eq(
+                mine | Cat(port.update.valid, port.sample.valid, smp_pend[k],
+                           restart.pending).any()
+            )  # fmt: skip
         return m
+
+
+def owner_estimator(m: Module, owner: wiring.Component, now) -> wiring.PureInterface:
+    """An owner's phase estimator, as `tc`: its own TcEstimator, configured from its ports,
+    or (`owner.tc_external`) its `tc` port, a bank of the core's shared one. `now` is the
+    owner's clock; the owner's `own_tc` port shows the estimator's."""
+    if owner.tc_external:
+        tc = owner.tc
+    else:
+        m.submodules.tc = tc = TcEstimator(owner.p)
+        m.d.comb += [tc.world.eq(owner.world), tc.rank.eq(owner.rank), tc.t_b.eq(owner.t_b),
+                     tc.t_c_min.eq(owner.t_c_min), tc.t_c_init.eq(owner.t_c_init)]  # fmt: skip
+    m.d.comb += [tc.now.eq(now), owner.own_tc.eq(tc.own_tc)]
+    return tc
+
+
+def owner_estimator_port(p: NicParams, external: bool) -> dict:
+    """The `tc` member of an owner whose estimator is outside (a bank of the shared one)."""
+    return {"tc": In(tc_bank_signature(p))} if external else {}
 
 
 class Change:

@@ -296,6 +296,99 @@ def test_tc_estimator_and_median_match_the_model(world, t_c_min):
     _run(dut, bench)
 
 
+@pytest.mark.parametrize("world", [3, 8])
+def test_two_banks_are_two_estimators(world):
+    """TcEstimator(banks=2), the core's one estimator for both phases: each bank, driven
+    at its own pace and clock as an owner drives it (a sample offered for one cycle
+    once its bank is not busy, an update held until taken), equals its own model's
+    estimator and table after each request, while the other bank's requests come at
+    random in between and at once."""
+    rng = np.random.default_rng(world)
+    t_b = 800
+    p = NicParams(p=16, b=64, c=256, n_max=8, t_b_us=t_b)
+    rank = int(rng.integers(world))
+    dut = TcEstimatorHw(p, banks=2)
+    waited = [0, 0]  # cycles a bank's request waited for the other's
+    asking = [False, False]  # a bank's request is not served yet
+    both = [0]  # cycles both banks had one
+
+    def ops_for(k: int) -> list:
+        ops = []
+        for i in range(60):
+            at = 1000 * k + 7 * i + int(rng.integers(0, 5))
+            if rng.random() < 0.3:
+                ops.append(("sample", int(rng.choice([0, 3, t_b, int(rng.integers(1, 2 * t_b))])), at))
+            else:
+                r = int(rng.choice([j for j in range(world) if j != rank]))
+                ops.append(("update", r, int(rng.integers(1, 2 * t_b)), at))
+        return ops
+
+    def bank_bench(k: int, ops: list, gaps):
+        port = getattr(dut, f"b{k}")
+
+        async def bench(ctx):
+            est, table, floor = TcEstimator(p), np.full(world, p.t_c_init, dtype=np.int64), None
+            await ctx.tick().repeat(2)
+            for op, gap in zip(ops, gaps, strict=True):
+                for _ in range(gap):
+                    await ctx.tick()
+                ctx.set(port.now, op[-1])
+                if op[0] == "sample":
+                    _, smp, at = op
+                    tc = est.sample(smp)
+                    if table[rank] != tc:
+                        table[rank], floor = tc, at
+                    assert not ctx.get(port.busy) and ctx.get(port.sample.ready)
+                    ctx.set(port.sample.valid, 1)  # one cycle, as FIRE_END offers it
+                    ctx.set(port.sample.payload, {"value": smp, "at": at})
+                    await ctx.tick()
+                    ctx.set(port.sample.valid, 0)
+                else:
+                    _, r, v, at = op
+                    if table[r] != v:
+                        table[r], floor = v, at
+                    ctx.set(port.update.valid, 1)
+                    ctx.set(port.update.payload, {"rank": r, "value": v, "at": at})
+                    asking[k] = True
+                    while not ctx.get(port.update.ready):
+                        waited[k] += 1
+                        await ctx.tick()
+                    await ctx.tick()
+                    ctx.set(port.update.valid, 0)
+                asking[k] = True
+                while ctx.get(port.busy):
+                    await ctx.tick()
+                asking[k] = False
+                assert ctx.get(port.own_tc) == est.tc
+                assert ctx.get(port.median) == int(np.sort(table)[(world - 1) // 2])
+                assert ctx.get(port.timeout) == agreed_timeout(table, t_b)
+                if floor is not None:
+                    assert ctx.get(port.floor_live) and ctx.get(port.floor) == floor
+
+        return bench
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    ctx_cfg = {"world": world, "rank": rank, "t_b": t_b}
+
+    async def config(ctx):
+        for name, v in ctx_cfg.items():
+            ctx.set(getattr(dut, name), v)
+
+    async def monitor(ctx):
+        while True:
+            both[0] += asking[0] and asking[1]
+            await ctx.tick()
+
+    sim.add_testbench(config)
+    sim.add_testbench(monitor, background=True)
+    for k in range(2):
+        gaps = [int(g) for g in rng.choice([0, 0, 0, 1, 3, 20], 60)]
+        sim.add_testbench(bank_bench(k, ops_for(k), gaps))
+    sim.run()
+    assert min(waited) > 0 and both[0] > 0  # the banks' requests met
+
+
 def test_tc_floor_is_retired_2_30_ticks_after_it_was_set():
     """A table change across the clock's wrap sets a live floor at its tick; it stays live
     until 2^30 ticks later on the wrapped clock, then is retired; a restart retires it."""
