@@ -317,7 +317,8 @@ def test_two_banks_are_two_estimators(world):
         for i in range(60):
             at = 1000 * k + 7 * i + int(rng.integers(0, 5))
             if rng.random() < 0.3:
-                ops.append(("sample", int(rng.choice([0, 3, t_b, int(rng.integers(1, 2 * t_b))])), at))
+                smp = int(rng.choice([0, 3, t_b, int(rng.integers(1, 2 * t_b))]))
+                ops.append(("sample", smp, at))
             else:
                 r = int(rng.choice([j for j in range(world) if j != rank]))
                 ops.append(("update", r, int(rng.integers(1, 2 * t_b)), at))
