@@ -13,8 +13,9 @@ Layout, in the style of Corundum register blocks: each block starts with a heade
 so the driver follows the chain from offset 0 and learns which blocks the hardware
 has and where. Four blocks: "nic" (control, build parameters, configuration),
 "counters" (one 32-bit counter per event; its +0x0C word is the number of counters),
-"peers" (admission) and "host" (the host adapter's frame counters: the adapter on a
-board answers their reads itself; this bank answers the block's header, and 0 for them).
+"peers" (admission) and "host" (the host adapter's frame counters: the bank counts the
+adapter's `adapter_counts` strobes, which a board's shell brings over from the 125 MHz
+side; a core without an adapter, as in co-simulation, reads 0).
 
 Bus (Wishbone-like, single master, no wait states): byte address `addr` (bits [1:0]
 ignored), `w_en` writes `w_data` at the clock edge; `r_en` latches the register
@@ -108,6 +109,8 @@ CONFIG: tuple[tuple[str, str, int, Callable, Callable, str], ...] = (
 )  # fmt: skip
 
 ALL_COUNTERS = (*COUNTERS, *EXP_COUNTERS, *ADMISSION_REASONS)  # the counters block, in order
+# the host block's counters, kept in the same storage after ALL_COUNTERS
+HOST_COUNTERS = tuple(f"adapter_{name}" for name in ADAPTER_COUNTERS)
 
 _COUNTER_DOC = {
     "rx_scatter": "scatter packets accepted",
@@ -139,7 +142,7 @@ class Reg:
     access: str  # "RO", "RW" or "WO" (write-only command bits, read 0)
     width: int  # bits held (the rest read 0)
     reset: int  # value after reset (RO: the constant, counters: 0)
-    kind: str  # "header", "ctrl", "param", "config", "counter", "adapter" (a host adapter's)
+    kind: str  # "header", "ctrl", "param", "config", "counter", "adapter" (the host block's)
     desc: str
     port: str = ""  # config: output port; counter: the counter's name
     lsb: int = 0  # config: lowest port bit this register holds
@@ -212,9 +215,9 @@ def register_map(p: NicParams) -> tuple[Block, ...]:
         Block("counters", COUNTER_BASE, TYPE_COUNTERS, "event counters, saturating", tuple(cnt)),
         Block("peers", PEERS_BASE, TYPE_PEERS, "admission: the job's peers by rank", tuple(peers)),
         Block("host", host_base, TYPE_HOST,
-              "the host adapter's frame counters, saturating: a board's host adapter answers "
-              "them (a core without one, as in co-simulation, reads 0); `ctrl` bit 0 clears "
-              "them too", tuple(host)),
+              "the host adapter's frame counters, saturating, counted in this bank from the "
+              "adapter's strobes (a core without one, as in co-simulation, reads 0); `ctrl` "
+              "bit 0 clears them too", tuple(host)),
     )  # fmt: skip
 
 
@@ -310,6 +313,8 @@ class Csr(wiring.Component):
             members[port] = Out(width)
         for name in ALL_COUNTERS:
             members[f"inc_{name}"] = In(range(counter_step(p, name) + 1))
+        for name in HOST_COUNTERS:
+            members[f"inc_{name}"] = In(1)
         super().__init__(members)
         # The storage, as attributes so tests can preload a counter near saturation.
         self.config_regs = {
@@ -318,13 +323,14 @@ class Csr(wiring.Component):
             if r.kind == "config"
         }
         # a round's worth of the most the port can carry (not only the nominal step)
-        n = len(ALL_COUNTERS)
+        self.counted = (*ALL_COUNTERS, *HOST_COUNTERS)  # the storage's order
+        n = len(self.counted)
         self.pending = [
             Signal(range(n * ((1 << len(getattr(self, f"inc_{name}"))) - 1) + 1),
                    name=f"pend_{name}")
-            for name in ALL_COUNTERS
+            for name in self.counted
         ]  # fmt: skip
-        self.store: Memory | None = None  # flushed values, by ALL_COUNTERS index (elaborate)
+        self.store: Memory | None = None  # flushed values, by `counted` index (elaborate)
 
     def elaborate(self, platform):
         m = Module()
@@ -346,12 +352,10 @@ class Csr(wiring.Component):
 
         with m.If(self.r_en), m.Switch(word):
             for r in self.regs:
-                if r.kind == "adapter":
-                    continue  # a board's host adapter answers them (Default: 0 here)
                 with m.Case(r.offset >> 2):
                     if r.kind == "config":
                         m.d.sync += self.r_data.eq(self.config_regs[r.name])
-                    elif r.kind == "counter":
+                    elif r.kind in ("counter", "adapter"):
                         m.d.sync += self.r_data.eq(counter_value)
                     elif r.access == "WO":
                         m.d.sync += self.r_data.eq(0)
@@ -364,7 +368,7 @@ class Csr(wiring.Component):
     def _counters(self, m: Module, clear: Value, word: Value) -> Value:
         """The counter bank (module docstring, "Counter storage"): returns the value of
         the counter that `word` addresses (any counter's, if it addresses another)."""
-        n = len(ALL_COUNTERS)
+        n = len(self.counted)
         # made here, so the bank can be elaborated more than once; tests preload it
         m.submodules.store = store = self.store = Memory(shape=32, depth=n, init=[])
         flush_rd = store.read_port(domain="comb")
@@ -375,7 +379,7 @@ class Csr(wiring.Component):
         visit = Signal(range(n))
         m.d.sync += visit.eq(Mux(visit == n - 1, 0, visit + 1))
 
-        for j, name in enumerate(ALL_COUNTERS):
+        for j, name in enumerate(self.counted):
             inc = getattr(self, f"inc_{name}")
             pend = self.pending[j]
             with m.If(clear | (visit == j)):
@@ -398,8 +402,11 @@ class Csr(wiring.Component):
 
         index = Signal(range(n))  # the addressed counter (out of range: don't care)
         value = Signal(32, name="counter_value")  # once, not in every counter's case
+        host_first = host_block_base(self.p) + 0x10  # the host block's first counter
+        in_host = word >= host_first >> 2
         m.d.comb += [
-            index.eq(word - (FIRST_COUNTER >> 2)),
+            index.eq(Mux(in_host, word - (host_first >> 2) + len(ALL_COUNTERS),
+                         word - (FIRST_COUNTER >> 2))),
             bus_rd.addr.eq(index),
             value.eq(_value(bus_rd.data, pending[index], cleared.bit_select(index, 1))),
         ]

@@ -27,7 +27,9 @@ record does not say n = its start and the same world is counted in `bad_records`
 REG (host_port.REG, kind 5): `count` words of (address | 1 << 31 for a
 write, data) pairs; each is applied to the register bank in order and the frame comes
 back to the host with reads' data filled in (`host_port.reg_request`, `host_port.reg_reply`
-are its model).
+are its model). The host block's counters are the bank's too: this adapter gives a
+strobe per event on `counts` (a bit per COUNTERS name) and the bank counts them (its
+32-bit counters here were a thousand LUTs of the 25F).
 
 Model: host_port.build / parse / ChunkAssembler / stats_frame (tests/hw/test_host_adapter.py).
 """
@@ -43,8 +45,8 @@ from amaranth.lib.wiring import In, Out
 from optireduce import host_port
 from optireduce.hw.banked_memory import BankedMemory
 from optireduce.hw.board_frames import FrameMux
-from optireduce.hw.csr import CTRL_CLEAR_COUNTERS, register
 from optireduce.hw.csr import addr_bits as csr_addr_bits
+from optireduce.hw.csr import register
 from optireduce.hw.nic_core import host_cmd_layout, host_word_layout
 from optireduce.hw.skid import Skid
 from optireduce.hw.streams import float_stream, frame_layout, frame_stream
@@ -53,12 +55,11 @@ from optireduce.params import NicParams
 REG = host_port.REG  # register access on the board (CONFIG is the replay's JSON)
 WRITE, HEAD = host_port.WRITE, host_port.HEAD
 RECORD_FIXED = len(host_port.STATS_FIELDS)  # STATS words before the histogram
-CTRL_CLEAR_BIT = CTRL_CLEAR_COUNTERS.bit_length() - 1
 
 CMD_LAYOUT = host_cmd_layout()  # the core's host port, defined once in hw/nic_core.py
 OUT_LAYOUT = host_word_layout()
 
-COUNTERS = host_port.ADAPTER_COUNTERS  # one 32-bit counter each, a register each
+COUNTERS = host_port.ADAPTER_COUNTERS  # a strobe each on `counts`, counted in the bank
 
 
 def _be(value, nbytes: int) -> list:
@@ -188,7 +189,7 @@ class HostAdapter(wiring.Component):
     (to be connected to the core's ports of the same names), the CSR bus master
     (`csr_addr`, `csr_w_en`, `csr_w_data`, `csr_r_en`; `csr_done` strobes when the access
     has been applied, with a read's `csr_r_data`: hw/clock_crossing.py CsrCrossing) and
-    one 32-bit counter per COUNTERS name.
+    `counts`, a strobe per COUNTERS name when its event happens.
 
     `rx_words`: frame buffer (words of one START/DATA/REG frame; 512 words = one DP16KD
     and covers the 2048-byte MAC FIFO); `tx_fragment`: words per RESULT frame (256:
@@ -202,9 +203,6 @@ class HostAdapter(wiring.Component):
         self.csr_addr_bits = csr_addr_bits(p)
         world = register(p, "world")
         self.world_addr, self.world_reset = world.offset, world.reset
-        self.ctrl_addr = register(p, "ctrl").offset
-        # the host block's counters: this adapter answers their reads (not the core's bank)
-        self.counter_addr = {name: register(p, f"adapter_{name}").offset for name in COUNTERS}
         self.msg_words = p.c + RECORD_FIXED + p.n_max + 1  # results + the largest record
         super().__init__(
             {
@@ -220,23 +218,14 @@ class HostAdapter(wiring.Component):
                 "csr_r_data": In(32),
                 "csr_done": In(1),
                 "world": Out(range(p.n_max + 1), init=self.world_reset),
-                **{name: Out(32) for name in COUNTERS},
+                "counts": Out(len(COUNTERS)),
             }
         )
 
     def elaborate(self, platform):
         m = Module()
         inc = {name: Signal(name=f"inc_{name}") for name in COUNTERS}
-        # `ctrl` bit 0 written through here (the core's bank clears too), registered: the
-        # decode is not in front of the counters' 352 enables (125 MHz)
-        clear = Signal()
-        m.d.sync += clear.eq(0)
-        for name in COUNTERS:
-            cnt = getattr(self, name)
-            with m.If(clear):  # an event in the clearing cycle is kept, as in the bank
-                m.d.sync += cnt.eq(inc[name])
-            with m.Else():
-                m.d.sync += cnt.eq(cnt + (inc[name] & (cnt != 0xFFFF_FFFF)))  # saturate
+        m.d.comb += [self.counts[j].eq(inc[name]) for j, name in enumerate(COUNTERS)]
 
         m.submodules.rx_tx = rx_tx = _FrameSender((self.rx_words - 1).bit_length())
         m.submodules.res_tx = res_tx = _FrameSender((self.msg_words - 1).bit_length())
@@ -248,12 +237,12 @@ class HostAdapter(wiring.Component):
             with m.If(s.o.valid & s.o.ready & s.o.payload.last):
                 m.d.comb += inc["tx_frames"].eq(1)
 
-        self._rx(m, inc, rx_tx, clear)
+        self._rx(m, inc, rx_tx)
         self._results(m, inc, res_tx)
         return m
 
     # ---- host -> core ----------------------------------------------------------------
-    def _rx(self, m: Module, inc: dict, sender: _FrameSender, clear: Signal) -> None:
+    def _rx(self, m: Module, inc: dict, sender: _FrameSender) -> None:
         m.submodules.rx_buf = buf = Memory(shape=32, depth=self.rx_words, init=[])
         wr, rd = buf.write_port(), buf.read_port()
         m.d.comb += [sender.rd_data.eq(rd.data)]
@@ -381,7 +370,7 @@ class HostAdapter(wiring.Component):
                     with m.If(idx == count_m1):
                         m.next = "RECV"
             with m.State("REG"):
-                self._rx_register_pair(m, rd, wr, (reg_i, reg_phase, pairs_m1), clear)
+                self._rx_register_pair(m, rd, wr, (reg_i, reg_phase, pairs_m1))
                 with m.If(count_zero):
                     m.next = "REPLY"
             with m.State("REPLY"):
@@ -490,13 +479,12 @@ class HostAdapter(wiring.Component):
         }  # first that holds names the drop, in this order
         return pre_judge, verdicts, (count_m1, pairs_m1, count_zero, is_reg, is_start)
 
-    def _rx_register_pair(self, m: Module, rd, wr, pair: tuple, clear: Signal) -> None:
+    def _rx_register_pair(self, m: Module, rd, wr, pair: tuple) -> None:
         """REG, one pair at a time: read the address word, then the data word (both land
-        in registers), access the bank (or read one of this adapter's counters), write a
-        read's data back for the reply. `pair`: its index, phase, and the last index."""
+        in registers), access the bank, write a read's data back for the reply. `pair`:
+        its index, phase, and the last index."""
         reg_i, reg_phase, pairs_m1 = pair
         addr_w, data_w = Signal(32), Signal(32)
-        local, local_data = Signal(), Signal(32)  # a read of this adapter's counters
         # the register word as the bank decodes it (bits 1:0 and those above it ignored);
         # bit 31: a write
         word, write = addr_w[2 : self.csr_addr_bits], addr_w[31]
@@ -505,29 +493,23 @@ class HostAdapter(wiring.Component):
         with m.Switch(reg_phase):
             with m.Case(1):  # address word out, data word requested
                 m.d.sync += addr_w.eq(rd.data)
-            with m.Case(2):  # data word out; a counter read is decided and picked here
-                m.d.sync += [data_w.eq(rd.data), local.eq(0)]
-                with m.If(~write), m.Switch(word):
-                    for name, offset in self.counter_addr.items():
-                        with m.Case(offset >> 2):
-                            m.d.sync += [local.eq(1), local_data.eq(getattr(self, name))]
+            with m.Case(2):  # data word out
+                m.d.sync += data_w.eq(rd.data)
             with m.Case(3):  # access
                 m.d.comb += [
                     self.csr_addr.eq(addr_w),
                     self.csr_w_data.eq(data_w),
                     self.csr_w_en.eq(write),
-                    self.csr_r_en.eq(~write & ~local),
+                    self.csr_r_en.eq(~write),
                 ]
                 with m.If(write & (word == self.world_addr >> 2)):
                     m.d.sync += self.world.eq(data_w)
-                with m.If(write & (word == self.ctrl_addr >> 2)):
-                    m.d.sync += clear.eq(data_w[CTRL_CLEAR_BIT])
             with m.Case(4):  # wait for the access to come back (the core's clock)
                 m.d.sync += reg_phase.eq(4)
-                with m.If(self.csr_done | local):
+                with m.If(self.csr_done):
                     m.d.comb += [
                         wr.addr.eq(Cat(1, reg_i)),
-                        wr.data.eq(Mux(write, data_w, Mux(local, local_data, self.csr_r_data))),
+                        wr.data.eq(Mux(write, data_w, self.csr_r_data)),
                         wr.en.eq(1),
                     ]
                     m.d.sync += [reg_i.eq(reg_i + 1), reg_phase.eq(0)]

@@ -10,6 +10,7 @@ from amaranth import Array, Module, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from optireduce.host_port import ADAPTER_COUNTERS
 from optireduce.hw.csr import addr_bits, register
 from optireduce.hw.host_adapter import CMD_LAYOUT, OUT_LAYOUT, RECORD_FIXED
 from optireduce.hw.nic_shell import NET_BYTES
@@ -33,6 +34,7 @@ class LoopbackCore(wiring.Component):
             "net_rx": In(frame_stream(NET_BYTES)), "net_tx": Out(frame_stream(NET_BYTES)),
             "csr_addr": In(addr_bits(p)), "csr_w_en": In(1), "csr_w_data": In(32),
             "csr_r_en": In(1), "csr_r_data": Out(32), "tick": In(1),
+            "adapter_counts": In(len(ADAPTER_COUNTERS)),  # not counted here
         })  # fmt: skip
 
     def elaborate(self, platform):

@@ -63,7 +63,7 @@ from optireduce.host.model.nic_model import NicModel
 from optireduce.hw import gather_tracker as gt
 from optireduce.hw.aggregator import Aggregator
 from optireduce.hw.aggregator import Kind as AggKind
-from optireduce.hw.csr import ALL_COUNTERS, Csr
+from optireduce.hw.csr import ALL_COUNTERS, HOST_COUNTERS, Csr
 from optireduce.hw.deadline import TICK_BITS, op_same
 from optireduce.hw.decoder import Decoder
 from optireduce.hw.encoder import Encoder
@@ -150,6 +150,9 @@ class NicCore(wiring.Component):
                 "csr_w_data": In(32),
                 "csr_r_en": In(1),
                 "csr_r_data": Out(32),
+                # a board's host adapter's events, a strobe per ADAPTER_COUNTERS name
+                # (its shell brings them into this domain), counted in the host block
+                "adapter_counts": In(len(host_port.ADAPTER_COUNTERS)),
             }
         )
 
@@ -216,7 +219,9 @@ class NicCore(wiring.Component):
             csr.w_data.eq(self.csr_w_data),
             csr.r_en.eq(self.csr_r_en),
             self.csr_r_data.eq(csr.r_data),
-        ]
+            *(getattr(csr, f"inc_{name}").eq(self.adapter_counts[j])
+              for j, name in enumerate(HOST_COUNTERS)),
+        ]  # fmt: skip
         rank, world = csr.rank, csr.world
         m.d.comb += [
             tce.rank.eq(rank),

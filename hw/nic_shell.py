@@ -9,6 +9,7 @@ the core (domain `core`, the board's core clock; docs/boards.md, "Clocks"):
   net_rx (bytes)  -> Widen(8)    --StreamCrossing--> core net_rx
   net_tx (bytes)  <- Narrow(8)  <-StreamCrossing--  core net_tx
   tick (sync)     --PulseSynchronizer--> core tick
+  the adapter's counter strobes --PulseSynchronizer--> the core's bank (host block)
 
 The host adapter stays at 125 MHz so that the host port takes a byte per cycle, line rate;
 the core's network port (8 bytes a beat) and host words (4) are line rate at
@@ -116,7 +117,11 @@ class NicShell(wiring.Component):
         wiring.connect(m, n_out.o, narrow.i)
         buffered("b_net_tx", frame_layout(1), narrow.o, wiring.flipped(self.net_tx))
 
-        # the microsecond tick
+        # the microsecond tick; the adapter's counter strobes, for the core's bank (one
+        # event a frame at most: far apart for a pulse's crossing)
         m.submodules.x_tick = tick = PulseSynchronizer("sync", c)
         m.d.comb += [tick.i.eq(self.tick), core.tick.eq(tick.o)]
+        for j in range(len(host.counts)):
+            m.submodules[f"x_count{j}"] = x = PulseSynchronizer("sync", c)
+            m.d.comb += [x.i.eq(host.counts[j]), core.adapter_counts[j].eq(x.o)]
         return m

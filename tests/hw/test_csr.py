@@ -13,6 +13,7 @@ from amaranth.sim import Simulator
 from optireduce.hw.csr import (
     ALL_COUNTERS,
     COUNTER_BASE,
+    HOST_COUNTERS,
     PEERS_BASE,
     TYPE_COUNTERS,
     TYPE_HOST,
@@ -190,26 +191,30 @@ def test_every_config_register_write_read():
 
 
 def test_counters_count_saturate_and_clear():
-    """Random strobes on every counter (several at once), counts read back over the bus;
-    a counter preloaded near 2^32 stops at 2^32 - 1; a clear keeps a same-cycle event."""
+    """Random strobes on every counter (several at once; the host block's too), counts
+    read back over the bus; a counter preloaded near 2^32 stops at 2^32 - 1; a clear
+    keeps a same-cycle event."""
     p = NicParams(p=16, b=64, c=256, n_max=8)
     dut = Csr(p)
-    offs = {r.port: r.offset for b in register_map(p) for r in b.regs if r.kind == "counter"}
+    regs = [r for b in register_map(p) for r in b.regs]
+    offs = {r.port: r.offset for r in regs if r.kind == "counter"}
+    offs |= {r.name: r.offset for r in regs if r.kind == "adapter"}  # the host block's
+    counted = (*ALL_COUNTERS, *HOST_COUNTERS)
     ctrl = next(r.offset for r in register_map(p)[0].regs if r.kind == "ctrl")
     rng = np.random.default_rng(6)
 
     async def bench(ctx):
-        expect = dict.fromkeys(ALL_COUNTERS, 0)
-        strobes = rng.random((300, len(ALL_COUNTERS))) < rng.random(len(ALL_COUNTERS))
+        expect = dict.fromkeys(counted, 0)
+        strobes = rng.random((300, len(counted))) < rng.random(len(counted))
         for row in strobes:
-            for name, s in zip(ALL_COUNTERS, row, strict=True):
+            for name, s in zip(counted, row, strict=True):
                 v = int(s) * int(rng.integers(1, counter_step(p, name) + 1))
                 ctx.set(getattr(dut, f"inc_{name}"), v)
                 expect[name] += v
             await ctx.tick()
-        for name in ALL_COUNTERS:
+        for name in counted:
             ctx.set(getattr(dut, f"inc_{name}"), 0)
-        for name in ALL_COUNTERS:
+        for name in counted:
             assert await read(ctx, dut, offs[name]) == expect[name], name
         assert max(expect.values()) > 200 and min(expect.values()) >= 0
         assert expect["exp_missing"] > sum(strobes[:, ALL_COUNTERS.index("exp_missing")])
@@ -236,10 +241,13 @@ def test_counters_count_saturate_and_clear():
         ctx.set(dut.inc_rx_gather, 0)
         assert await read(ctx, dut, offs["rx_gather"]) == expect["rx_gather"] + 1
         ctx.set(dut.inc_stale_op, 1)
+        ctx.set(dut.inc_adapter_tx_frames, 1)
         await write(ctx, dut, ctrl, 0x1)
         ctx.set(dut.inc_stale_op, 0)
-        for name in ALL_COUNTERS:
-            assert await read(ctx, dut, offs[name]) == (name == "stale_op"), name
+        ctx.set(dut.inc_adapter_tx_frames, 0)
+        for name in counted:
+            kept = name in ("stale_op", "adapter_tx_frames")
+            assert await read(ctx, dut, offs[name]) == kept, name
         assert await read(ctx, dut, ctrl) == 0
 
     simulate(dut, bench)
@@ -252,18 +260,21 @@ def test_counters_read_every_cycle_while_counting_and_clearing():
     cycles before it since the last clear, saturated (summed here)."""
     p = NicParams(p=16, b=64, c=256, n_max=64)  # exp_missing adds up to 63 a cycle
     dut = Csr(p)
-    offs = [r.offset for b in register_map(p) for r in b.regs if r.kind == "counter"]
+    regs = [r for b in register_map(p) for r in b.regs]
+    offs = [r.offset for r in regs if r.kind == "counter"]
+    offs += [r.offset for r in regs if r.kind == "adapter"]  # the host block's, stored after
+    counted = (*ALL_COUNTERS, *HOST_COUNTERS)
     ctrl = next(r.offset for r in register_map(p)[0].regs if r.kind == "ctrl")
     rng = np.random.default_rng(11)
-    n = len(ALL_COUNTERS)
-    steps = [counter_step(p, name) for name in ALL_COUNTERS]
+    n = len(counted)
+    steps = [counter_step(p, name) if name in ALL_COUNTERS else 1 for name in counted]
 
     async def bench(ctx):
         # the counter RAM has no reset: what it held before reads as 0 after one
         for j in range(n):
             ctx.set(dut.store.data[j], 0xDEAD_0000 + j)
         for j in range(0, n, 5):
-            assert await read(ctx, dut, offs[j]) == 0, ALL_COUNTERS[j]
+            assert await read(ctx, dut, offs[j]) == 0, counted[j]
         await ctx.tick().repeat(n)
         start = {j: TOP - int(rng.integers(0, 60)) for j in rng.choice(n, 6, replace=False)}
         for j, v in start.items():
@@ -276,7 +287,7 @@ def test_counters_read_every_cycle_while_counting_and_clearing():
                 int(rng.integers(1, steps[j] + 1)) if j == burst or rng.random() < 0.15 else 0
                 for j in range(n)
             ]
-            for j, name in enumerate(ALL_COUNTERS):
+            for j, name in enumerate(counted):
                 ctx.set(getattr(dut, f"inc_{name}"), incs[j])
             j = int(rng.integers(n))
             clear = cycle > 300 and rng.random() < 0.01
@@ -286,7 +297,7 @@ def test_counters_read_every_cycle_while_counting_and_clearing():
             ctx.set(dut.r_en, int(not clear))
             await ctx.tick()
             if not clear:
-                assert ctx.get(dut.r_data) == min(expect[j], TOP), (cycle, ALL_COUNTERS[j])
+                assert ctx.get(dut.r_data) == min(expect[j], TOP), (cycle, counted[j])
                 saturated += expect[j] >= TOP
             else:
                 clears += 1
