@@ -405,8 +405,13 @@ class Csr(wiring.Component):
         host_first = host_block_base(self.p) + 0x10  # the host block's first counter
         in_host = word >= host_first >> 2
         m.d.comb += [
-            index.eq(Mux(in_host, word - (host_first >> 2) + len(ALL_COUNTERS),
-                         word - (FIRST_COUNTER >> 2))),
+            index.eq(
+                Mux(
+                    in_host,
+                    word - (host_first >> 2) + len(ALL_COUNTERS),
+                    word - (FIRST_COUNTER >> 2),
+                )
+            ),
             bus_rd.addr.eq(index),
             value.eq(_value(bus_rd.data, pending[index], cleared.bit_select(index, 1))),
         ]
