@@ -223,22 +223,15 @@ class NicCore(wiring.Component):
               for j, name in enumerate(HOST_COUNTERS)),
         ]  # fmt: skip
         rank, world = csr.rank, csr.world
-        m.d.comb += [
-            tce.rank.eq(rank),
-            tce.world.eq(world),
-            tce.t_b.eq(csr.t_b_us),
-            tce.t_c_min.eq(csr.t_c_min_us),
-            tce.t_c_init.eq(csr.t_c_init_us),
-        ]
-        for blk in (agg, trk):
+        for blk in (agg, trk, tce):
             m.d.comb += [
                 blk.rank.eq(rank),
                 blk.world.eq(world),
                 blk.t_b.eq(csr.t_b_us),
                 blk.t_c_min.eq(csr.t_c_min_us),
                 blk.t_c_init.eq(csr.t_c_init_us),
-                blk.alpha_q8.eq(csr.alpha_q8),
             ]
+        m.d.comb += [agg.alpha_q8.eq(csr.alpha_q8), trk.alpha_q8.eq(csr.alpha_q8)]
         for pk in (pks, pkg):
             m.d.comb += [pk.rank.eq(rank), pk.world.eq(world), pk.job_id.eq(p.job_id)]
         m.d.comb += [
@@ -894,7 +887,9 @@ class NicCore(wiring.Component):
         with m.If(cmd_taken & s.clr_req):
             m.d.sync += s.clr_req.eq(0)
         with m.FSM(name="drain") as s.drain_fsm:
-            with m.State("IDLE"), m.If(s.drain_q.r_rdy):
+            # an op's t_C words are written once its end's bank is idle (end_strobe): its
+            # record is read after that
+            with m.State("IDLE"), m.If(s.drain_q.r_rdy & ~s.t_end_busy):
                 m.d.comb += s.drain_q.r_en.eq(1)
                 m.d.sync += [d_slot.eq(s.drain_q.r_data), h_addr.eq(1), h_sum.eq(0)]
                 m.next = "MEANS"

@@ -88,7 +88,8 @@ class TcEstimator(wiring.Component):
     # a sample after world + 10 (with two banks, plus what the other bank's request takes)
     LATENCY = 0
     # the EWMA steps: `own_tc` holds a sample's result OWN_LATENCY cycles after the owner's
-    # registered end strobe (OWN_LATENCY + 1 after the sample is taken); one bank only
+    # registered end strobe (OWN_LATENCY + 1 after the sample is taken) when the engine is
+    # free for it; nothing waits on this count any more (the core waits for the bank)
     OWN_LATENCY = 6
 
     def __init__(self, p: NicParams, banks: int = 1) -> None:
@@ -264,7 +265,8 @@ class TcEstimator(wiring.Component):
                                 m.next = "CHECK"
             # the EWMA in steps: error, mean and deviation, t_C's clamp compares, the clamp.
             # Its magnitude and t_C are not registered (the core's 52 MHz allows two carry
-            # chains a step); their states stay, so that OWN_LATENCY holds
+            # chains a step); their states still wait a cycle each (the owners' bounds were
+            # checked with them; the core no longer needs them)
             err = Signal(signed(wide + 1))
             abs_err = Mux(err < 0, -err, err)
             mean_n = Signal(signed(wide))

@@ -3,7 +3,7 @@ word per (context, name), zeroed by a clear, written by its group's write, a cle
 write in one cycle resolved by the statement stated last; reads see the state of the cycle."""
 
 import numpy as np
-from amaranth import Elaboratable, Module, Signal
+from amaranth import Elaboratable, Module, Mux, Signal
 from amaranth.sim import Simulator
 
 from optireduce.hw.op_records import OpRecords
@@ -39,8 +39,9 @@ class _Bench(Elaboratable):
                 rec.write(m, g, self.wr_slot[g], {n: self.val[n] for n in words})
         if self.clear_last:
             clear()
-        got = rec.read(m, self.rd_slot)
-        m.d.comb += [self.out[n].eq(v) for n, v in got.items()]
+        words, written = rec.read(m, self.rd_slot)
+        # a word reads 0 until its group is written (the core gates the word it selects)
+        m.d.comb += [self.out[n].eq(Mux(written[n], v, 0)) for n, v in words.items()]
         return m
 
 
