@@ -37,9 +37,9 @@ In-band exponents (NicParams.exp_inband): the parser's notes fill the proposal t
 context peers ahead made (NicModel.start_op); the op's proposal word rides in `reserved`.
 
 One FWHT (NicParams.fwht_shared): the encoder's forward and the decoder's inverse
-transform take turns in one SharedFwht, a block at a time (hw/shared_fwht.py). The
-decode's output then waits while an encode block waits for host words, and the encode
-while host_o is not read: a host reads host_o independently of writing host_i.
+transform take turns in one SharedFwht, a whole block at a time (hw/shared_fwht.py):
+an encode block once all of it is buffered, a decode block once there is room after it
+for all of it, so neither host_i's words nor host_o's reader holds the other direction.
 
 Documented gaps (docs/nic_core.md): NicModel.exclude and put_proposal (no port), the
 start-time purge of an op whose peers used another exponent or length (the START uses
