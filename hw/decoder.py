@@ -21,7 +21,7 @@ from optireduce.host.model.codec import decode
 from optireduce.hw.block_divider import BlockDivider
 from optireduce.hw.dequantizer import Dequantizer
 from optireduce.hw.forward_ports import forward_ports
-from optireduce.hw.fwht import Fwht, fwht_latency
+from optireduce.hw.fwht import Fwht, external_fwht_ports, fwht_latency, through_external_fwht
 from optireduce.hw.gather_buffer import (
     GatherBuffer,
     GatherOp,
@@ -54,8 +54,7 @@ class Decoder(wiring.Component):
         self.external = p.rht and p.fwht_shared  # the FWHT is outside (SharedFwht)
         fwht_ports = {}
         if self.external:
-            fwht_ports = {"to_fwht": Out(element_stream(p.w_wire, p.lanes)),
-                          "from_fwht": In(element_stream(p.w_inv, p.lanes))}  # fmt: skip
+            fwht_ports = external_fwht_ports(p, p.w_wire)
         elif p.rht:
             self.fwht = Fwht(p, p.w_wire)
         if p.rht:
@@ -154,14 +153,13 @@ class Decoder(wiring.Component):
             dv, sg = self.divider, self.signs
             m.submodules.divider, m.submodules.signs = dv, sg
             if self.external:
-                wiring.connect(m, g.o, wiring.flipped(self.to_fwht))
-                wiring.connect(m, wiring.flipped(self.from_fwht), dv.i)
+                through_external_fwht(m, self, g.o, dv.i)
             else:
                 m.submodules.fwht = fw = self.fwht
                 wiring.connect(m, g.o, fw.i)
                 wiring.connect(m, fw.o, dv.i)
-            # k of each block waits for its block to leave the FWHT (shared: the Fwht
-            # holds at most two blocks of either stream, so no more of this one's)
+            # k of each block waits for its block to leave the FWHT; full, it holds the
+            # gather buffer at a block's start only (the blocks ahead drain by themselves)
             depth = max(4, 2 + fwht_latency(p) // p.b)
             kf = SyncFIFOBuffered(width=len(g.k.payload), depth=depth)
             m.submodules.k_fifo = kf

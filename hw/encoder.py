@@ -15,7 +15,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from optireduce.host.model.codec import encode
-from optireduce.hw.fwht import Fwht
+from optireduce.hw.fwht import Fwht, external_fwht_ports, through_external_fwht
 from optireduce.hw.quantizer import Quantizer
 from optireduce.hw.saturate import Saturate
 from optireduce.hw.sign_flip import SignFlip
@@ -37,8 +37,7 @@ class Encoder(wiring.Component):
             self.saturate = Saturate(p, p.w_fwd, p.w_wire)
             if self.external:
                 self.stages += [self.signs]
-                fwht_ports = {"to_fwht": Out(element_stream(p.w_in, p.lanes)),
-                              "from_fwht": In(element_stream(p.w_fwd, p.lanes))}  # fmt: skip
+                fwht_ports = external_fwht_ports(p, p.w_in)
             else:
                 self.fwht = Fwht(p, p.w_in)
                 self.stages += [self.signs, self.fwht]
@@ -67,8 +66,7 @@ class Encoder(wiring.Component):
         wiring.connect(m, wiring.flipped(self.i), self.quantizer.i)
         for a, b in zip(self.stages, self.stages[1:], strict=False):
             if self.external and a is self.signs:  # through the shared FWHT
-                wiring.connect(m, a.o, wiring.flipped(self.to_fwht))
-                wiring.connect(m, wiring.flipped(self.from_fwht), b.i)
+                through_external_fwht(m, self, a.o, b.i)
             else:
                 wiring.connect(m, a.o, b.i)
         last = self.stages[-1]

@@ -56,7 +56,7 @@ from amaranth.utils import exact_log2
 
 from optireduce.host.model.fwht import fwht_blocks
 from optireduce.hw.skid import Skid
-from optireduce.hw.streams import element_layout
+from optireduce.hw.streams import element_layout, element_stream
 from optireduce.params import NicParams
 
 
@@ -66,6 +66,19 @@ def fwht_latency(p: NicParams) -> int:
     beats = p.b // p.lanes
     stages = exact_log2(beats)
     return beats + stages + (1 if stages else 0)
+
+
+def external_fwht_ports(p: NicParams, width_in: int) -> dict:
+    """The ports of a block whose FWHT is outside it (NicParams.fwht_shared: SharedFwht):
+    its elements leave on `to_fwht`, the transform comes back on `from_fwht`."""
+    return {"to_fwht": Out(element_stream(width_in, p.lanes)),
+            "from_fwht": In(element_stream(width_in + p.log2_b, p.lanes))}  # fmt: skip
+
+
+def through_external_fwht(m: Module, block: wiring.Component, src, dst) -> None:
+    """src -> `block`'s to_fwht; its from_fwht -> dst (external_fwht_ports)."""
+    wiring.connect(m, src, wiring.flipped(block.to_fwht))
+    wiring.connect(m, wiring.flipped(block.from_fwht), dst)
 
 
 def fwht_layout(width: int, lanes: int, side_bits: int = 0) -> data.StructLayout:

@@ -134,7 +134,7 @@ class TcEstimator(wiring.Component):
                     for k in range(nb)]  # fmt: skip
 
         def cur(regs):
-            """The engine's bank's register."""
+            """The engine's bank's register (to read or to assign)."""
             return regs[0] if nb == 1 else Array(regs)[eb]
 
         fresh_v = banked("fresh_v", n, (1 << n) - 1)  # entry j reads restart.seen
@@ -202,11 +202,9 @@ class TcEstimator(wiring.Component):
             m.d.sync += below.eq(below + lt_new)
             m.d.comb += [ranks_wr.en.eq(1), ranks_wr.addr.eq(at(jb_r)),
                          ranks_wr.data.eq(rj_b + now_ - was)]  # fmt: skip
-            for k in range(nb):
-                with m.If(eb == k):
-                    m.d.sync += fresh_r[k].bit_select(jb_r, 1).eq(0)
-                    with m.If(Mux(now_ == was, same, Mux(now_, up, down))):
-                        m.d.sync += med[k].eq(vj_b)
+            m.d.sync += cur(fresh_r).bit_select(jb_r, 1).eq(0)
+            with m.If(Mux(now_ == was, same, Mux(now_, up, down))):
+                m.d.sync += cur(med).eq(vj_b)
 
         # A sample is taken when offered (an owner offers one for a single cycle): by the
         # engine if it is free for it, else into its bank's latch, served first after.
@@ -296,10 +294,8 @@ class TcEstimator(wiring.Component):
                 m.next = "EWMA_SET"
             with m.State("EWMA_SET"):
                 tc_c = Mux(below_lo, lo, Mux(above_tb, self.t_b, tc_w))
-                for k in range(nb):
-                    with m.If(eb == k):
-                        m.d.sync += [mean[k].eq(mean_n), dev[k].eq(dev_n), have[k].eq(1),
-                                     own[k].eq(tc_c[:TC_BITS])]  # fmt: skip
+                m.d.sync += [cur(mean).eq(mean_n), cur(dev).eq(dev_n), cur(have).eq(1),
+                             cur(own).eq(tc_c[:TC_BITS])]  # fmt: skip
                 m.d.sync += [new.eq(tc_c[:TC_BITS]), r.eq(self.rank)]
                 m.next = "CHECK"
             with m.State("CHECK"):  # read the entry (a wide mux), then compare
@@ -327,13 +323,11 @@ class TcEstimator(wiring.Component):
                     vals_wr.en.eq(1), vals_wr.addr.eq(at(r)), vals_wr.data.eq(new),
                     ranks_wr.en.eq(1), ranks_wr.addr.eq(at(r)), ranks_wr.data.eq(below),
                 ]  # fmt: skip
-                for k in range(nb):
-                    with m.If(eb == k):
-                        m.d.sync += [fresh_v[k].bit_select(r, 1).eq(0),
-                                     fresh_r[k].bit_select(r, 1).eq(0),
-                                     floor[k].eq(at_tick), floor_live[k].eq(1)]  # fmt: skip
-                        with m.If(below == k_med):
-                            m.d.sync += med[k].eq(new)
+                m.d.sync += [cur(fresh_v).bit_select(r, 1).eq(0),
+                             cur(fresh_r).bit_select(r, 1).eq(0),
+                             cur(floor).eq(at_tick), cur(floor_live).eq(1)]  # fmt: skip
+                with m.If(below == k_med):
+                    m.d.sync += cur(med).eq(new)
                 m.next = "IDLE"
         # a request in flight already makes T stale (a bank's: the other's leaves it valid)
         working = ~fsm.ongoing("IDLE")
