@@ -93,7 +93,7 @@ class NicParams:
         need(self.c >= self.b and self.c % self.b == 0, "c", f"must be a multiple of b={self.b}")
         need(self.c <= 1 << 30, "c", "chunk capacity must be at most 2^30 elements")
         need(_is_pow2(self.lanes) and self.lanes <= self.p, "lanes", "power of two, at most p")
-        need(2 <= self.ops_in_flight <= 64, "ops_in_flight", "K must be in 2..64")
+        need(1 <= self.ops_in_flight <= 64, "ops_in_flight", "K must be in 1..64")
         need(self.w_wire == 32, "w_wire", "UBT v1 carries 32-bit elements")
         for name in ("headroom_bits", "t_c_init_us", "exp_lead"):
             v = getattr(self, name)

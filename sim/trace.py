@@ -28,17 +28,21 @@ WORLD, RANK, OP_LEN, OPS = 3, 0, 256, 3  # three ops of one whole chunk each
 # rank 2's chunk of op 3 by 2^6.
 INBAND_PARAMS = TRACE_PARAMS.replace(exp_inband=True, exp_lead=2)
 INBAND_OPS = 5
+# The 25F's choices (hw/board_colorlight.py) at trace sizes: one op in flight, one FWHT
+SLIM_PARAMS = TRACE_PARAMS.replace(ops_in_flight=1, fwht_shared=True)
 
 Frame = tuple[int, bytes]  # (tick in microseconds, frame bytes)
 
 
-def _base(seed: int, inband: bool = False, admit: bool = False) -> tuple[list[tuple], list[tuple]]:
+def _base(
+    seed: int, inband: bool = False, admit: bool = False, params: NicParams | None = None
+) -> tuple[list[tuple], list[tuple]]:
     """(host, network) frames of rank 0 in a lossless run, as (tick, seq, frame): seq is
     the order things happened in, which breaks ties between frames of the same tick.
-    inband: INBAND_PARAMS, INBAND_OPS ops; a START past the first lead ops asks for the
-    in-band exponent, and each carries rank 0's proposal for op + lead. admit: the CONFIG
-    carries the peers table (admission on)."""
-    p, ops = (INBAND_PARAMS, INBAND_OPS) if inband else (TRACE_PARAMS, OPS)
+    params: the run's (TRACE_PARAMS if None). inband: INBAND_PARAMS, INBAND_OPS ops; a
+    START past the first lead ops asks for the in-band exponent, and each carries rank
+    0's proposal for op + lead. admit: the CONFIG carries the peers table (admission on)."""
+    p, ops = (INBAND_PARAMS, INBAND_OPS) if inband else (params or TRACE_PARAMS, OPS)
     rng = np.random.default_rng(seed)
     xs = [rng.standard_normal(ops * OP_LEN).astype(np.float32) for _ in range(WORLD)]
     if inband:  # rank 2 holds op 3's largest values, the others move between ranks
@@ -252,15 +256,17 @@ def _op_of(frame: bytes) -> int:
     return -1 if h.kind == host_port.CONFIG else h.op_id
 
 
-def make_trace(scenario: str, seed: int = 0, *, inband: bool = False) -> list[Frame]:
-    """The frames of a scenario, ordered by tick (stable). inband: a trace of
-    INBAND_PARAMS, disturbed as any of SCENARIOS or INBAND_SCENARIOS says.
-    ADMISSION_SCENARIOS turn the peers table on."""
+def make_trace(
+    scenario: str, seed: int = 0, *, inband: bool = False, params: NicParams | None = None
+) -> list[Frame]:
+    """The frames of a scenario, ordered by tick (stable), from a run at `params`
+    (TRACE_PARAMS if None). inband: a trace of INBAND_PARAMS, disturbed as any of
+    SCENARIOS or INBAND_SCENARIOS says. ADMISSION_SCENARIOS turn the peers table on."""
     table, extra = {**_scenarios(), **_admission_scenarios()}, _inband_scenarios() if inband else {}
     if scenario not in table and scenario not in extra:
         names = [*SCENARIOS, *ADMISSION_SCENARIOS, *(INBAND_SCENARIOS if inband else ())]
         raise ValueError(f"unknown scenario {scenario!r}; choose from {', '.join(names)}")
-    host, net = _base(seed, inband, admit=scenario in ADMISSION_SCENARIOS)
+    host, net = _base(seed, inband, admit=scenario in ADMISSION_SCENARIOS, params=params)
     rng = np.random.default_rng(seed + 1)
     if scenario in extra:
         host, net = extra[scenario](host, net, rng)

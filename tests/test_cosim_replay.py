@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from optireduce import host_port, ubt
 from optireduce.sim.cosim_build import harness_path
 from optireduce.sim.replay import ReplayResult, differences, replay
 from optireduce.sim.trace import (
@@ -19,9 +20,9 @@ from optireduce.sim.trace import (
     INBAND_SCENARIOS,
     OPS,
     SCENARIOS,
+    SLIM_PARAMS,
     TRACE_PARAMS,
     make_trace,
-    with_params,
 )
 from optireduce.sim.trace_mutate import mutate
 
@@ -116,19 +117,45 @@ def test_rtl_equals_model_with_output_backpressure():
     assert_same(replay(frames, backend="rtl", backpressure=3), model)
 
 
-# One FWHT for the encode and the decode (NicParams.fwht_shared, the 25F's build; a third
-# build): the same traces give the same bits, with outputs stalled too
-@pytest.mark.parametrize("scenario", SCENARIOS)
-def test_rtl_equals_model_with_one_fwht(scenario):
-    check(with_params(make_trace(scenario, 1), fwht_shared=True))
+# The 25F's build (SLIM_PARAMS: one op in flight and one FWHT for the encode and the
+# decode; a third build): traces of runs at those params give the same bits, with outputs
+# stalled too
+@pytest.mark.parametrize("scenario", (*SCENARIOS, *ADMISSION_SCENARIOS))
+def test_rtl_equals_model_slim(scenario):
+    model = check(make_trace(scenario, 1, params=SLIM_PARAMS))
+    assert model.counters["ops_completed"] == OPS
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_rtl_equals_model_with_one_fwht_mutated_and_stalled(seed):
-    frames = make_trace(SCENARIOS[(seed + 3) % len(SCENARIOS)], seed)
-    frames = with_params(mutate(frames, seed=400 + seed, rate=0.15), fwht_shared=True)
+def test_rtl_equals_model_slim_mutated_and_stalled(seed):
+    frames = make_trace(SCENARIOS[(seed + 3) % len(SCENARIOS)], seed, params=SLIM_PARAMS)
+    frames = mutate(frames, seed=400 + seed, rate=0.15)
     model = replay(frames, backend="model")
     assert_same(replay(frames, backend="rtl", backpressure=3), model)
+
+
+def _starts_and_last_frames(frames) -> tuple[dict[int, int], dict[int, int]]:
+    """Per op: the tick of its START, and of the last network frame of it."""
+    start: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for tick, f in frames:
+        if host_port.is_host_frame(f):
+            h = host_port.parse(f)
+            if h.kind == host_port.START:
+                start.setdefault(h.op_id, tick)
+        else:
+            op = ubt.UbtHeader.unpack(f, ubt.L2_L4_LEN).op_id
+            last[op] = max(last.get(op, tick), tick)
+    return start, last
+
+
+def test_slim_traces_hold_one_op_in_flight():
+    """In a clean run at K = 1 the host STARTs op j + 1 only once op j has all its
+    frames; at K = 2 op 1 starts before op 0 is through."""
+    start, last = _starts_and_last_frames(make_trace("clean", 1, params=SLIM_PARAMS))
+    assert all(start[j + 1] >= last[j] for j in range(OPS - 1)), (start, last)
+    start, last = _starts_and_last_frames(make_trace("clean", 1))
+    assert start[1] < last[0]
 
 
 def test_a_difference_is_caught():

@@ -25,7 +25,8 @@ def test_defaults_and_derived_widths():
         ("b", 128),  # smaller than p
         ("c", 5000),  # not a multiple of b
         ("lanes", 3),
-        ("ops_in_flight", 1),
+        ("ops_in_flight", 0),
+        ("ops_in_flight", 65),
         ("w_wire", 16),
         ("headroom_bits", 0),
         ("headroom_bits", 13),  # more than log2(b)

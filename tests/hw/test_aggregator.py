@@ -408,6 +408,12 @@ def test_three_ops_in_flight_random_scenario():
     check(random_scenario(35, P.replace(ops_in_flight=3)), seed=35)
 
 
+@pytest.mark.parametrize("seed", (36, 37))
+def test_one_op_in_flight_random_scenario(seed):
+    """K = 1 (the 25F's build): a receive window of 2 ops in 2 contexts."""
+    check(random_scenario(seed, P.replace(ops_in_flight=1)), seed=seed)
+
+
 def test_two_lanes_random_scenario():
     p = P.replace(lanes=2)
     sc = random_scenario(11, p)

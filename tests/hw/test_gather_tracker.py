@@ -395,6 +395,12 @@ def test_three_ops_in_flight_random_scenario():
     check(random_scenario(35, P.replace(ops_in_flight=3)), seed=35)
 
 
+@pytest.mark.parametrize("seed", (36, 37))
+def test_one_op_in_flight_random_scenario(seed):
+    """K = 1 (the 25F's build): a receive window of 2 ops in 2 contexts."""
+    check(random_scenario(seed, P.replace(ops_in_flight=1)), seed=seed)
+
+
 def test_random_scenarios_cover_every_rule():
     """The random scenarios, together, end phases for every reason and see accepted and
     duplicate packets (late ones need an older op still open: sc_duplicate_late)."""

@@ -35,7 +35,7 @@ def plans(draw: st.DrawFn) -> Plan:
     b = max(pp * draw(st.sampled_from([1, 2, 4, 8])), 2)
     c = b * draw(st.sampled_from([1, 2, 4]))
     t_b = draw(st.integers(20, 600))
-    k = draw(st.sampled_from([2, 2, 3]))
+    k = draw(st.sampled_from([1, 2, 2, 3]))
     inband = draw(st.sampled_from([False, False, True]))
     params = NicParams(
         p=pp, b=b, c=c, n_max=8,

@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
         p.b = std::max(2, p.p << U(0, 4));
         p.c = int64_t{p.b} << U(0, 3);
         p.n_max = 8;
-        p.ops_in_flight = U(2, 3);
+        p.ops_in_flight = U(1, 3);
         p.t_b_us = p.t_c_init_us = U(20, 2000);
         p.t_c_min_us = U(1, p.t_b_us);
         p.alpha_q8 = U(1, 256);
