@@ -101,17 +101,28 @@ class _FrameSender(wiring.Component):
         m.submodules.out = out = Skid(frame_layout(1), registered=True)
         wiring.connect(m, out.o, wiring.flipped(self.o))
         f_count = Signal.like(self.count)
-        dst = Const(int.from_bytes(host_port.HOST_MAC, "big"), 48)
-        src = Const(int.from_bytes(host_port.NIC_MAC, "big"), 48)
+
+        def consts(data: bytes) -> list:
+            return [Const(b, 8) for b in data]
+
+        eth = host_port.HOST_MAC + host_port.NIC_MAC + host_port.ETHERTYPE.to_bytes(2, "big")
         head = [
-            *_be(dst, 6), *_be(src, 6), *_be(Const(host_port.ETHERTYPE, 16), 2),
-            Const(host_port.VERSION, 8), self.kind, *_be(self.count, 2), *_be(self.op_id, 4),
-            *_be(self.offset, 4), *_be(self.n, 4), self.exponent, Const(0, 24),
+            *consts(eth), Const(host_port.VERSION, 8), self.kind, *_be(self.count, 2),
+            *_be(self.op_id, 4), *_be(self.offset, 4), *_be(self.n, 4), self.exponent,
+            *consts(bytes(3)),
         ]  # fmt: skip
-        # the header is loaded whole at the start and shifted out a byte at a time: no
-        # 34-way byte mux in front of the output (125 MHz)
-        head_sr = Signal(8 * HEAD)
+        # The header's fields are the bytes lo..hi-1, the rest are constants. The fields
+        # are loaded whole at the start and shifted out a byte at a time, the constants
+        # come from a table by position: no 34-way byte mux in front of the output, and
+        # only the fields' 128 flip-flops take a load or a shift (125 MHz)
+        const = [isinstance(b, Const) for b in head]
+        lo = const.index(False)
+        hi = len(head) - const[::-1].index(False)
+        assert not any(const[lo:hi]) and len(head) == HEAD, "the fields are one run of bytes"
+        table = Array(Const(b.value if c else 0, 8) for b, c in zip(head, const, strict=True))
+        head_sr = Signal(8 * (hi - lo))
         pos = Signal(range(HEAD))
+        in_fields = Signal()  # pos is in lo..hi-1 (registered with pos)
         widx = Signal(16)
         byte = Signal(2)
         word = Signal(32)  # the word being sent, loaded from rd_data (BRAM -> FF, no logic)
@@ -127,8 +138,9 @@ class _FrameSender(wiring.Component):
             with m.State("IDLE"):
                 # loaded every idle cycle, so `start` only moves the FSM: it is not the
                 # enable of the 272 header registers (125 MHz)
-                m.d.sync += [head_sr.eq(Cat(*head)), f_count.eq(self.count)]
-                m.d.sync += [pos.eq(0), widx.eq(0), byte.eq(0), rd_addr.eq(self.base)]
+                m.d.sync += [head_sr.eq(Cat(*head[lo:hi])), f_count.eq(self.count)]
+                m.d.sync += [pos.eq(0), in_fields.eq(lo == 0), widx.eq(0), byte.eq(0)]
+                m.d.sync += rd_addr.eq(self.base)
                 m.d.sync += [empty.eq(self.count == 0), last_word.eq(self.count == 1)]
                 with m.If(self.start):
                     m.next = "HEAD"
@@ -136,11 +148,13 @@ class _FrameSender(wiring.Component):
                 m.d.comb += [
                     self.busy.eq(1),
                     out.i.valid.eq(1),
-                    out.i.payload.data[0].eq(head_sr[:8]),
+                    out.i.payload.data[0].eq(Mux(in_fields, head_sr[:8], table[pos])),
                     out.i.payload.last.eq((pos == HEAD - 1) & empty),
                 ]
                 with m.If(hs):
-                    m.d.sync += [pos.eq(pos + 1), head_sr.eq(head_sr >> 8)]
+                    m.d.sync += [pos.eq(pos + 1), in_fields.eq((pos + 1 >= lo) & (pos + 1 < hi))]
+                    with m.If(in_fields):
+                        m.d.sync += head_sr.eq(head_sr >> 8)
                     with m.If(pos == HEAD - 1):
                         m.d.sync += [word.eq(self.rd_data), rd_addr.eq(rd_addr + 1)]
                         m.next = "WORDS"
@@ -257,11 +271,13 @@ class HostAdapter(wiring.Component):
 
         # the open op (its START was taken and it still owes words)
         open_ = Signal()
-        cur_op, cur_n, got = Signal(32), Signal(32), Signal(32)
-        cur_last = Signal(32)  # cur_n - 1, registered with it
+        # an op's counts are < 2^32 on the wire, but a START with n > C is dropped
+        words = range(self.p.c + 1)
+        cur_op, cur_n, got = Signal(32), Signal(words), Signal(words)
+        cur_last = Signal(words)  # cur_n - 1, registered with it
         next_op = Signal(32)  # the core takes ops in order from 0 (NicModel.last_started)
-        idx = Signal(16)  # word of the frame being emitted
-        pad_left = Signal(32)
+        idx = Signal(range(self.rx_words + 1))  # word of the frame being emitted
+        pad_left = Signal(words)
 
         ef, ridx, inflight, landed, emit_valid, emit_data = self._rx_emit_fifo(m, rd)
         m.d.comb += [
@@ -280,7 +296,7 @@ class HostAdapter(wiring.Component):
         seq = (open_, cur_op, cur_n, got, next_op)
         pre_judge, verdicts, chk = self._rx_checks(fields, seq)
         count_m1, pairs_m1, count_zero, is_reg, is_start = chk
-        reg_i = Signal(16)  # REG: index of the pair
+        reg_i = Signal(range(self.rx_words + 1))  # REG: index of the pair
         reg_phase = Signal(3)
 
         with m.FSM():
@@ -421,7 +437,7 @@ class HostAdapter(wiring.Component):
         # setup do not fit one 125 MHz cycle on the 25F-6), and host_i comes from the
         # FIFO's output register
         m.submodules.emit_fifo = ef = SyncFIFOBuffered(width=32, depth=8)
-        ridx = Signal(16)  # next word to read
+        ridx = Signal(range(self.rx_words + 1))  # next word to read
         inflight = Signal()  # a read issued last cycle: its word is on rd.data now
         landed, landed_data = Signal(), Signal(32)  # ... and in this register a cycle later
         m.d.sync += [landed.eq(inflight), landed_data.eq(rd.data)]
@@ -533,8 +549,8 @@ class HostAdapter(wiring.Component):
         nwords = Signal(range(depth + 2))  # words of the message so far (depth + 1: too many)
         s = Signal(range(depth + 1))  # record start = n
         rec = {k: Signal(32, name=f"rec_{k}") for k in ("op_id", "n", "exponent", "world")}
-        off = Signal(32)
-        left = Signal(32)  # result words not sent yet (s - off)
+        off = Signal(range(depth + 1))
+        left = Signal(range(depth + 1))  # result words not sent yet (s - off)
         frag = self.tx_fragment
         want = {"op_id": 0, "n": 1, "exponent": 2, "world": RECORD_FIXED - 1}
         good, s_zero = Signal(), Signal()
