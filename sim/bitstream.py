@@ -44,6 +44,9 @@ NEXTPNR_OPTS = "--report report.json --timing-allow-fail --router router2 --tmg-
 # measured to route and meet its clocks (docs/boards.md, "Seeds of the whole NIC").
 # nextpnr is deterministic for one netlist, seed, option set and tool version.
 SEEDS = {"ecpix5": 2, "butterstick": 6}
+# yosys options per board: on the 25F, compares with a constant in LUTs rather than carry
+# chains, 239 CCU2C (478 LUTs) for 221 LUT4s more (docs/boards.md, "Synthesis options")
+SYNTH_OPTS = {"colorlight": "-cmp2softlogic"}
 # nextpnr cell types -> our utilization keys (TRELLIS_COMB: LUT4s and both halves of a
 # CCU2C carry cell, the LUT count of experiments/area.py)
 CELLS = {"luts": "TRELLIS_COMB", "ffs": "TRELLIS_FF", "brams": "DP16KD", "dsps": "MULT18X18D"}
@@ -191,6 +194,7 @@ def _plan(name: str, core: Callable | None):
         name="top",
         do_build=False,
         nextpnr_opts=f"{NEXTPNR_OPTS} --seed {SEEDS.get(name, 1)}",
+        synth_opts=SYNTH_OPTS.get(name, ""),
         add_preferences=top.lpf_preferences(),
     )
     digest = hashlib.sha256()
