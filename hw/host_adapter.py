@@ -137,7 +137,7 @@ class _FrameSender(wiring.Component):
         with m.FSM():
             with m.State("IDLE"):
                 # loaded every idle cycle, so `start` only moves the FSM: it is not the
-                # enable of the 272 header registers (125 MHz)
+                # enable of the 128 field registers (125 MHz)
                 m.d.sync += [head_sr.eq(Cat(*head[lo:hi])), f_count.eq(self.count)]
                 m.d.sync += [pos.eq(0), in_fields.eq(lo == 0), widx.eq(0), byte.eq(0)]
                 m.d.sync += rd_addr.eq(self.base)

@@ -47,6 +47,11 @@ SEEDS = {"ecpix5": 2, "butterstick": 6}
 # yosys options per board: on the 25F, compares with a constant in LUTs rather than carry
 # chains, 239 CCU2C (478 LUTs) for 221 LUT4s more (docs/boards.md, "Synthesis options")
 SYNTH_OPTS = {"colorlight": "-cmp2softlogic"}
+# boards whose adders with a constant carry-in take sim/ecp5_carry_map.vmap before yosys's
+# own map: no CCU2C of nextpnr's in front of each chain (docs/boards.md, "Where nextpnr's
+# packing adds LUTs"); tests/test_carry_map.py proves the map
+CARRY_MAP = Path(__file__).with_name("ecp5_carry_map.vmap")
+CARRY_MAP_BOARDS = {"colorlight"}
 # nextpnr cell types -> our utilization keys (TRELLIS_COMB: LUT4s and both halves of a
 # CCU2C carry cell, the LUT count of experiments/area.py)
 CELLS = {"luts": "TRELLIS_COMB", "ffs": "TRELLIS_FF", "brams": "DP16KD", "dsps": "MULT18X18D"}
@@ -180,6 +185,23 @@ def run_build(root: Path, env: dict[str, str], timeout_s: float) -> int | None:
                 proc.wait()
 
 
+def _synthesis(plat, name: str) -> dict:
+    """The board's yosys options. With the carry map, synth_ecp5 stops before its gates
+    are mapped, the map takes the adders it can, synth_ecp5 goes on from there, and two
+    passes leave the first CIN of those chains unconnected (sim/ecp5_carry_map.vmap)."""
+    opts = SYNTH_OPTS.get(name, "")
+    if name not in CARRY_MAP_BOARDS:
+        return {"synth_opts": opts}
+    plat.add_file(CARRY_MAP.name, CARRY_MAP.read_text())
+    steps = [
+        f"techmap -map {CARRY_MAP.name}",
+        f"synth_ecp5 {opts} -run map_gates: -top top",
+        f"techmap -D CARRY_FREE_A -map {CARRY_MAP.name}",
+        f"techmap -D CARRY_FREE_B -map {CARRY_MAP.name}",
+    ]
+    return {"synth_opts": f"{opts} -run begin:map_gates", "script_after_synth": "\n".join(steps)}
+
+
 def _plan(name: str, core: Callable | None):
     """The board's build plan (amaranth-boards, not run) and its directory, keyed by the
     hash of every file of the plan."""
@@ -194,7 +216,7 @@ def _plan(name: str, core: Callable | None):
         name="top",
         do_build=False,
         nextpnr_opts=f"{NEXTPNR_OPTS} --seed {SEEDS.get(name, 1)}",
-        synth_opts=SYNTH_OPTS.get(name, ""),
+        **_synthesis(plat, name),
         add_preferences=top.lpf_preferences(),
     )
     digest = hashlib.sha256()

@@ -203,7 +203,9 @@ def test_bad_frames_are_counted_drops_and_never_reach_the_core():
     }  # fmt: skip
     after_start = {
         "drop_sequence": [_frame(DATA, 0, 0, 200, 5, x[:4]),  # offset 0 again
-                          _frame(DATA, 7, FRAG, 200, 5, x[FRAG : FRAG + 4])],  # wrong op
+                          _frame(DATA, 7, FRAG, 200, 5, x[FRAG : FRAG + 4]),  # wrong op
+                          # the next offset plus 2^11: the op's counts are 11 bits (C = 1024)
+                          _frame(DATA, 0, FRAG + 2048, 200, 5, x[FRAG : FRAG + 4])],
     }  # fmt: skip
     past_end = _frame(DATA, 0, 2 * FRAG, 200, 5, np.zeros(200 - 2 * FRAG + 1, np.float32))
     frames = [f for fs in bad.values() for f in fs] + [good[0]]
@@ -215,6 +217,18 @@ def test_bad_frames_are_counted_drops_and_never_reach_the_core():
     n_bad = {k: len(v) for k, v in bad.items()}
     n_bad["drop_sequence"] += len(after_start["drop_sequence"]) + 1
     assert out["counters"] == _counts(rx_frames=len(good), **n_bad)
+
+
+def test_an_op_of_c_words_is_taken_whole():
+    """n = C, the most an op holds (the op's counts are as wide as C needs)."""
+    x = np.random.default_rng(5).standard_normal(P.c).astype(np.float32)
+    frames = _chunk(0, x, 2)
+    dut = HostAdapter(P, rx_words=FRAG, tx_fragment=FRAG)
+    out = _run(dut, frames, [], seed=5)
+    assert out["cmd"] == [(0, P.c, 2)]
+    assert [w for w, _, _ in out["words"]] == x.view(np.uint32).tolist()
+    assert [k for k, (_, _, last) in enumerate(out["words"]) if last] == [P.c - 1]
+    assert out["counters"] == _counts(rx_frames=len(frames))
 
 
 def test_a_start_before_the_last_words_pads_the_open_op_with_zeros():
