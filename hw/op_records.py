@@ -32,7 +32,9 @@ class OpRecords:
         self._wr, self._rd, self._valid = {}, {}, {}
         for g, words in groups.items():
             lay = data.StructLayout({name: unsigned(bits) for name, bits in words.items()})
-            mem = Memory(shape=lay, depth=n_ctx, init=[])
+            # two contexts (K = 1) fit flip-flops better than 16-deep LUT RAM
+            attrs = {"ram_style": "logic"} if n_ctx <= 2 else {}
+            mem = Memory(shape=lay, depth=n_ctx, init=[], attrs=attrs)
             m.submodules[f"rec_{g}"] = mem
             self._wr[g] = mem.write_port()
             self._rd[g] = mem.read_port(domain="comb")
