@@ -44,15 +44,16 @@ NEXTPNR_OPTS = "--report report.json --timing-allow-fail --router router2 --tmg-
 # measured to route and meet its clocks (docs/boards.md, "Seeds of the whole NIC").
 # nextpnr is deterministic for one netlist, seed, option set and tool version.
 SEEDS = {"ecpix5": 2, "butterstick": 6}
-# yosys options per board: on the 25F, compares with a constant in LUTs rather than carry
-# chains, 239 CCU2C (478 LUTs) for 221 LUT4s more (docs/boards.md, "Synthesis options")
-SYNTH_OPTS = {"colorlight": "-cmp2softlogic"}
-# boards whose adders with a constant carry-in take sim/ecp5_carry_map.vmap before yosys's
-# own map: no CCU2C of nextpnr's in front of each chain (docs/boards.md, "Where nextpnr's
-# packing adds LUTs"); tests/test_carry_map.py proves the map
+# Boards built for area (the 25F, whose LUTs are short; docs/boards.md, "Synthesis
+# options" and "Where nextpnr's packing adds LUTs"): compares with a constant in LUTs
+# (-cmp2softlogic); adders with a constant carry-in through sim/ecp5_carry_map.vmap
+# (proved by tests/test_carry_map.py); abc9 with a delay target (the 125 MHz side's
+# period), which recovers area where paths have slack; and unread carry outs left
+# unconnected before nextpnr (sim/carry_ends.py)
+AREA_BOARDS = {"colorlight"}
+AREA_SYNTH_OPTS = "-cmp2softlogic"
 CARRY_MAP = Path(__file__).with_name("ecp5_carry_map.vmap")
-CARRY_MAP_BOARDS = {"colorlight"}
-ABC9_DELAY_PS = 8000  # abc9's delay target on those boards: the 125 MHz side's period
+ABC9_DELAY_PS = 8000
 # nextpnr cell types -> our utilization keys (TRELLIS_COMB: LUT4s and both halves of a
 # CCU2C carry cell, the LUT count of experiments/area.py)
 CELLS = {"luts": "TRELLIS_COMB", "ffs": "TRELLIS_FF", "brams": "DP16KD", "dsps": "MULT18X18D"}
@@ -187,21 +188,16 @@ def run_build(root: Path, env: dict[str, str], timeout_s: float) -> int | None:
                 proc.wait()
 
 
-def _synthesis(plat, name: str) -> dict:
-    """The board's yosys options. With the carry map, synth_ecp5 stops before its gates
-    are mapped, the map takes the adders it can, synth_ecp5 goes on from there, and two
-    passes leave the first CIN of those chains unconnected (sim/ecp5_carry_map.vmap)."""
-    opts = SYNTH_OPTS.get(name, "")
-    if name not in CARRY_MAP_BOARDS:
-        return {"synth_opts": opts}
+def _area_flow(plat) -> dict:
+    """yosys for AREA_BOARDS: synth_ecp5 stops before its gates are mapped, the carry map
+    takes the adders it can, synth_ecp5 goes on to map_luts, abc9 runs with a delay target
+    (synth_ecp5's map_luts otherwise), synth_ecp5 finishes, and two passes leave the
+    first CIN of the mapped chains unconnected (sim/ecp5_carry_map.vmap)."""
     plat.add_file(CARRY_MAP.name, CARRY_MAP.read_text())
+    opts = AREA_SYNTH_OPTS
     steps = [
         f"techmap -map {CARRY_MAP.name}",
         f"synth_ecp5 {opts} -run map_gates:map_luts -top top",
-        # synth_ecp5's map_luts with a delay target for abc9: the fastest clock's period
-        # (8 ns, the 125 MHz side). Without one abc9 keeps every path at its least depth;
-        # with one it recovers area where a path has slack: 405 LUTs on the 25F's NIC
-        # (docs/boards.md, "Synthesis options")
         "check -latchonly -assert",
         "techmap -map +/lattice/latches_map.v",
         f"abc9 -W 300 -D {ABC9_DELAY_PS}",
@@ -213,6 +209,16 @@ def _synthesis(plat, name: str) -> dict:
     return {"synth_opts": f"{opts} -run begin:map_gates", "script_after_synth": "\n".join(steps)}
 
 
+def _with_carry_ends(plan) -> None:
+    """The build script of an AREA_BOARDS plan runs sim/carry_ends.py between yosys and
+    nextpnr."""
+    script = plan.files["build_top.sh"]
+    synth = '"$YOSYS" -q -l top.rpt top.ys\n'
+    assert synth in script, "amaranth's build script changed"
+    step = '"$PYTHON" -m optireduce.sim.carry_ends top.json\n'
+    plan.files["build_top.sh"] = script.replace(synth, synth + step)
+
+
 def _plan(name: str, core: Callable | None):
     """The board's build plan (amaranth-boards, not run) and its directory, keyed by the
     hash of every file of the plan."""
@@ -222,20 +228,17 @@ def _plan(name: str, core: Callable | None):
     os.environ.setdefault("AMARANTH_USE_YOSYS", "builtin")
     plat = b.platform()
     top = BoardTop(b, core)
+    area = name in AREA_BOARDS
     plan = plat.build(
         top,
         name="top",
         do_build=False,
         nextpnr_opts=f"{NEXTPNR_OPTS} --seed {SEEDS.get(name, 1)}",
-        **_synthesis(plat, name),
+        **(_area_flow(plat) if area else {}),
         add_preferences=top.lpf_preferences(),
     )
-    if name in CARRY_MAP_BOARDS:  # unread carry outs unconnected (sim/carry_ends.py)
-        script = plan.files["build_top.sh"]
-        synth = '"$YOSYS" -q -l top.rpt top.ys\n'
-        assert synth in script, "amaranth's build script changed"
-        step = '"$PYTHON" -m optireduce.sim.carry_ends top.json\n'
-        plan.files["build_top.sh"] = script.replace(synth, synth + step)
+    if area:
+        _with_carry_ends(plan)
     digest = hashlib.sha256()
     for fname in sorted(plan.files):
         content = plan.files[fname]

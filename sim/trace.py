@@ -9,7 +9,6 @@ through the model or the RTL must give the same output frames and counters.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -274,21 +273,6 @@ def make_trace(
         net = table[scenario](net, rng)
     frames = sorted(host + net, key=lambda e: (e[0], e[1]))
     return [(t, f) for t, _, f in frames]
-
-
-def with_params(frames: list[Frame], **changes: object) -> list[Frame]:
-    """The trace with its CONFIG frame's NicParams changed (a field the model does not
-    read, such as fwht_shared, gives another build of the same trace)."""
-    out = []
-    for tick, frame in frames:
-        if host_port.is_host_frame(frame):
-            h = host_port.parse(frame)
-            if h.kind == host_port.CONFIG:
-                c = json.loads(h.payload)
-                p = NicParams(**c["params"]).replace(**changes)
-                frame = host_port.config_frame(p, c["rank"], c["world"], c.get("peers"))
-        out.append((tick, frame))
-    return out
 
 
 def write_pcap(path: str | Path, frames: list[Frame]) -> None:
