@@ -48,11 +48,11 @@ SOL_PACKET, PACKET_ADD_MEMBERSHIP, PACKET_MR_UNICAST = 263, 1, 3  # <linux/if_pa
 RECV_BATCH = 256  # frames taken from the socket per recv()
 SEND_WAIT_S = 5.0  # longest wait for room in the interface's queue
 IDENT = ("type", "version", "param_p", "param_b", "param_c", "param_n_max", "param_lanes",
-         "param_ops_in_flight", "param_w_wire")  # fmt: skip
+         "param_ops_in_flight", "param_w_wire", "param_tick_bits")  # fmt: skip
 # NicParams fields the NIC's registers give back: the job must use the board's values
 PARAM_REGS = {"param_p": "p", "param_b": "b", "param_c": "c", "param_n_max": "n_max",
               "param_lanes": "lanes", "param_ops_in_flight": "ops_in_flight",
-              "param_w_wire": "w_wire"}  # fmt: skip
+              "param_w_wire": "w_wire", "param_tick_bits": "tick_bits"}  # fmt: skip
 
 
 class BoardError(RuntimeError):
@@ -265,8 +265,9 @@ def identify(regs: RegisterPort, p: NicParams | None = None) -> BoardInfo:
             f"the NIC on {regs.link.ifname} has register block version {_version(got)}; this "
             f"host needs {_version(VERSION)} or a later {VERSION >> 16}.x (from 1.2 the host "
             "adapter takes the padded frames a wire delivers, from 1.3 its counters are "
-            "registers): build and load this version's bitstream (optireduce build bitstream "
-            "--board NAME, then optireduce board program --board NAME)"
+            "registers, from 1.4 the NIC says its clock's width): build and load this "
+            "version's bitstream (optireduce build bitstream --board NAME, then optireduce "
+            "board program --board NAME)"
         )
     params = {PARAM_REGS[k]: v for k, v in values.items() if k in PARAM_REGS}
     return BoardInfo(regs.link.ifname, got, params)
@@ -440,7 +441,8 @@ class BoardNic(HostNic):
                                      f"{0 if st is None else st['got']} of {d['n']} result "
                                      "words before its STATS (frames lost on the host "
                                      "link?)")  # fmt: skip
-                out.append(OpResult(f.op_id, st["buf"], host_port.op_stats(d, self.rank)))
+                stats = host_port.op_stats(d, self.rank, self.p.tick_bits)
+                out.append(OpResult(f.op_id, st["buf"], stats))
             else:
                 self.link.drops["malformed"] += 1
         return out

@@ -245,7 +245,7 @@ class SimNic(HostNic):
             self._host.append(data)
         data = self._host.popleft()
         op_id, res, words = host_record(np.frombuffer(data, "<u4").tolist(), self.world)
-        st = host_port.op_stats(host_port.stats_from_words(words), self.rank)
+        st = host_port.op_stats(host_port.stats_from_words(words), self.rank, self.p.tick_bits)
         return [OpResult(op_id, res, st)]
 
     def close(self) -> None:

@@ -187,7 +187,7 @@ class OptiReduceState:
             return out
 
         self._agree = agree
-        p = self.params.replace(t_b_us=WARMUP_T_B_US)
+        p = self.params.replace(t_b_us=self.params.warmup_t_b_us)
         self._nic = select_nic(p, rank, world, transport=transport, agree=agree)
         if self.iteration >= self.warmup_iters and self.t_b_us is not None:
             self._nic.set_t_b(self.t_b_us)  # a state restored past its warm-up
@@ -220,7 +220,7 @@ class OptiReduceState:
 
     def _bound(self) -> float:
         """How long a control exchange waits for a peer: t_B (warm-up: its generous bound)."""
-        t_b = self.t_b_us if self.iteration >= self.warmup_iters else WARMUP_T_B_US
+        t_b = self.t_b_us if self.iteration >= self.warmup_iters else self.params.warmup_t_b_us
         return max(t_b * 1e-6, self.control_floor_s or 0.0)
 
     def _note_gone(self) -> None:

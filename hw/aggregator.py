@@ -81,13 +81,13 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from optireduce.hw import event_counts
-from optireduce.hw.deadline import TICK_BITS, PhaseContexts, Reason, Settle
+from optireduce.hw.deadline import PhaseContexts, Reason, Settle
 from optireduce.hw.mean_readout import MeanReadout
 from optireduce.hw.peer_progress import PeerProgress, peer_layout
 from optireduce.hw.serial_divider import SerialDivider
 from optireduce.hw.staged_write import StagedWrite
 from optireduce.hw.streams import element_stream
-from optireduce.hw.tc_estimator import TC_BITS, owner_estimator, owner_estimator_port
+from optireduce.hw.tc_estimator import owner_estimator, owner_estimator_port, tc_bits
 from optireduce.params import NicParams
 
 
@@ -107,7 +107,7 @@ def event_layout(p: NicParams) -> data.StructLayout:
             "sender": range(p.n_max),
             "pkt_index": range(p.c // p.p),
             "last": 1,
-            "t_c": TC_BITS,
+            "t_c": tc_bits(p),
         }
     )
 
@@ -144,12 +144,12 @@ class Aggregator(wiring.Component):
                 "rank": In(range(p.n_max)),
                 "world": In(range(p.n_max + 1)),
                 "t_b": In(32),
-                "t_c_min": In(TC_BITS, init=p.t_c_min_us),
-                "t_c_init": In(TC_BITS, init=p.t_c_init),
+                "t_c_min": In(tc_bits(p), init=p.t_c_min_us),
+                "t_c_init": In(tc_bits(p), init=p.t_c_init),
                 "alpha_q8": In(9),
                 # time
                 "tick": In(1),
-                "now": Out(TICK_BITS),
+                "now": Out(p.tick_bits),
                 # inputs
                 "ev": In(stream.Signature(event_layout(p))),
                 "i": In(element_stream(p.w_wire, p.lanes)),
@@ -162,13 +162,13 @@ class Aggregator(wiring.Component):
                 "end_valid": Out(1),
                 "end_op": Out(32),
                 "end_reason": Out(Reason),
-                "end_tick": Out(TICK_BITS),
+                "end_tick": Out(p.tick_bits),
                 "end_timeout": Out(32),
                 "end_received": Out(range(self.rows_max * p.n_max + 1)),
                 "end_expected": Out(range(self.rows_max * p.n_max + 1)),
                 # status
                 "timeout": Out(32),
-                "own_tc": Out(TC_BITS),
+                "own_tc": Out(tc_bits(p)),
                 **owner_estimator_port(p, tc_external),
                 **event_counts.ports(),  # rx / duplicate / late: counts and strobes
             }
@@ -201,7 +201,7 @@ class Aggregator(wiring.Component):
         s.world_shape = range(n_max + 1)
 
         # ---- time ------------------------------------------------------------------
-        s.now = now = Signal(TICK_BITS, init=self.tick0)
+        s.now = now = Signal(p.tick_bits, init=self.tick0)
         s.pend = Signal(16)  # strobes not yet applied
         s.consume = Signal()
         m.d.sync += s.pend.eq(s.pend + self.tick - s.consume)
@@ -211,7 +211,7 @@ class Aggregator(wiring.Component):
         tc = s.tc = owner_estimator(m, self, now)
 
         # ---- per-op contexts (registers) ----------------------------------------------
-        s.cx = cx = PhaseContexts(n_ctx, tot_shape, n_cnt)
+        s.cx = cx = PhaseContexts(n_ctx, tot_shape, n_cnt, p.tick_bits)
         for name, field in zip(PhaseContexts.FIELDS, cx.fields(), strict=True):
             setattr(s, f"c_{name}", field)
         s.c_mine = Array(Signal(rcv_shape, name=f"mine{k}") for k in range(n_ctx))
@@ -236,7 +236,7 @@ class Aggregator(wiring.Component):
 
         # ---- the event being handled ----------------------------------------------------
         s.ev = ev = Signal(event_layout(p))
-        s.ev_now = Signal(TICK_BITS)
+        s.ev_now = Signal(p.tick_bits)
         s.c = Signal(s.cb)
         m.d.comb += s.c.eq(ev.op_id[: s.cb])
         s.n_pk = Signal(range(self.npk_max + 1))

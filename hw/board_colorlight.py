@@ -16,8 +16,10 @@ from amaranth_boards.colorlight_5a75b_r7_0 import Colorlight_5A75B_R70Platform
 from optireduce.hw.board_top import Board, NoProgrammer
 from optireduce.params import NicParams
 
-# one op in flight and one FWHT: the 25F's LUTs (docs/boards.md, "One op in flight on the 25F")
-PARAMS = NicParams(n_max=8, p=256, b=1024, c=2048, ops_in_flight=1, fwht_shared=True)
+# one op in flight, one FWHT and a 24-bit clock (t_B < 2^20 us): the 25F's LUTs
+# (docs/boards.md, "One op in flight on the 25F", "A 24-bit clock")
+PARAMS = NicParams(n_max=8, p=256, b=1024, c=2048, ops_in_flight=1, fwht_shared=True,
+                   tick_bits=24)  # fmt: skip
 
 
 class ColorlightPlatform(NoProgrammer, Colorlight_5A75B_R70Platform):

@@ -57,11 +57,12 @@ from optireduce.counters import COUNTERS
 from optireduce.frame_checks import ADMISSION_REASONS, default_peers
 from optireduce.host.model.nic_model import EXP_COUNTERS, NicModel
 from optireduce.host_port import ADAPTER_COUNTER_DOC, ADAPTER_COUNTERS
-from optireduce.params import T_B_BITS, NicParams
+from optireduce.params import NicParams
 from optireduce.ubt import DEFAULT_ADDRESSING
 
-# 1.1: t_c_min_us, t_c_init_us; 1.2: padded host frames taken; 1.3: the host block
-VERSION = 0x0001_0003  # major in the high half
+# 1.1: t_c_min_us, t_c_init_us; 1.2: padded host frames taken; 1.3: the host block;
+# 1.4: param_tick_bits (the clock's width, and t_b_us's)
+VERSION = 0x0001_0004  # major in the high half
 TYPE_NIC = 0x4F52_0001  # "OR" 0001
 TYPE_COUNTERS = 0x4F52_0002
 TYPE_PEERS = 0x4F52_0003
@@ -79,6 +80,7 @@ PARAMS: tuple[tuple[str, Callable[[NicParams], int], str], ...] = (
     ("lanes", lambda p: p.lanes, "elements per cycle"),
     ("ops_in_flight", lambda p: p.ops_in_flight, "ops in flight K"),
     ("w_wire", lambda p: p.w_wire, "bits of a wire element"),
+    ("tick_bits", lambda p: p.tick_bits, "bits of the microsecond clock (t_B < 2^(bits-4))"),
 )
 
 # Configuration (read/write): register name, output port, lsb of the port, width(p),
@@ -89,8 +91,8 @@ CONFIG: tuple[tuple[str, str, int, Callable, Callable, str], ...] = (
     ("world", "world", 0, lambda p: p.n_max.bit_length(), lambda p: 2, "world size N, 2..n_max"),
     ("job_id", "job_id", 0, lambda p: 16, lambda p: p.job_id, "job id of the UBT header"),
     ("udp_port", "udp_port", 0, lambda p: 16, lambda p: p.udp_port, "UDP port of the job"),
-    ("t_b_us", "t_b_us", 0, lambda p: T_B_BITS, lambda p: p.t_b_us,
-     f"hard phase bound t_B, us (1..2^{T_B_BITS}-1)"),
+    ("t_b_us", "t_b_us", 0, lambda p: p.t_b_bits, lambda p: p.t_b_us,
+     "hard phase bound t_B, us (1..2^(tick_bits-4)-1)"),
     ("alpha_q8", "alpha_q8", 0, lambda p: 9, lambda p: p.alpha_q8,
      "early-timeout gap alpha, 1/256 units (1..256)"),
     ("seed", "seed", 0, lambda p: 32, lambda p: p.seed, "sign PRNG key"),

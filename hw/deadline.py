@@ -18,17 +18,18 @@ blocks settle `settle_cycles(n_ctx)` cycles after every change.
 
 `idle` = max(1, alpha_q8 * T >> 8) is computed once for all contexts (`idle_gap`).
 
-Ticks. A tick is TICK_BITS = 32 bits and wraps (every 71.6 minutes): ticks are serial
-numbers (as TCP's sequence numbers), compared by the sign of their difference
-(`tick_before`), and sums wrap. That order is the model's (unbounded integers) for any
-two ticks less than 2^31 apart, and every pair the blocks compare is, by three rules:
-  - a phase lasts less than 2^29 ticks: T <= t_B < 2^28 (NicParams.t_b_us, the CSR
-    register's width), phase 1 ends by start + T, phase 2 by p1_start + t1 + T;
+Ticks. A tick is `NicParams.tick_bits` = w bits (32 by default: it wraps every 71.6
+minutes; the 25F's 24 every 16.8 s): ticks are serial numbers (as TCP's sequence
+numbers), compared by the sign of their difference (`tick_before`), and sums wrap. That
+order is the model's (unbounded integers) for any two ticks less than 2^(w-1) apart,
+and every pair the blocks compare is, by three rules:
+  - a phase lasts less than 2^(w-3) ticks: T <= t_B < 2^(w-4) (NicParams.t_b_bits, the
+    CSR register's width), phase 1 ends by start + T, phase 2 by p1_start + t1 + T;
   - a context's begin sets start and anchor, and moves the arrival and "gone" ticks
     taken before it to start (the model's max(start, ...) takes start for them): an
     active phase's ticks are all in [start, now], however long its context waited;
   - the t_C floor, the only tick kept across ops, is retired (`floor_live` low) once it
-    is 2^30 ticks old: by then every live phase began after it, and max(x, floor) = x.
+    is 2^(w-2) ticks old: by then every live phase began after it, and max(x, floor) = x.
 One 32-bit tick is half the carry chains and flip-flops of the 48-bit ones before it
 (about 2 400 LUTs and 1 900 flip-flops of the 25F core, docs/boards.md).
 """
@@ -43,18 +44,20 @@ from amaranth.lib.wiring import In, Out
 
 from optireduce.hw import wide_multiplier as wmul
 
-TICK_BITS = 32
-
 
 def tick_before(a, b) -> Value:
     """Tick `a` comes before tick `b` (serial-number order, module docstring "Ticks"):
-    the sign bit of a - b, one carry chain as a compare."""
-    return (a - b)[TICK_BITS - 1]
+    the sign bit of a - b, one carry chain as a compare. Both are ticks, of one width."""
+    a, b = Value.cast(a), Value.cast(b)
+    if len(a) != len(b):
+        raise ValueError(f"tick_before: ticks of {len(a)} and {len(b)} bits")
+    return (a - b)[len(a) - 1]
 
 
 def tick_sum(a, b) -> Value:
-    """a + b on the wrapping tick clock."""
-    return (a + b)[:TICK_BITS]
+    """Tick `a` plus duration `b` on the wrapping tick clock (a's width)."""
+    a = Value.cast(a)
+    return (a + b)[: len(a)]
 
 
 def op_order_bits(n_ctx: int) -> int:
@@ -148,8 +151,8 @@ class PhaseTimer(wiring.Component):
     # read where they are used, and the owner settles after they change.
     LATENCY = 2
 
-    def __init__(self) -> None:
-        t = TICK_BITS
+    def __init__(self, tick_bits: int) -> None:
+        self.tick_bits = t = tick_bits
         super().__init__(
             {
                 "active": In(1),
@@ -161,8 +164,8 @@ class PhaseTimer(wiring.Component):
                 "all_in": In(1),
                 "in_or_gone": In(1),
                 "all_flagged": In(1),
-                "timeout": In(32),
-                "idle": In(33),
+                "timeout": In(t - 4),  # T <= t_B < 2^(tick_bits - 4) ("Ticks")
+                "idle": In(t - 3),
                 "floor": In(t),
                 "floor_live": In(1),
                 "now": In(t),
@@ -174,7 +177,7 @@ class PhaseTimer(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        t = TICK_BITS
+        t = self.tick_bits
 
         def stage(name: str, value, width: int = t) -> Signal:
             r = Signal(width, name=name)
@@ -269,10 +272,10 @@ class PhaseContexts:
     FIELDS = ("valid", "begun", "ended", "op", "start", "anchor", "has_arr", "last_arr",
               "last_gone", "recv", "exp", "unflag", "owing")  # fmt: skip
 
-    def __init__(self, n_ctx: int, tot_shape, n_cnt) -> None:
-        self.n_ctx = n_ctx
-        shapes = {"op": 32, "start": TICK_BITS, "anchor": TICK_BITS, "last_arr": TICK_BITS,
-                  "last_gone": TICK_BITS, "recv": tot_shape, "exp": tot_shape,
+    def __init__(self, n_ctx: int, tot_shape, n_cnt, tick_bits: int) -> None:
+        self.n_ctx, self.tick_bits = n_ctx, t = n_ctx, tick_bits
+        shapes = {"op": 32, "start": t, "anchor": t, "last_arr": t,
+                  "last_gone": t, "recv": tot_shape, "exp": tot_shape,
                   "unflag": n_cnt, "owing": n_cnt}  # fmt: skip
         for f in self.FIELDS:
             shape = shapes.get(f, 1)
@@ -344,18 +347,18 @@ class PhaseContexts:
 
         Returns (T, due, due_end, due_reason): T registered, the rest Arrays by context.
         """
-        T = Signal(32)
+        T = Signal(self.tick_bits - 4)  # T <= t_B < 2^(tick_bits - 4) ("Ticks")
         m.d.sync += T.eq(tc.timeout)
         idle = idle_gap(m, alpha_q8, T)
         n = self.n_ctx
         due = Array(Signal(name=f"due{k}") for k in range(n))
-        due_end = Array(Signal(TICK_BITS, name=f"due_end{k}") for k in range(n))
+        due_end = Array(Signal(self.tick_bits, name=f"due_end{k}") for k in range(n))
         due_reason = Array(Signal(Reason, name=f"due_reason{k}") for k in range(n))
         # one timer for all contexts: a 48-bit timer per context was most of an owner's
         # carry chains and a sixth of the core's flip-flops (docs/gateware.md, "Timers")
         turn = Signal(range(max(2, n)), name="timer_turn")
         m.d.sync += turn.eq(Mux(turn == n - 1, 0, turn + 1))
-        m.submodules.timer = pt = PhaseTimer()
+        m.submodules.timer = pt = PhaseTimer(self.tick_bits)
         facts = {
             "all_in": Array(self.recv[k] == self.exp[k] for k in range(n)),
             "in_or_gone": Array(self.owing[k] == 0 for k in range(n)),
@@ -446,7 +449,7 @@ class PhaseContexts:
         FIRE_END. The estimator is idle here (every path to FIRE waits).
         """
         f, ret_post = self.fire_c, self.ret_post
-        t = TICK_BITS
+        t = self.tick_bits
         f_end, f_start, f_arr = Signal(t), Signal(t), Signal(t)
         f_reason, f_has, f_op = Signal(Reason), Signal(), Signal(32)
         f_recv, f_exp = Signal.like(self.recv[0]), Signal.like(self.exp[0])

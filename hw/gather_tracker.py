@@ -74,11 +74,11 @@ from amaranth.lib.wiring import In, Out
 
 from optireduce.host.model.nic_model import NicModel
 from optireduce.hw import event_counts
-from optireduce.hw.deadline import TICK_BITS, PhaseContexts, Reason, Settle, tick_before, tick_sum
+from optireduce.hw.deadline import PhaseContexts, Reason, Settle, tick_before, tick_sum
 from optireduce.hw.peer_progress import PeerProgress, peer_layout
 from optireduce.hw.serial_divider import SerialDivider
 from optireduce.hw.staged_write import StagedWrite
-from optireduce.hw.tc_estimator import TC_BITS, owner_estimator, owner_estimator_port
+from optireduce.hw.tc_estimator import owner_estimator, owner_estimator_port, tc_bits
 from optireduce.params import NicParams
 
 
@@ -104,9 +104,9 @@ def event_layout(p: NicParams) -> data.StructLayout:
             "sender": range(p.n_max),
             "pkt_index": range(p.c // p.p),
             "last": 1,
-            "t_c": TC_BITS,
-            "at": TICK_BITS,
-            "p1_start": TICK_BITS,
+            "t_c": tc_bits(p),
+            "at": p.tick_bits,
+            "p1_start": p.tick_bits,
             "t1": 32,
         }
     )
@@ -143,12 +143,12 @@ class GatherTracker(wiring.Component):
                 "rank": In(range(p.n_max)),
                 "world": In(range(p.n_max + 1)),
                 "t_b": In(32),
-                "t_c_min": In(TC_BITS, init=p.t_c_min_us),
-                "t_c_init": In(TC_BITS, init=p.t_c_init),
+                "t_c_min": In(tc_bits(p), init=p.t_c_min_us),
+                "t_c_init": In(tc_bits(p), init=p.t_c_init),
                 "alpha_q8": In(9),
                 # time: the latest tick the block may advance to
-                "time": In(TICK_BITS),
-                "now": Out(TICK_BITS),
+                "time": In(p.tick_bits),
+                "now": Out(p.tick_bits),
                 "ev": In(stream.Signature(event_layout(p))),
                 # per gather packet
                 "verdict_valid": Out(1),
@@ -159,13 +159,13 @@ class GatherTracker(wiring.Component):
                 "end_valid": Out(1),
                 "end_op": Out(32),
                 "end_reason": Out(Reason),
-                "end_tick": Out(TICK_BITS),
+                "end_tick": Out(p.tick_bits),
                 "end_timeout": Out(32),
                 "end_received": Out(range(self.npk_max + 1)),
                 "end_expected": Out(range(self.npk_max + 1)),
                 # status
                 "timeout": Out(32),
-                "own_tc": Out(TC_BITS),
+                "own_tc": Out(tc_bits(p)),
                 **owner_estimator_port(p, tc_external),
                 **event_counts.ports(),  # rx / duplicate / late: counts and strobes
             }
@@ -199,14 +199,14 @@ class GatherTracker(wiring.Component):
         s.tot = tot = range(npk + 1)
         s.rcv_shape = range(self.own_max + 1)
 
-        s.now = Signal(TICK_BITS, init=self.tick0)
+        s.now = Signal(p.tick_bits, init=self.tick0)
         m.d.comb += self.now.eq(s.now)
 
         # ---- t_C and T of phase 2 -----------------------------------------------------
         tc = s.tc = owner_estimator(m, self, s.now)
 
         # ---- per-op contexts ------------------------------------------------------------
-        s.cx = cx = PhaseContexts(n_ctx, tot, n_cnt)
+        s.cx = cx = PhaseContexts(n_ctx, tot, n_cnt, p.tick_bits)
         for name, field in zip(PhaseContexts.FIELDS, cx.fields(), strict=True):
             setattr(s, f"c_{name}", field)
         # divmod(n_packets, world)
@@ -228,7 +228,7 @@ class GatherTracker(wiring.Component):
 
         # ---- the event being handled ----------------------------------------------------
         s.ev = ev = Signal(event_layout(p))
-        s.ev_now = Signal(TICK_BITS)
+        s.ev_now = Signal(p.tick_bits)
         s.c = Signal(s.cb)
         m.d.comb += s.c.eq(ev.op_id[: s.cb])
         s.n_pk = Signal(range(npk + 1))
@@ -244,7 +244,7 @@ class GatherTracker(wiring.Component):
         s.me = Signal()  # the sender is this rank
         s.q_e, s.lt_e = Signal(tot), Signal()  # the event's context: q, sender < rem
         s.exp_e = Signal(s.rcv_shape)  # packets it expects from the sender
-        s.p1_anchor = Signal(TICK_BITS)  # a PHASE1_END's p1_start + t1
+        s.p1_anchor = Signal(p.tick_bits)  # a PHASE1_END's p1_start + t1
         s.accepted = Signal()
         s.clr = Signal(range(max(n_max, npk) + 1))  # the entry being cleared
 
@@ -265,7 +265,7 @@ class GatherTracker(wiring.Component):
 
     def _take_states(self, m: Module, s: SimpleNamespace) -> None:
         ev, c, now, K = s.ev, s.c, s.now, self.p.ops_in_flight
-        target = Signal(TICK_BITS)
+        target = Signal(self.p.tick_bits)
         m.d.comb += target.eq(Mux(self.ev.valid, self.ev.payload.at, self.time))
         with m.State("IDLE"):
             # the event's registers load in every IDLE cycle (as in the aggregator)

@@ -64,7 +64,7 @@ from optireduce.hw import gather_tracker as gt
 from optireduce.hw.aggregator import Aggregator
 from optireduce.hw.aggregator import Kind as AggKind
 from optireduce.hw.csr import ALL_COUNTERS, HOST_COUNTERS, Csr
-from optireduce.hw.deadline import TICK_BITS, op_same
+from optireduce.hw.deadline import op_same
 from optireduce.hw.decoder import Decoder
 from optireduce.hw.encoder import Encoder
 from optireduce.hw.gather_buffer import GatherOp
@@ -75,7 +75,7 @@ from optireduce.hw.parser import PARSER_CODES, PARSER_REASONS, Parser
 from optireduce.hw.proposal_table import ProposalTable
 from optireduce.hw.shared_fwht import SharedFwht
 from optireduce.hw.streams import float_stream, frame_stream
-from optireduce.hw.tc_estimator import TC_BITS, TcEstimator, changed
+from optireduce.hw.tc_estimator import TcEstimator, changed, saturated_tc, tc_bits
 from optireduce.params import NicParams
 
 STATS_FIXED = len(host_port.STATS_FIELDS)  # record words before the histogram
@@ -138,7 +138,7 @@ class NicCore(wiring.Component):
         super().__init__(
             {
                 "tick": In(1),
-                "now": Out(TICK_BITS),
+                "now": Out(p.tick_bits),
                 "idle": Out(1),
                 "net_rx": In(frame_stream(8)),
                 "net_tx": Out(frame_stream(8)),
@@ -289,8 +289,8 @@ class NicCore(wiring.Component):
         s.holds = holds
         s.c_n, s.c_exp = regs("ctx_n", range(p.c + 1)), regs("ctx_exp", signed(8))
         s.c_done, s.c_draining = regs("ctx_done", 1), regs("ctx_draining", 1)
-        s.c_start = regs("ctx_start", TICK_BITS)
-        s.c_gtc, s.c_gtc_ok = regs("ctx_gtc", TC_BITS), regs("ctx_gtc_ok", 1)
+        s.c_start = regs("ctx_start", p.tick_bits)
+        s.c_gtc, s.c_gtc_ok = regs("ctx_gtc", tc_bits(p)), regs("ctx_gtc_ok", 1)
         s.c_means = regs("ctx_means", 1)  # the op's own means are in the gather buffer
         s.c_word = regs("ctx_word", 16)  # the proposal word its frames carry (exp_inband)
 
@@ -308,7 +308,7 @@ class NicCore(wiring.Component):
         }  # fmt: skip
         s.rec = OpRecords(m, n_ctx, {
             **{g: {name: len(v) for name, v in ws.items()} for g, ws in s.rec_words.items()},
-            "tc": {"t_c_phase1_us": TC_BITS, "t_c_phase2_us": TC_BITS},
+            "tc": {"t_c_phase1_us": tc_bits(p), "t_c_phase2_us": tc_bits(p)},
         })  # fmt: skip
 
         s.base = Signal(32)  # oldest op not complete: the window is [base, base + 2K)
@@ -348,7 +348,7 @@ class NicCore(wiring.Component):
         # the aggregator's end, held until own_tc holds this end's sample (its bank idle)
         s.end_d, s.end_busy = end_strobe(m, "end", agg.end_valid, s.tce.b0.busy)
         s.fifo = SyncFIFO(
-            width=len(Cat(Const(0, gt.event_layout(p).size), Const(0, TC_BITS))),
+            width=len(Cat(Const(0, gt.event_layout(p).size), Const(0, tc_bits(p)))),
             depth=TRACKER_FIFO_DEPTH,
         )
         m.submodules.tracker_fifo = s.fifo
@@ -368,7 +368,7 @@ class NicCore(wiring.Component):
         csr, enc, pks, world = s.csr, s.enc, s.pks, s.world
         s.rx_idle = Signal()
         s.h_op, s.h_n, s.h_exp = Signal(32), Signal(range(p.c + 1)), Signal(signed(8))
-        s.h_tc = Signal(TC_BITS)
+        s.h_tc = Signal(tc_bits(p))
         s.hs = slot_of(s.h_op)
         s.cmd = self.host_cmd.payload
         c_slot = slot_of(s.cmd.op_id)
@@ -579,7 +579,7 @@ class NicCore(wiring.Component):
             s.ev_r.sender.eq(s.hd.sender),
             s.ev_r.pkt_index.eq(s.hd.pkt_index),
             s.ev_r.last.eq((s.hd.flags & ubt.FLAG_LAST) != 0),
-            s.ev_r.t_c.eq(s.hd.t_c_us),
+            s.ev_r.t_c.eq(saturated_tc(self.p, s.hd.t_c_us)),
         ]
         inc_exp_mismatch, inc_bad_length = Signal(), Signal()
         s.incs["exponent_mismatch"].append(inc_exp_mismatch)
@@ -652,10 +652,10 @@ class NicCore(wiring.Component):
         p, slot_of, n_packets, agg, trk = self.p, s.slot_of, s.n_packets, s.agg, s.trk
         rank = s.rank
         fw = Signal(gt.event_layout(p))
-        fw_tc1 = Signal(TC_BITS)
+        fw_tc1 = Signal(tc_bits(p))
         fw_en = Signal()
         m.d.comb += [s.fifo.w_data.eq(Cat(fw.as_value(), fw_tc1)), s.fifo.w_en.eq(fw_en)]
-        e_op, e_tick = Signal(32), Signal(TICK_BITS)
+        e_op, e_tick = Signal(32), Signal(p.tick_bits)
         e_timeout = Signal(32)
         with m.If(agg.end_valid):
             es = slot_of(agg.end_op)
@@ -707,15 +707,15 @@ class NicCore(wiring.Component):
         ]
         # time: the aggregator's now when it last could take an event, a few cycles late
         t_ready = Signal(TIME_DELAY)
-        t_now = [Signal(TICK_BITS, name=f"t_now{k}", init=self.tick0) for k in range(TIME_DELAY)]
+        t_now = [Signal(p.tick_bits, name=f"t_now{k}", init=self.tick0) for k in range(TIME_DELAY)]
         m.d.sync += [t_ready.eq(Cat(agg.ev.ready, t_ready[:-1])), t_now[0].eq(agg.now)]
         m.d.sync += [t_now[k].eq(t_now[k - 1]) for k in range(1, TIME_DELAY)]
-        s.time = Signal(TICK_BITS, init=self.tick0)
+        s.time = Signal(p.tick_bits, init=self.tick0)
         with m.If(t_ready[-1]):
             m.d.sync += s.time.eq(t_now[-1])
         m.d.comb += trk.time.eq(s.time)
 
-        s.tc1_seen = Signal(TC_BITS, init=p.t_c_init)  # phase-1 t_C as of the tracker's events
+        s.tc1_seen = Signal(tc_bits(p), init=p.t_c_init)  # phase-1 t_C as of the tracker's events
         with m.If(trk.ev.valid & trk.ev.ready & (fr.kind == gt.Kind.PHASE1_END)):
             fs = slot_of(fr.op_id)
             m.d.sync += [

@@ -15,7 +15,7 @@ live one (they keep their reset ranks). The median register is the value whose r
 is (world - 1) // 2, so T is valid in every cycle in which `busy` is low. `floor` is
 the tick of the last table change (the model's `_t_change`): a deadline that moved
 into the past ends the phase there. Ticks wrap (hw/deadline.py, "Ticks"): `floor_live`
-goes low once the floor is 2^(TICK_BITS - 2) ticks behind `now`, and after a reset or
+goes low once the floor is 2^(tick_bits - 2) ticks behind `now`, and after a reset or
 restart (the model's floor is then 0, below every tick): every live phase began after
 it, so the owners then ignore it.
 
@@ -28,25 +28,35 @@ entry's first write clears it. A reset sets every `fresh` bit, as a restart does
 
 from __future__ import annotations
 
-from amaranth import Array, Cat, Const, Module, Mux, Signal, signed
+from amaranth import Array, Cat, Const, Module, Mux, Signal, Value, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from optireduce.hw.deadline import TICK_BITS
 from optireduce.params import NicParams
 
-TC_BITS = 32  # t_c_us is a 32-bit header field
+
+def tc_bits(p: NicParams) -> int:
+    """Bits of a t_C value inside the NIC: NicParams.t_b_bits. Own t_C is at most t_B,
+    and a peer's is recorded as at most NicParams.t_c_max_us = 2^t_b_bits - 1 (the core
+    saturates the header's 32-bit field: `saturated_tc`), as the model records it."""
+    return p.t_b_bits
+
+
+def saturated_tc(p: NicParams, t_c_us: Value) -> Value:
+    """A header's t_C as the NIC records it: min(t_c_us, t_c_max_us), tc_bits(p) wide."""
+    w = tc_bits(p)
+    return Mux(t_c_us[w:].any(), p.t_c_max_us, t_c_us[:w])
 
 
 def tc_update_layout(p: NicParams) -> data.StructLayout:
     """One table write: rank, its new t_C, and the tick it happened."""
-    return data.StructLayout({"rank": range(p.n_max), "value": TC_BITS, "at": TICK_BITS})
+    return data.StructLayout({"rank": range(p.n_max), "value": tc_bits(p), "at": p.tick_bits})
 
 
-def tc_sample_layout() -> data.StructLayout:
+def tc_sample_layout(p: NicParams) -> data.StructLayout:
     """One completion-time sample of this node's phase 1, and the tick of the phase end."""
-    return data.StructLayout({"value": TICK_BITS, "at": TICK_BITS})
+    return data.StructLayout({"value": p.tick_bits, "at": p.tick_bits})
 
 
 def tc_bank_signature(p: NicParams) -> wiring.Signature:
@@ -54,14 +64,14 @@ def tc_bank_signature(p: NicParams) -> wiring.Signature:
     a shared estimator has them flipped: In(tc_bank_signature(p)))."""
     return wiring.Signature(
         {
-            "now": In(TICK_BITS),
+            "now": In(p.tick_bits),
             "update": In(stream.Signature(tc_update_layout(p))),
-            "sample": In(stream.Signature(tc_sample_layout())),
+            "sample": In(stream.Signature(tc_sample_layout(p))),
             "busy": Out(1),
-            "timeout": Out(TC_BITS),  # T, valid while busy is low
-            "median": Out(TC_BITS),
-            "own_tc": Out(TC_BITS),  # what this node's packets carry
-            "floor": Out(TICK_BITS),
+            "timeout": Out(tc_bits(p)),  # T, valid while busy is low
+            "median": Out(tc_bits(p)),
+            "own_tc": Out(tc_bits(p)),  # what this node's packets carry
+            "floor": Out(p.tick_bits),
             "floor_live": Out(1),
         }
     )
@@ -100,8 +110,8 @@ class TcEstimator(wiring.Component):
             "world": In(range(p.n_max + 1)),
             "rank": In(range(p.n_max)),
             "t_b": In(32),
-            "t_c_min": In(TC_BITS, init=p.t_c_min_us),
-            "t_c_init": In(TC_BITS, init=p.t_c_init),
+            "t_c_min": In(tc_bits(p), init=p.t_c_min_us),
+            "t_c_init": In(tc_bits(p), init=p.t_c_init),
         }
         sig = tc_bank_signature(p)
         if banks == 1:
@@ -119,7 +129,7 @@ class TcEstimator(wiring.Component):
         restart = changed(m, self.t_c_init, init)
         # the tables and their ranks in LUT RAM (module docstring, "Storage")
         depth = n if nb == 1 else nb << jb
-        m.submodules.vals = vals = Memory(shape=TC_BITS, depth=depth, init=[])
+        m.submodules.vals = vals = Memory(shape=tc_bits(p), depth=depth, init=[])
         m.submodules.ranks = ranks = Memory(shape=range(n), depth=depth, init=[])
         vals_rd, ranks_rd = vals.read_port(domain="comb"), ranks.read_port(domain="comb")
         vals_wr, ranks_wr = vals.write_port(), ranks.write_port()
@@ -143,24 +153,25 @@ class TcEstimator(wiring.Component):
         val_j = Mux(cur(fresh_v).bit_select(read_at, 1), restart.seen, vals_rd.data)
         rank_j = Mux(cur(fresh_r).bit_select(read_at, 1), read_at, ranks_rd.data)
         m.d.comb += [vals_rd.addr.eq(at(read_at)), ranks_rd.addr.eq(at(read_at))]
-        med = banked("med", TC_BITS, init)
-        floor, floor_live = banked("floor", TICK_BITS), banked("floor_live", 1)
+        med = banked("med", tc_bits(p), init)
+        tb = p.tick_bits
+        floor, floor_live = banked("floor", tb), banked("floor_live", 1)
         for k, port in enumerate(ports):
-            with m.If((port.now - floor[k])[TICK_BITS - 2]):  # 2^(TICK_BITS - 2) old: retired
+            with m.If((port.now - floor[k])[tb - 2]):  # 2^(tick_bits - 2) old: retired
                 m.d.sync += floor_live[k].eq(0)
 
-        # EWMA state: widths cover mean + 16 * dev of TICK_BITS-bit samples without overflow
-        wide = TICK_BITS + 8
+        # EWMA state: widths cover mean + 16 * dev of tick-wide samples without overflow
+        wide = tb + 8
         mean = banked("mean", signed(wide))
         dev = banked("dev", signed(wide))
         have = banked("have", 1)  # a first sample was taken (the model's mean is not None)
-        own = banked("own", TC_BITS, init)
+        own = banked("own", tc_bits(p), init)
 
         # one table write in progress
         r = Signal(range(n))
-        new = Signal(TC_BITS)
-        old = Signal(TC_BITS)
-        at_tick = Signal(TICK_BITS)
+        new = Signal(tc_bits(p))
+        old = Signal(tc_bits(p))
+        at_tick = Signal(tb)
         j = Signal(range(n + 1))
         below = Signal(range(n + 1))  # keys below (new, r) so far
         k_med = Signal(range(n))
@@ -180,11 +191,11 @@ class TcEstimator(wiring.Component):
 
         # the scan in three stages (125 MHz): A reads entry j, B compares its key with the
         # old and new keys of r, C moves its rank and counts the keys below (new, r)
-        vj_r = Signal(TC_BITS)
+        vj_r = Signal(tc_bits(p))
         rj_r = Signal(range(n))
         jr = Signal(range(n + 1))
         a_valid, a_ok = Signal(), Signal()
-        vj_b = Signal(TC_BITS)
+        vj_b = Signal(tc_bits(p))
         rj_b = Signal(range(n))
         jb_r = Signal(range(n + 1))
         b_ok = Signal()
@@ -209,7 +220,7 @@ class TcEstimator(wiring.Component):
         # A sample is taken when offered (an owner offers one for a single cycle): by the
         # engine if it is free for it, else into its bank's latch, served first after.
         smp_pend = banked("smp_pend", 1)
-        smp_val, smp_at = banked("smp_val", TICK_BITS), banked("smp_at", TICK_BITS)
+        smp_val, smp_at = banked("smp_val", tb), banked("smp_at", tb)
         smp_asks, smp_in, smp_in_at, smp_took = [], [], [], []
         for k, port in enumerate(ports):
             took = Signal(name=f"smp_took{k}")
@@ -225,7 +236,7 @@ class TcEstimator(wiring.Component):
                              smp_at[k].eq(port.sample.payload.at)]  # fmt: skip
         turn = Signal(range(nb))  # the bank served first when both ask (they alternate)
 
-        smp = Signal(TICK_BITS)
+        smp = Signal(tb)
         with m.FSM() as fsm:
             with m.State("IDLE"):
                 idle = ~restart.pending
@@ -295,8 +306,8 @@ class TcEstimator(wiring.Component):
             with m.State("EWMA_SET"):
                 tc_c = Mux(below_lo, lo, Mux(above_tb, self.t_b, tc_w))
                 m.d.sync += [cur(mean).eq(mean_n), cur(dev).eq(dev_n), cur(have).eq(1),
-                             cur(own).eq(tc_c[:TC_BITS])]  # fmt: skip
-                m.d.sync += [new.eq(tc_c[:TC_BITS]), r.eq(self.rank)]
+                             cur(own).eq(tc_c[:tc_bits(p)])]  # fmt: skip
+                m.d.sync += [new.eq(tc_c[: tc_bits(p)]), r.eq(self.rank)]
                 m.next = "CHECK"
             with m.State("CHECK"):  # read the entry (a wide mux), then compare
                 m.d.comb += read_at.eq(r)

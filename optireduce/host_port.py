@@ -184,8 +184,9 @@ def reg_values(reply: HostFrame) -> list[int]:
 
 
 # The STATS record: one 32-bit word per field, in this order, then world + 1 words of
-# the contributor histogram ([0] = reduced packets missing). Ticks are their low 32
-# bits; the exponent is sign-extended; reasons are REASON_CODES (hw/deadline.py Reason).
+# the contributor histogram ([0] = reduced packets missing). Ticks are their low
+# `tick_bits` bits (NicParams.tick_bits: the NIC's clock wraps); the exponent is
+# sign-extended; reasons are REASON_CODES (hw/deadline.py Reason).
 STATS_FIELDS = (
     "op_id", "n", "exponent", "start_us", "phase1_end_us", "end_us",
     "phase1_reason", "phase2_reason", "phase1_timeout_us", "phase2_timeout_us",
@@ -195,11 +196,15 @@ STATS_FIELDS = (
 )  # fmt: skip
 REASON_CODES = {"": 0, COMPLETE: 1, EARLY: 2, DEADLINE: 3}
 _MASK = 0xFFFF_FFFF
+TICK_FIELDS = ("start_us", "phase1_end_us", "end_us")
 
 
-def stats_words(st: OpStats) -> list[int]:
-    """The STATS record of one op, as the NIC core emits it on its host port."""
+def stats_words(st: OpStats, tick_bits: int = 32) -> list[int]:
+    """The STATS record of one op, as the NIC core emits it on its host port (a NIC
+    whose clock is `tick_bits` wide)."""
     v = {f: getattr(st, f, None) for f in STATS_FIELDS}
+    for f in TICK_FIELDS:
+        v[f] = int(v[f]) % (1 << tick_bits)
     v["phase1_reason"] = REASON_CODES[st.phase1_reason]
     v["phase2_reason"] = REASON_CODES[st.phase2_reason]
     v["t_c_phase1_us"], v["t_c_phase2_us"] = st.t_c_us
@@ -228,9 +233,14 @@ def stats_from_words(words: list[int]) -> dict:
     return d
 
 
-def op_stats(d: dict, rank: int) -> OpStats:
-    """OpStats from a decoded STATS record (stats_from_words)."""
+def op_stats(d: dict, rank: int, tick_bits: int = 32) -> OpStats:
+    """OpStats from a decoded STATS record (stats_from_words) of a NIC whose clock is
+    `tick_bits` wide: the phase ends are put after the start (an op lasts less than
+    2^(tick_bits - 3) ticks, hw/deadline.py "Ticks"), so durations hold across the wrap."""
     fields = {k: v for k, v in d.items() if k in OpStats.__dataclass_fields__}
+    wrap, start = 1 << tick_bits, d["start_us"]
+    for f in ("phase1_end_us", "end_us"):
+        fields[f] = start + (d[f] - start) % wrap
     fields["t_c_us"] = (d["t_c_phase1_us"], d["t_c_phase2_us"])
     return OpStats(rank=rank, **fields)
 

@@ -14,7 +14,6 @@ TC_SAMPLES = ("duration", "last_arrival")
 # t_B of the DDP hook's warm-up phases: only a dead peer reaches it. A NIC starts with it
 # (its t_C starts there too), and the hook sets the calibrated t_B after the warm-up.
 WARMUP_T_B_US = 30_000_000
-T_B_BITS = 28  # t_b_us < 2^28 us: the bound the wrapping tick clock needs
 
 
 class ParamError(ValueError):
@@ -65,6 +64,9 @@ class NicParams:
     # Gateware only: a smaller NIC whose two directions share 1 element a cycle
     # (docs/gateware.md, "One FWHT"); no effect without rht (no transform, no FWHT)
     fwht_shared: bool = False  # one FWHT serves encode and decode, a block at a time
+    # Gateware only: bits of the NIC's wrapping microsecond clock; t_b_us < 2^(tick_bits - 4)
+    # (docs/deadlines.md, "The tick clock's width"). The model's ticks do not wrap.
+    tick_bits: int = 32
 
     def __post_init__(self) -> None:
         def need(cond: bool, name: str, msg: str) -> None:
@@ -74,7 +76,7 @@ class NicParams:
 
         for name in (
             "n_max", "p", "b", "c", "lanes", "ops_in_flight", "w_wire", "seed", "t_b_us",
-            "t_c_min_us",
+            "t_c_min_us", "tick_bits",
             "alpha_q8", "last_percent", "tc_gain_shift", "tc_dev_shift", "tc_dev_mult",
             "udp_port", "job_id",
         ):  # fmt: skip
@@ -117,10 +119,12 @@ class NicParams:
             "exp_lead",
             f"must be in K={self.ops_in_flight}..256 (an op is proposed for before it starts)",
         )
+        need(10 <= self.tick_bits <= 32, "tick_bits", "must be in 10..32")
         need(
-            1 <= self.t_b_us < 1 << T_B_BITS, "t_b_us",
-            f"must be in 1..2^{T_B_BITS}-1 microseconds (268 s; the NIC's tick clock wraps "
-            "every 2^32 us, and a phase must last under 2^29 of them: docs/nic_core.md, Ticks)",
+            1 <= self.t_b_us < 1 << self.t_b_bits, "t_b_us",
+            f"must be in 1..2^{self.t_b_bits}-1 microseconds (tick_bits={self.tick_bits}: the "
+            f"NIC's tick clock wraps every 2^{self.tick_bits} us, and a phase must last under "
+            f"2^{self.tick_bits - 3} of them: docs/deadlines.md, \"The tick clock's width\")",
         )  # fmt: skip
         need(
             self.t_c_init_us is None or 1 <= self.t_c_init_us <= self.t_b_us,
@@ -141,6 +145,22 @@ class NicParams:
         return dataclasses.replace(self, **changes)
 
     # Derived widths: see docs/numerics.md.
+    @property
+    def t_b_bits(self) -> int:
+        """Bits of t_B (the CSR register's width): t_b_us < 2^t_b_bits."""
+        return self.tick_bits - 4
+
+    @property
+    def t_c_max_us(self) -> int:
+        """The most a peer's t_C is recorded as: 2^t_b_bits - 1, above every t_B the
+        clock allows, so T = min(median, t_B) is the same (docs/deadlines.md)."""
+        return (1 << self.t_b_bits) - 1
+
+    @property
+    def warmup_t_b_us(self) -> int:
+        """The warm-up's t_B: WARMUP_T_B_US, or the longest this NIC's clock allows."""
+        return min(WARMUP_T_B_US, (1 << self.t_b_bits) - 1)
+
     @property
     def log2_b(self) -> int:
         return self.b.bit_length() - 1

@@ -157,6 +157,13 @@ def exceeds_device(util: dict) -> bool:
     return any(util[k] > util["capacity"][k] for k in CELLS)
 
 
+def route_error(log: str) -> str | None:
+    """nextpnr's first routing error in a build log ("Failed to route ..."), if any: a
+    design that was placed but does not route, reported as not fitting."""
+    m = re.search(r"ERROR: (Failed to route [^\n]*|Routing failed[^\n]*)", log)
+    return m.group(1) if m else None
+
+
 POLL_S = 2.0  # how often a running build's nextpnr log is read
 
 
@@ -287,7 +294,8 @@ def build_bitstream(
     say(f"{name}: elaborating")
     b, plat, plan, root = _plan(name, core)
     report_path, bit_path = root / "report.json", root / "top.bit"
-    cached = (report_path.exists() and bit_path.exists()) or (root / "overfull.json").exists()
+    overfull, unrouted = root / "overfull.json", root / "unrouted.json"
+    cached = (report_path.exists() and bit_path.exists()) or overfull.exists() or unrouted.exists()
     t0 = time.monotonic()
     if not cached:
         root.mkdir(parents=True, exist_ok=True)
@@ -297,14 +305,19 @@ def build_bitstream(
         (root / "build_s.txt").write_text(f"{time.monotonic() - t0:.1f}\n")
         if returncode != 0 or not bit_path.exists() or not report_path.exists():
             util = build_utilisation(root)
-            if not exceeds_device(util):
-                tail = (root / "build.log").read_text(errors="replace")[-4000:]
+            log = (root / "build.log").read_text(errors="replace")
+            if exceeds_device(util):
+                overfull.write_text(json.dumps(util))
+            elif util["capacity"]["luts"] and (err := route_error(log)):
+                unrouted.write_text(json.dumps(util | {"error": err}))
+            else:
+                tail = log[-4000:]
                 raise ToolchainError(f"{name}: bitstream build failed (exit {returncode}):\n{tail}")
-            (root / "overfull.json").write_text(json.dumps(util))
     out = {"board": name, "device": plat.device, "speed": plat.speed, "package": plat.package}
-    overfull = root / "overfull.json"
     if overfull.exists():  # the design does not fit the device: utilization, no timing
         out |= {"fits": False, "fmax_mhz": {}, "target_mhz": {}} | json.loads(overfull.read_text())
+    elif unrouted.exists():  # placed, but nextpnr could not route it: its error, no timing
+        out |= {"fits": False, "fmax_mhz": {}, "target_mhz": {}} | json.loads(unrouted.read_text())
     elif report_path.exists():
         out |= {"fits": True} | parse_report(json.loads(report_path.read_text()))
     else:

@@ -27,7 +27,6 @@ from amaranth.sim import Simulator
 
 from optireduce import host_port
 from optireduce.host.model.nic_model import EXP_COUNTERS
-from optireduce.hw.deadline import TICK_BITS
 from optireduce.hw.nic_core import NicCore
 from optireduce.sim.replay import (
     ALL_NIC_COUNTERS,
@@ -77,7 +76,7 @@ def replay_traces(
     params, which every trace must share), with a reset between traces.
 
     tick0: the core's clock after reset (NicCore(tick0=...)) and the driver's first
-    tick: a trace whose ticks start there runs across the 32-bit clock's wrap.
+    tick: a trace whose ticks start there runs across the clock's wrap (`tick_bits`).
 
     backpressure: probability that net_tx / host_o are not ready in a cycle.
     Raises CoreSimError if the core is not idle within `idle_bound` cycles of an input.
@@ -87,7 +86,7 @@ def replay_traces(
     p = evs[0].params
     if any(ev.params != p for ev in evs):
         raise ReplayError("replay_traces: every trace must have the same CONFIG params")
-    dut = NicCore(p, tick0=tick0 % (1 << TICK_BITS))
+    dut = NicCore(p, tick0=tick0 % (1 << p.tick_bits))
     soft_rst = Signal()
     top = Module()
     top.submodules.core = ResetInserter(soft_rst)(dut)

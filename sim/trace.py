@@ -18,6 +18,7 @@ from optireduce import host_port, ubt
 from optireduce.frame_checks import default_peers
 from optireduce.host.model.quantize import propose_exponent
 from optireduce.host.model.virtual_cluster import _run
+from optireduce.hw.board_colorlight import PARAMS as COLORLIGHT
 from optireduce.params import NicParams
 
 TRACE_PARAMS = NicParams(p=16, b=64, c=256, n_max=8, t_b_us=400, t_c_min_us=50)
@@ -27,8 +28,11 @@ WORLD, RANK, OP_LEN, OPS = 3, 0, 256, 3  # three ops of one whole chunk each
 # rank 2's chunk of op 3 by 2^6.
 INBAND_PARAMS = TRACE_PARAMS.replace(exp_inband=True, exp_lead=2)
 INBAND_OPS = 5
-# The 25F's choices (hw/board_colorlight.py) at trace sizes: one op in flight, one FWHT
-SLIM_PARAMS = TRACE_PARAMS.replace(ops_in_flight=1, fwht_shared=True)
+# The 25F's choices (hw/board_colorlight.py) at trace sizes: one op in flight, one FWHT,
+# its narrower clock
+SLIM_PARAMS = TRACE_PARAMS.replace(
+    **{k: getattr(COLORLIGHT, k) for k in ("ops_in_flight", "fwht_shared", "tick_bits")}
+)
 
 Frame = tuple[int, bytes]  # (tick in microseconds, frame bytes)
 
@@ -138,8 +142,19 @@ def _scenarios() -> dict[str, Callable]:
         return net + [(t + 1, s + 0.5, _malformed(f, rng)) for t, s, f in net
                       if rng.random() < 0.2]  # fmt: skip
 
+    def huge_tc(net, rng):
+        """Losses, and rank 1's t_C beyond every t_B the NIC's clock allows (recorded as
+        NicParams.t_c_max_us): 2^20 and up, to the header field's largest."""
+        big = (1 << 32) - 1, 1 << 31, (1 << 28) + 5, (1 << 20) + 7
+        out = []
+        for t, s, f in loss(net, rng):
+            if ubt.UbtHeader.unpack(f, ubt.L2_L4_LEN).sender == 1:
+                f = _rewrite(f, t_c_us=big[int(rng.integers(0, len(big)))])
+            out.append((t, s, f))
+        return out
+
     return {f.__name__: f for f in (clean, loss, reorder, duplicates, late, stale_future,
-                                     unknown_rank, malformed)}  # fmt: skip
+                                     unknown_rank, malformed, huge_tc)}  # fmt: skip
 
 
 SCENARIOS = tuple(_scenarios())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from pathlib import Path
 
@@ -37,7 +38,7 @@ def write(component: wiring.Component, name: str, kind: str = "rtl") -> Path:
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"{name}.v"
     if not path.exists() or path.read_text() != text:
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")  # workers may write the same design
         tmp.write_text(text)
         tmp.replace(path)
     return path

@@ -26,6 +26,7 @@ from optireduce.sim.bitstream import (
     board,
     build_utilisation,
     parse_report,
+    route_error,
     run_build,
     timing_met,
 )
@@ -222,3 +223,14 @@ def test_the_shell_bitstream_meets_its_clocks():
     assert 0 < res["luts"] <= res["capacity"]["luts"] and res["brams"] > 0
     bit = Path(res["bitstream"])
     assert bit.stat().st_size > 100_000  # an 85F image, not an empty file
+
+
+def test_a_placed_design_that_does_not_route_is_named_by_its_error():
+    """nextpnr's routing error (the 25F's NIC at 99 % of its LUTs placed, then failed to
+    route a clock arc) is what the JSON reports; any other error is not a routing one."""
+    log = ("Info: Routing globals...\nERROR: Failed to route arc 0.0 of net 'rst_sync_dcc_CLKI', "
+           "from X28/Y2/Q1_SLICE to X0/Y0/G_CLKI_TDCC0.\n0 warnings, 1 error\n")  # fmt: skip
+    assert route_error(log) == ("Failed to route arc 0.0 of net 'rst_sync_dcc_CLKI', from "
+                                "X28/Y2/Q1_SLICE to X0/Y0/G_CLKI_TDCC0.")  # fmt: skip
+    assert route_error("ERROR: Unable to place cell 'x'\n") is None
+    assert route_error("") is None

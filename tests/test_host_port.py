@@ -19,6 +19,21 @@ def _stats() -> OpStats:
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("tick_bits", [32, 24])
+def test_stats_ticks_are_low_bits_and_durations_survive_the_wrap(tick_bits):
+    """A NIC's clock wraps: the record holds the ticks' low `tick_bits` bits, and OpStats
+    read back from it puts the phase ends after the start, so durations are the op's."""
+    wrap = 1 << tick_bits
+    st = _stats()
+    st.start_us, st.phase1_end_us, st.end_us = 3 * wrap - 10, 3 * wrap + 5, 3 * wrap + 30
+    words = host_port.stats_words(st, tick_bits)
+    d = host_port.stats_from_words(words)
+    assert (d["start_us"], d["phase1_end_us"], d["end_us"]) == (wrap - 10, 5, 30)
+    back = host_port.op_stats(d, rank=1, tick_bits=tick_bits)
+    assert (back.start_us, back.phase1_end_us, back.end_us) == (wrap - 10, wrap + 5, wrap + 30)
+    assert back.end_us - back.start_us == 40 and back.phase1_end_us - back.start_us == 15
+
+
 def test_stats_record_round_trip():
     st = _stats()
     words = host_port.stats_words(st)

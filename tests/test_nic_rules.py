@@ -135,6 +135,22 @@ def test_timeout_is_min_of_median_peer_tc_and_tb():
     assert nic.next_timer() == 200
 
 
+def test_a_peer_tc_beyond_every_t_b_is_recorded_at_t_c_max():
+    """A header's t_C is 32 bits; the NIC records at most t_c_max_us = 2^28 - 1 (above
+    every t_B a 32-bit clock allows), so T is unchanged, and a move between two values
+    beyond it is no change (the floor stays)."""
+    nic, frames = started_rank0()
+    assert P.t_c_max_us == (1 << 28) - 1 and P.replace(tick_bits=24).t_c_max_us == (1 << 20) - 1
+    nic.receive(10, _with(frames[(1, 0)], t_c_us=(1 << 32) - 1))
+    assert nic.tc_table[0, 1] == (1 << 28) - 1 and nic._t_change[0] == 10
+    nic.receive(11, _with(frames[(2, 0)], t_c_us=1 << 28))  # median: own 1000, capped, capped
+    assert nic.tc_table[0, 2] == (1 << 28) - 1 and nic.next_timer() == P.t_b_us
+    nic.receive(12, _with(frames[(1, 3)], t_c_us=1 << 31))  # capped as before: no change
+    assert nic._t_change[0] == 11
+    nic.receive(13, _with(frames[(1, 6)], t_c_us=(1 << 28) - 2))  # below the cap: a change
+    assert nic.tc_table[0, 1] == (1 << 28) - 2 and nic._t_change[0] == 13
+
+
 def test_set_t_b_bounds_every_later_phase_and_t_c():
     xs = inputs()
     nic = NicModel(P, 0, N)

@@ -36,6 +36,8 @@ def test_defaults_and_derived_widths():
         ("rht", 1),
         ("t_b_us", 0),
         ("t_b_us", 1 << 28),  # the wrapping tick clock needs phases under 2^29 us
+        ("tick_bits", 9),
+        ("tick_bits", 33),
         ("t_c_init_us", 10**9),
         ("alpha_q8", 0),
         ("alpha_q8", 300),
@@ -53,6 +55,17 @@ def test_rejects_bad_values_naming_the_parameter(field, value):
 
 def test_t_b_us_takes_every_value_the_register_holds():
     assert NicParams(t_b_us=(1 << 28) - 1, t_c_min_us=1).t_b_us == (1 << 28) - 1
+
+
+def test_a_narrower_clock_bounds_t_b_and_the_warm_up():
+    """tick_bits = 24: t_B below 2^20 us; the warm-up's t_B is the longest that allows
+    (30 s at the default 32 bits)."""
+    p = NicParams(tick_bits=24)
+    assert p.t_b_bits == 20 and p.replace(t_b_us=(1 << 20) - 1).t_b_us == (1 << 20) - 1
+    with pytest.raises(ParamError, match=r"NicParams\.t_b_us=1048576: .*tick_bits=24"):
+        p.replace(t_b_us=1 << 20)
+    assert p.warmup_t_b_us == (1 << 20) - 1
+    assert NicParams().warmup_t_b_us == 30_000_000
 
 
 def test_replace_validates_again():

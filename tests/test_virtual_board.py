@@ -165,9 +165,10 @@ def test_detect_finds_the_virtual_board_and_bad_answers_are_errors_or_drops(tmp_
         board = c.start_board(0, str(exe))
         found = _in_namespace(c.ns[0], _detect)
         assert found == ("ok", [{
-            "ifname": "brd0", "version": 0x10003, "p": LIVE_PARAMS.p, "b": LIVE_PARAMS.b,
+            "ifname": "brd0", "version": 0x10004, "p": LIVE_PARAMS.p, "b": LIVE_PARAMS.b,
             "c": LIVE_PARAMS.c, "n_max": LIVE_PARAMS.n_max, "lanes": LIVE_PARAMS.lanes,
-            "ops_in_flight": LIVE_PARAMS.ops_in_flight, "w_wire": LIVE_PARAMS.w_wire}])  # fmt: skip
+            "ops_in_flight": LIVE_PARAMS.ops_in_flight, "w_wire": LIVE_PARAMS.w_wire,
+            "tick_bits": LIVE_PARAMS.tick_bits}])  # fmt: skip
         # one register read: its 42-byte frame and the reply are padded to Ethernet's
         # least length on the way, as on a wire, and taken
         assert _in_namespace(c.ns[0], _read_one, "param_c") == ("ok", LIVE_PARAMS.c)
@@ -293,12 +294,12 @@ def test_an_older_bitstream_is_refused_with_how_to_update_it():
             values = {"type": NIC_TYPE, "version": self.version}
             return [values.get(name, 5) for name in IDENT[: len(accesses)]]
 
-    for old, shown in ((0x0001_0002, "1.2"), (0x0000_0009, "0.9"), (0x0002_0000, "2.0")):
+    for old, shown in ((0x0001_0003, "1.3"), (0x0000_0009, "0.9"), (0x0002_0000, "2.0")):
         with pytest.raises(BoardError, match=rf"eth7 has register block version {shown};"
-                           r" this host needs 1\.3 .* board program"):  # fmt: skip
+                           r" this host needs 1\.4 .* board program"):  # fmt: skip
             identify(Regs(old))
-    info = identify(Regs(0x0001_0003))
-    assert info.version == 0x0001_0003 and info.params["c"] == 5
+    info = identify(Regs(0x0001_0004))
+    assert info.version == 0x0001_0004 and info.params["c"] == 5
     assert identify(Regs(0x0001_0007)).version == 0x0001_0007  # a later 1.x
 
 

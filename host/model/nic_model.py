@@ -374,7 +374,8 @@ class NicModel:
         if op.n != h.op_len:
             return self._drop("bad_length", op)
         phase = 1 if h.msg_type == ubt.MSG_SCATTER else 2
-        self._set_tc(phase, h.sender, h.t_c_us, now)  # piggybacked t_C of a valid peer frame
+        # piggybacked t_C of a valid peer frame, at most t_c_max_us (above every t_B)
+        self._set_tc(phase, h.sender, min(h.t_c_us, self.p.t_c_max_us), now)
         scatter = phase == 1
         self._peer_progress(now, h.sender, h.op_id)
         last = bool(h.flags & ubt.FLAG_LAST)

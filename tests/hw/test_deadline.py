@@ -5,11 +5,13 @@ import pytest
 from amaranth.sim import Simulator
 
 from optireduce.host.model.deadline import PhaseTracker, TcEstimator, agreed_timeout
+from optireduce.hw.board_colorlight import PARAMS as SLIM
 from optireduce.hw.deadline import REASON_NAMES, PhaseTimer, Reason
 from optireduce.hw.tc_estimator import TcEstimator as TcEstimatorHw
-from optireduce.params import T_B_BITS, NicParams
+from optireduce.params import NicParams
 
-WRAP = 1 << 32  # ticks are serial numbers modulo 2^32 (hw/deadline.py, "Ticks")
+WRAP = 1 << 32  # ticks are serial numbers modulo 2^tick_bits (hw/deadline.py, "Ticks")
+WIDTHS = (32, SLIM.tick_bits)  # the default clock and the 25F's narrower one
 
 
 def _run(dut, bench, clock: bool = True) -> None:
@@ -20,7 +22,7 @@ def _run(dut, bench, clock: bool = True) -> None:
     sim.run()
 
 
-def _random_tracker(rng: np.random.Generator, alpha: int | None = None):
+def _random_tracker(rng: np.random.Generator, alpha: int | None = None, t_b_bits: int = 28):
     """A PhaseTracker in a random reachable state, and (now, T, floor, alpha)."""
     world = int(rng.integers(2, 6))
     mine = int(rng.integers(0, 4))
@@ -42,29 +44,30 @@ def _random_tracker(rng: np.random.Generator, alpha: int | None = None):
             ph.sender_gone(t, s)
     if begun:
         ph.begin(begin_at, anchor=None if rng.random() < 0.7 else begin_at + int(rng.integers(9)))
-    timeout = int(rng.choice([1, 2, 40, 300, int(rng.integers(1, 500)), (1 << T_B_BITS) - 1]))
+    timeout = int(rng.choice([1, 2, 40, 300, int(rng.integers(1, 500)), (1 << t_b_bits) - 1]))
     floor = int(rng.choice([0, 0, t, int(rng.integers(0, 400))]))
     now = max(t, begin_at) + int(rng.integers(0, 600))
     return ph, now, timeout, floor, alpha
 
 
-def _offset(rng: np.random.Generator) -> int:
+def _offset(rng: np.random.Generator, wrap: int = WRAP) -> int:
     """Where the clock stands: at 0, or anywhere, or just before its wrap."""
-    return int(rng.choice([0, int(rng.integers(0, WRAP)), WRAP - int(rng.integers(1, 2000))]))
+    return int(rng.choice([0, int(rng.integers(0, wrap)), wrap - int(rng.integers(1, 2000))]))
 
 
 def _set_phase(ctx, dut: PhaseTimer, ph: PhaseTracker, off: int = 0) -> None:
+    wrap = 1 << dut.tick_bits
     """Drive the timer's per-context inputs from a tracker's state, as PhaseContexts keeps
     it: every tick `off` later on the wrapping clock, and arrival and "gone" ticks taken
     before the begin moved to the start (PhaseContexts.begin)."""
     senders = ph.exp > 0
     start = ph.start or 0
     ctx.set(dut.active, ph.start is not None and ph.end is None)
-    ctx.set(dut.start, (start + off) % WRAP)
-    ctx.set(dut.anchor, (ph.anchor + off) % WRAP)
+    ctx.set(dut.start, (start + off) % wrap)
+    ctx.set(dut.anchor, (ph.anchor + off) % wrap)
     ctx.set(dut.has_arrival, ph.last_arrival is not None)
-    ctx.set(dut.last_arrival, (max(ph.last_arrival or 0, start) + off) % WRAP)
-    ctx.set(dut.last_gone, (max(ph.last_gone, start) + off) % WRAP)
+    ctx.set(dut.last_arrival, (max(ph.last_arrival or 0, start) + off) % wrap)
+    ctx.set(dut.last_gone, (max(ph.last_gone, start) + off) % wrap)
     ctx.set(dut.all_in, bool((ph.rcv >= ph.exp).all()))
     ctx.set(dut.in_or_gone, bool(((ph.rcv >= ph.exp) | ph.gone).all()))
     ctx.set(dut.all_flagged, bool(((ph.flagged & senders) == senders).all()))
@@ -79,23 +82,28 @@ def _set_owner(ctx, dut: PhaseTimer, now: int, timeout: int, floor: int, alpha: 
     ctx.set(dut.idle, max(1, (alpha * timeout) >> 8))
     live = live or floor != 0
     ctx.set(dut.floor_live, live)
-    ctx.set(dut.floor, (floor + off) % WRAP if live else (now + off + 7) % WRAP)
-    ctx.set(dut.now, (now + off) % WRAP)
+    wrap = 1 << dut.tick_bits
+    ctx.set(dut.floor, (floor + off) % wrap if live else (now + off + 7) % wrap)
+    ctx.set(dut.now, (now + off) % wrap)
 
 
 def _got(ctx, dut: PhaseTimer, off: int = 0):
     """(end tick, reason) if due, the end tick `off` earlier (the model's clock)."""
     if not ctx.get(dut.due):
         return None
-    return (ctx.get(dut.end_tick) - off) % WRAP, REASON_NAMES[Reason(ctx.get(dut.reason))]
+    wrap = 1 << dut.tick_bits
+    return (ctx.get(dut.end_tick) - off) % wrap, REASON_NAMES[Reason(ctx.get(dut.reason))]
 
 
-def test_phase_timer_matches_phase_tracker_due():
+@pytest.mark.parametrize("tick_bits", WIDTHS)
+def test_phase_timer_matches_phase_tracker_due(tick_bits):
     """Every rule, with the clock anywhere (across its wrap too), and the floor live,
-    retired, or 0 and live."""
+    retired, or 0 and live; at both clock widths."""
     rng = np.random.default_rng(1)
-    cases = [(*_random_tracker(rng), _offset(rng), rng.random() < 0.5) for _ in range(900)]
-    dut = PhaseTimer()
+    wrap = 1 << tick_bits
+    cases = [(*_random_tracker(rng, t_b_bits=tick_bits - 4), _offset(rng, wrap),
+              rng.random() < 0.5) for _ in range(900)]  # fmt: skip
+    dut = PhaseTimer(tick_bits)
 
     async def bench(ctx):
         fired, wrapped = set(), 0
@@ -108,7 +116,7 @@ def test_phase_timer_matches_phase_tracker_due():
             assert _got(ctx, dut, off) == want, (now, timeout, floor, off, vars(ph))
             if want:
                 fired.add(want[1])
-                wrapped += (ph.start or 0) + off < WRAP <= want[0] + off
+                wrapped += (ph.start or 0) + off < wrap <= want[0] + off
         assert fired == {"complete", "early", "deadline"}  # every rule was exercised
         assert wrapped >= 5  # phases that began before the wrap and ended after it
 
@@ -128,7 +136,7 @@ def test_phase_timer_takes_a_new_context_every_cycle():
         now = max(c[1] for c in cases)
         timeout, floor = cases[0][2], cases[0][3]
         sweeps.append((now, timeout, floor, alpha, [c[0] for c in cases], _offset(rng)))
-    dut = PhaseTimer()
+    dut = PhaseTimer(32)
 
     async def bench(ctx):
         fired, checked = set(), 0
@@ -155,7 +163,7 @@ def test_phase_timer_due_only_follows_active_latency_cycles_before():
     LATENCY cycles before (the formal harness's cut timers assume it); and a START that
     moves start and anchor past an old deadline gives no "due" with the stale end tick."""
     rng = np.random.default_rng(7)
-    dut = PhaseTimer()
+    dut = PhaseTimer(32)
     lat = PhaseTimer.LATENCY
     ticks = [0, 1, 99, 100, 500, 600, (1 << 31) + 5, WRAP - 1]
 
@@ -199,11 +207,16 @@ def test_phase_timer_due_only_follows_active_latency_cycles_before():
     _run(dut, bench)
 
 
-@pytest.mark.parametrize(("world", "t_c_min"), [(2, 1), (5, 1), (8, 1), (5, 300)])
-def test_tc_estimator_and_median_match_the_model(world, t_c_min):
-    rng = np.random.default_rng(world * 1000 + t_c_min)
+@pytest.mark.parametrize(
+    ("world", "t_c_min", "tick_bits"),
+    [(2, 1, 32), (5, 1, 32), (8, 1, 32), (5, 300, 32), (5, 1, 24)],
+)
+def test_tc_estimator_and_median_match_the_model(world, t_c_min, tick_bits):
+    rng = np.random.default_rng(world * 1000 + t_c_min + tick_bits)
     t_b = int(rng.choice([500, 1000]))
-    p = NicParams(p=16, b=64, c=256, n_max=8, t_b_us=t_b, t_c_min_us=t_c_min)
+    p = NicParams(p=16, b=64, c=256, n_max=8, t_b_us=t_b, t_c_min_us=t_c_min,
+                  tick_bits=tick_bits)  # fmt: skip
+    wrap = 1 << tick_bits
     rank = int(rng.integers(world))
     est = TcEstimator(p)
     table = np.full(world, p.t_c_init, dtype=np.int64)
@@ -212,7 +225,7 @@ def test_tc_estimator_and_median_match_the_model(world, t_c_min):
     for k in range(120):
         at = 10 * k + int(rng.integers(0, 10))
         if rng.random() < 0.3:  # own phase end
-            s = int(rng.choice([0, 1, t_b, int(rng.integers(0, 3 * t_b)), WRAP - 1]))
+            s = int(rng.choice([0, 1, t_b, int(rng.integers(0, 3 * t_b)), wrap - 1]))
             ops.append(("sample", s, at))
         else:
             r = int(rng.choice([j for j in range(world) if j != rank]))
@@ -236,11 +249,11 @@ def test_tc_estimator_and_median_match_the_model(world, t_c_min):
 
     restarts = {40: t_b // 3 + 7, 80: t_b // 2 + 1}  # op index: a new t_c_init
     back_to_back[min(restarts) - 1] = True  # the first one comes while an op is in flight
-    off = 0 if world == 2 else WRAP - 600  # the owner's clock: from 0, or across its wrap
+    off = 0 if world == 2 else wrap - 600  # the owner's clock: from 0, or across its wrap
 
     def hw_floor(ctx) -> int:
         """The floor on the model's clock; a retired one is the model's 0 (below all)."""
-        return (ctx.get(dut.floor) - off) % WRAP if ctx.get(dut.floor_live) else 0
+        return (ctx.get(dut.floor) - off) % wrap if ctx.get(dut.floor_live) else 0
 
     async def bench(ctx):
         nonlocal floor, est, table
@@ -263,18 +276,18 @@ def test_tc_estimator_and_median_match_the_model(world, t_c_min):
                 table, floor = np.full(world, init, dtype=np.int64), 0
                 assert ctx.get(dut.median) == ctx.get(dut.own_tc) == init
                 assert hw_floor(ctx) == 0
-            ctx.set(dut.now, (op[-1] + off) % WRAP)  # the owner's now: the op's tick
+            ctx.set(dut.now, (op[-1] + off) % wrap)  # the owner's now: the op's tick
             if op[0] == "sample":
                 _, s, at = op
                 tc = est.sample(s)
                 if table[rank] != tc:
                     table[rank], floor = tc, at
-                port, pl = dut.sample, {"value": s, "at": (at + off) % WRAP}
+                port, pl = dut.sample, {"value": s, "at": (at + off) % wrap}
             else:
                 _, r, v, at = op
                 if table[r] != v:
                     table[r], floor = v, at
-                port, pl = dut.update, {"rank": r, "value": v, "at": (at + off) % WRAP}
+                port, pl = dut.update, {"rank": r, "value": v, "at": (at + off) % wrap}
             ctx.set(port.valid, 1)
             ctx.set(port.payload, pl)
             while not ctx.get(port.ready):
@@ -390,12 +403,15 @@ def test_two_banks_are_two_estimators(world):
     assert min(waited) > 0 and both[0] > 0  # the banks' requests met
 
 
-def test_tc_floor_is_retired_2_30_ticks_after_it_was_set():
+@pytest.mark.parametrize("tick_bits", WIDTHS)
+def test_tc_floor_is_retired_a_quarter_wrap_after_it_was_set(tick_bits):
     """A table change across the clock's wrap sets a live floor at its tick; it stays live
-    until 2^30 ticks later on the wrapped clock, then is retired; a restart retires it."""
-    p = NicParams(p=16, b=64, c=256, n_max=8, t_b_us=500)
+    until 2^(tick_bits - 2) ticks later on the wrapped clock (2^30 at 32 bits), then is
+    retired; a restart retires it."""
+    p = NicParams(p=16, b=64, c=256, n_max=8, t_b_us=500, tick_bits=tick_bits)
     dut = TcEstimatorHw(p)
-    at = WRAP - 3
+    wrap, quarter = 1 << tick_bits, 1 << (tick_bits - 2)
+    at = wrap - 3
 
     async def bench(ctx):
         ctx.set(dut.world, 3)
@@ -412,19 +428,19 @@ def test_tc_floor_is_retired_2_30_ticks_after_it_was_set():
         await ctx.tick().until(~dut.busy)
         await ctx.tick()
         assert ctx.get(dut.floor_live) and ctx.get(dut.floor) == at
-        ctx.set(dut.now, (at + (1 << 30) - 1) % WRAP)
+        ctx.set(dut.now, (at + quarter - 1) % wrap)
         await ctx.tick().repeat(2)
         assert ctx.get(dut.floor_live)
-        ctx.set(dut.now, (at + (1 << 30)) % WRAP)
+        ctx.set(dut.now, (at + quarter) % wrap)
         await ctx.tick().repeat(2)
         assert not ctx.get(dut.floor_live)
         ctx.set(dut.update.valid, 1)  # a new change makes it live again, then a restart
-        ctx.set(dut.update.payload, {"rank": 2, "value": 9, "at": (at + (1 << 30)) % WRAP})
+        ctx.set(dut.update.payload, {"rank": 2, "value": 9, "at": (at + quarter) % wrap})
         await ctx.tick()
         ctx.set(dut.update.valid, 0)
         await ctx.tick().until(~dut.busy)
         await ctx.tick()
-        assert ctx.get(dut.floor_live) and ctx.get(dut.floor) == (at + (1 << 30)) % WRAP
+        assert ctx.get(dut.floor_live) and ctx.get(dut.floor) == (at + quarter) % wrap
         ctx.set(dut.t_c_init, 123)
         await ctx.tick().repeat(3)
         await ctx.tick().until(~dut.busy)

@@ -3,11 +3,11 @@
 Checked by Yosys's SAT solver (`sim/formal_harness.py`; smtbmc + z3 took minutes for 20
 cycles), from reset, at the smallest legal sizes: P = 1, B = 2, C = 4 (4 packets per
 op), n_max = 2 (so world = 2), K = 2 (4 contexts, op ids 0..1), lanes = 1, with ticks
-and t_C values built 10 bits wide (`narrow_times`). Every input is free (AnySeq /
-AnyConst) except for the documented input contract, which is assumed:
+built 10 bits wide (NicParams.tick_bits; t_C values are then 6). Every input
+is free (AnySeq / AnyConst) except for the documented input contract, which is assumed:
   - reset in the first cycle only; configuration static: rank < world = 2,
     1 <= t_b < 2^6 (the tick contract of hw/deadline.py at 10-bit ticks: t_B below
-    2^(tick bits - 4), as 2^28 at 32), 1 <= alpha_q8 <= 256;
+    2^(tick_bits - 4)), 1 <= alpha_q8 <= 256;
   - valid/ready on `ev` and `i`: once valid, valid and payload hold until ready;
   - every event passed checks 1-28 (docs/protocol.md): op_id in the receive window
     (here op_id < N_OPS <= n_ctx, so no context is reused within the bound),
@@ -64,10 +64,10 @@ from optireduce.hw import aggregator
 from optireduce.hw.aggregator import _bits
 from optireduce.hw.deadline import PhaseTimer, settle_cycles
 from optireduce.params import NicParams
-from optireduce.sim.formal_harness import mutant, narrow_times, prepare_sat_bmc, solve_sat_bmc
+from optireduce.sim.formal_harness import mutant, prepare_sat_bmc, solve_sat_bmc
 
 # The smallest legal sizes: 1 element per packet, blocks of 2, 4 packets per op, 2 ranks.
-P = NicParams(p=1, b=2, c=4, n_max=2, ops_in_flight=2, lanes=1, t_b_us=4)
+P = NicParams(p=1, b=2, c=4, n_max=2, ops_in_flight=2, lanes=1, t_b_us=4, tick_bits=10)
 N_OPS = 2  # op ids 0..N_OPS-1 (each its own context)
 # Cycles beyond an owner's settle count between two ticks. An owner takes a pending tick
 # before it fires a due phase (IDLE), then settles: ticks closer than that would keep a
@@ -432,16 +432,15 @@ class _Top(Component):
 
 
 def prepare(prop: str, variant: str = "holds", depth: int | None = None):
-    """Convert one check (serially: it patches module widths) and write its solver script."""
+    """Convert one check and write its solver script."""
     name = f"agg_{prop}" + ("" if variant == "holds" else f"_{variant}")
     script = ""
     if prop in CUT_TIMING:
         script += f"cutpoint {name}.dut/c:timer {name}.dut/c:tc\n"  # cells, not wires
     if prop in ("range", "duplicate"):  # the sums play no part: cut the accumulators
         script += f"cutpoint {name}.dut/acc\n"
-    with narrow_times():  # conversion elaborates the submodules: keep the widths patched
-        mod = mutant(aggregator.__name__, MUTANTS[prop]) if variant == "mutant" else aggregator
-        return prepare_sat_bmc(_Top(prop, variant, mod), name, depth or DEPTH[prop], script)
+    mod = mutant(aggregator.__name__, MUTANTS[prop]) if variant == "mutant" else aggregator
+    return prepare_sat_bmc(_Top(prop, variant, mod), name, depth or DEPTH[prop], script)
 
 
 def _solve(d):

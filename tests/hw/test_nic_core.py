@@ -27,7 +27,7 @@ from optireduce.sim import verilog
 from optireduce.sim.core_sim import replay_traces
 from optireduce.sim.replay import differences, replay
 from optireduce.sim.toolchain import use_verilator
-from optireduce.sim.trace import INBAND_PARAMS, TRACE_PARAMS, make_trace
+from optireduce.sim.trace import INBAND_PARAMS, SLIM_PARAMS, TRACE_PARAMS, make_trace
 from optireduce.sim.trace_mutate import mutate
 
 # (scenario, seed, backpressure) replayed through amaranth.sim: a second simulator next
@@ -99,20 +99,23 @@ def test_core_matches_model_inband():
         assert seen[k] > 0, seen
 
 
-def test_core_matches_model_across_the_tick_wrap():
-    """The core's 32-bit clock starts just before its wrap (hw/deadline.py, "Ticks"), the
-    model's does not wrap: with the trace's ticks moved there for both, the outputs are the
-    same. The ops are in flight across the wrap, with losses (deadline ends, a floor set
-    before the wrap and compared after it) and peers' frames ahead of our START."""
-    trace = make_trace("loss", 1)  # records at ticks 46, 48 and 152 (a deadline end)
-    tick0 = (1 << 32) - 100  # the last op starts before the wrap and ends after it
+@pytest.mark.parametrize("params", [TRACE_PARAMS, SLIM_PARAMS], ids=["32bit", "slim24bit"])
+def test_core_matches_model_across_the_tick_wrap(params):
+    """The core's clock (32 bits, and the 25F's 24) starts just before its wrap
+    (hw/deadline.py, "Ticks"), the model's does not wrap: with the trace's ticks moved
+    there for both, the outputs are the same, the STATS ticks as their low bits. The ops
+    are in flight across the wrap, with losses (deadline ends, a floor set before the
+    wrap and compared after it) and peers' frames ahead of our START."""
+    wrap = 1 << params.tick_bits
+    trace = make_trace("loss", 1, params=params)  # records before and after tick 100
+    tick0 = wrap - 100  # the last op starts before the wrap and ends after it
     moved = [(t + tick0, f) for t, f in trace]
     model = replay(moved, "model")
     core = replay_traces([moved], tick0=tick0)[0]
     assert not differences(core, model)
     ends = [t for t, f in model.frames if host_port.is_host_frame(f)]
-    assert min(ends) < 1 << 32 <= max(ends), ends  # records on both sides of it
-    assert model.counters["rx_scatter"] > 0 and core.sim["ticks"] > 1 << 32
+    assert min(ends) < wrap <= max(ends), ends  # records on both sides of it
+    assert model.counters["rx_scatter"] > 0 and core.sim["ticks"] > wrap
 
 
 def test_scenarios_exercise_their_rules():

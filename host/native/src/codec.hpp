@@ -34,6 +34,7 @@ struct Params {
     int64_t t_b_us = 20000;
     int64_t t_c_init_us = 20000;
     int64_t t_c_min_us = 1;
+    int64_t t_c_max_us = (int64_t{1} << 28) - 1;  // NicParams.t_c_max_us: a peer's t_C at most
     int32_t alpha_q8 = 64;
     int32_t last_percent = 1;
     int32_t tc_gain_shift = 3;

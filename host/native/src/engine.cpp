@@ -504,7 +504,8 @@ void Engine::accept(int64_t now, int code, const Parsed& r) {
     if (op->exponent != h.exponent) return drop(DROP_EXPONENT_MISMATCH, st);
     if (op->n != int64_t{h.op_len}) return drop(DROP_BAD_LENGTH, st);
     const bool scatter = h.msg_type == MSG_SCATTER;
-    set_tc(scatter ? 1 : 2, h.sender, h.t_c_us, now);  // piggybacked t_C of a valid peer frame
+    // piggybacked t_C of a valid peer frame, at most t_c_max_us (above every t_B)
+    set_tc(scatter ? 1 : 2, h.sender, std::min<int64_t>(h.t_c_us, p_.t_c_max_us), now);
     peer_progress(now, h.sender, h.op_id);
     op = find(h.op_id);
     if (op == nullptr) return drop(DROP_LATE, st);  // it was complete and has left the window

@@ -107,6 +107,7 @@ Params params_from_py(nb::handle p) {
     r.t_b_us = i64("t_b_us");
     r.t_c_init_us = i64("t_c_init");
     r.t_c_min_us = i64("t_c_min_us");
+    r.t_c_max_us = i64("t_c_max_us");
     r.alpha_q8 = static_cast<int32_t>(i64("alpha_q8"));
     r.last_percent = static_cast<int32_t>(i64("last_percent"));
     r.tc_gain_shift = static_cast<int32_t>(i64("tc_gain_shift"));
