@@ -48,11 +48,13 @@ SOL_PACKET, PACKET_ADD_MEMBERSHIP, PACKET_MR_UNICAST = 263, 1, 3  # <linux/if_pa
 RECV_BATCH = 256  # frames taken from the socket per recv()
 SEND_WAIT_S = 5.0  # longest wait for room in the interface's queue
 IDENT = ("type", "version", "param_p", "param_b", "param_c", "param_n_max", "param_lanes",
-         "param_ops_in_flight", "param_w_wire", "param_tick_bits")  # fmt: skip
+         "param_ops_in_flight", "param_w_wire", "param_tick_bits", "job_id",
+         "udp_port")  # fmt: skip
 # NicParams fields the NIC's registers give back: the job must use the board's values
 PARAM_REGS = {"param_p": "p", "param_b": "b", "param_c": "c", "param_n_max": "n_max",
               "param_lanes": "lanes", "param_ops_in_flight": "ops_in_flight",
-              "param_w_wire": "w_wire", "param_tick_bits": "tick_bits"}  # fmt: skip
+              "param_w_wire": "w_wire", "param_tick_bits": "tick_bits", "job_id": "job_id",
+              "udp_port": "udp_port"}  # fmt: skip
 
 
 class BoardError(RuntimeError):
@@ -265,12 +267,20 @@ def identify(regs: RegisterPort, p: NicParams | None = None) -> BoardInfo:
             f"the NIC on {regs.link.ifname} has register block version {_version(got)}; this "
             f"host needs {_version(VERSION)} or a later {VERSION >> 16}.x (from 1.2 the host "
             "adapter takes the padded frames a wire delivers, from 1.3 its counters are "
-            "registers, from 1.4 the NIC says its clock's width): build and load this "
+            "registers, from 1.4 the NIC says its clock's width and its build's job id and "
+            "port): build and load this "
             "version's bitstream (optireduce build bitstream --board NAME, then optireduce "
             "board program --board NAME)"
         )
     params = {PARAM_REGS[k]: v for k, v in values.items() if k in PARAM_REGS}
     return BoardInfo(regs.link.ifname, got, params)
+
+
+def build_mismatch(info: BoardInfo, p: NicParams) -> dict[str, tuple[int, int]]:
+    """The build parameters in which the board's NIC and the job differ: name -> (board,
+    job). A job must run with the board's (a NIC built for another job id drops every
+    frame of this one as wrong_job)."""
+    return {k: (v, getattr(p, k)) for k, v in info.params.items() if getattr(p, k) != v}
 
 
 def interfaces() -> list[str]:
@@ -331,8 +341,7 @@ class BoardNic(HostNic):
         try:
             self.regs = RegisterPort(self.link)
             self.info = identify(self.regs, self.p)
-            wrong = {k: (v, getattr(self.p, k)) for k, v in self.info.params.items()
-                     if getattr(self.p, k) != v}  # fmt: skip
+            wrong = build_mismatch(self.info, self.p)
             if wrong:
                 raise BoardError(f"the NIC on {ifname} was built for other parameters "
                                  f"(board, job): {wrong}; run the job with the board's "

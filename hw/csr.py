@@ -61,7 +61,8 @@ from optireduce.params import NicParams
 from optireduce.ubt import DEFAULT_ADDRESSING
 
 # 1.1: t_c_min_us, t_c_init_us; 1.2: padded host frames taken; 1.3: the host block;
-# 1.4: param_tick_bits (the clock's width, and t_b_us's)
+# 1.4: param_tick_bits (the clock's width, and t_b_us's); the build's job id, port,
+# addresses and estimator read only (BUILD_VALUES)
 VERSION = 0x0001_0004  # major in the high half
 TYPE_NIC = 0x4F52_0001  # "OR" 0001
 TYPE_COUNTERS = 0x4F52_0002
@@ -104,11 +105,17 @@ CONFIG: tuple[tuple[str, str, int, Callable, Callable, str], ...] = (
      "IPv4 of rank r is ip_base + r + 1"),
     ("estimator", "estimator", 0, lambda p: 1, lambda p: int(p.estimator == "plain"),
      "decode estimator: 0 unbiased, 1 plain"),
-    ("t_c_min_us", "t_c_min_us", 0, lambda p: 32, lambda p: p.t_c_min_us,
+    ("t_c_min_us", "t_c_min_us", 0, lambda p: p.t_b_bits, lambda p: p.t_c_min_us,
      "floor of t_C, us (1..t_b_us)"),
-    ("t_c_init_us", "t_c_init_us", 0, lambda p: 32, lambda p: p.t_c_init,
+    ("t_c_init_us", "t_c_init_us", 0, lambda p: p.t_b_bits, lambda p: p.t_c_init,
      "t_C before any phase completed, us; a new value restarts both estimators from it"),
 )  # fmt: skip
+
+# Configuration the gateware takes from its build (NicParams, ubt.DEFAULT_ADDRESSING), not
+# from the register: it reads the build's value and ignores writes, so that a job whose
+# value differs is refused (host/board_nic.py: identify) instead of dropping every frame
+BUILD_VALUES = frozenset({"job_id", "udp_port", "mac_base_lo", "mac_base_hi", "ip_base",
+                          "estimator"})  # fmt: skip
 
 ALL_COUNTERS = (*COUNTERS, *EXP_COUNTERS, *ADMISSION_REASONS)  # the counters block, in order
 # the host block's counters, kept in the same storage after ALL_COUNTERS
@@ -182,9 +189,11 @@ def register_map(p: NicParams) -> tuple[Block, ...]:
     for j, (name, value, desc) in enumerate(PARAMS):
         nic.append(Reg(f"param_{name}", NIC_BASE + 0x10 + 4 * j, "RO", 32, value(p), "param", desc))
     for j, (name, port, lsb, width, reset, desc) in enumerate(CONFIG):
-        nic.append(
-            Reg(name, NIC_BASE + 0x40 + 4 * j, "RW", width(p), reset(p), "config", desc, port, lsb)
-        )
+        off = NIC_BASE + 0x40 + 4 * j
+        if name in BUILD_VALUES:  # the gateware takes these from its build: read only
+            nic.append(Reg(name, off, "RO", width(p), reset(p), "param", f"{desc} (the build's)"))
+        else:
+            nic.append(Reg(name, off, "RW", width(p), reset(p), "config", desc, port, lsb))
     cnt = _header(COUNTER_BASE, TYPE_COUNTERS, PEERS_BASE)
     cnt.append(Reg("count", COUNTER_BASE + 0xC, "RO", 32, len(ALL_COUNTERS), "header", "counters"))
     for j, name in enumerate(ALL_COUNTERS):

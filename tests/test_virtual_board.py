@@ -23,6 +23,7 @@ from optireduce.experiments.bench_cosim import LIVE_PARAMS, inputs
 from optireduce.experiments.board_cluster import run_board_cluster
 from optireduce.experiments.netns import BOARD_HOST_IF, NetnsCluster, enter
 from optireduce.host.model.nic_model import EXP_COUNTERS
+from optireduce.params import NicParams
 from optireduce.sim.cosim_build import board_harness_path
 from optireduce.sim.replay import COUNTERS
 from optireduce.ubt import DEFAULT_ADDRESSING
@@ -168,7 +169,8 @@ def test_detect_finds_the_virtual_board_and_bad_answers_are_errors_or_drops(tmp_
             "ifname": "brd0", "version": 0x10004, "p": LIVE_PARAMS.p, "b": LIVE_PARAMS.b,
             "c": LIVE_PARAMS.c, "n_max": LIVE_PARAMS.n_max, "lanes": LIVE_PARAMS.lanes,
             "ops_in_flight": LIVE_PARAMS.ops_in_flight, "w_wire": LIVE_PARAMS.w_wire,
-            "tick_bits": LIVE_PARAMS.tick_bits}])  # fmt: skip
+            "tick_bits": LIVE_PARAMS.tick_bits, "job_id": LIVE_PARAMS.job_id,
+            "udp_port": LIVE_PARAMS.udp_port}])  # fmt: skip
         # one register read: its 42-byte frame and the reply are padded to Ethernet's
         # least length on the way, as on a wire, and taken
         assert _in_namespace(c.ns[0], _read_one, "param_c") == ("ok", LIVE_PARAMS.c)
@@ -406,3 +408,32 @@ def test_batched_frames_on_a_packet_socket_equal_the_python_path(monkeypatch):
             rx.close()
     want = [host_port.parse(f) for f in frames]
     assert got[True] == got[False] == want
+
+
+def test_a_board_built_for_another_job_is_named_by_what_differs():
+    """The build parameters the NIC reports (its job id and port too: they are the
+    build's, read only) are compared with the job's; every difference is named."""
+    from types import SimpleNamespace
+
+    from optireduce.host.board_nic import IDENT, NIC_TYPE, build_mismatch, identify
+    from optireduce.hw.csr import VERSION
+
+    p = NicParams(p=16, b=64, c=256, n_max=8, tick_bits=24, t_b_us=5000)
+    board = {"type": NIC_TYPE, "version": VERSION, "param_p": 16, "param_b": 64,
+             "param_c": 256, "param_n_max": 8, "param_lanes": 1,
+             "param_ops_in_flight": p.ops_in_flight, "param_w_wire": 32,
+             "param_tick_bits": 24, "job_id": p.job_id, "udp_port": p.udp_port}  # fmt: skip
+
+    class Regs:
+        link = SimpleNamespace(ifname="eth7")
+
+        def __init__(self, values: dict) -> None:
+            self.values = values
+
+        def access(self, accesses):
+            return [self.values[name] for name in IDENT[: len(accesses)]]
+
+    assert build_mismatch(identify(Regs(board)), p) == {}
+    other = board | {"job_id": 9, "param_tick_bits": 32}
+    assert build_mismatch(identify(Regs(other)), p) == {"job_id": (9, p.job_id),
+                                                       "tick_bits": (32, 24)}  # fmt: skip

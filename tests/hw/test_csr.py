@@ -23,6 +23,7 @@ from optireduce.hw.csr import (
     Csr,
     counter_step,
     host_block_base,
+    register,
     register_map,
     render_markdown,
     walk,
@@ -72,7 +73,7 @@ PUBLISHED = {
     0x018: ("param_c", "RO", 32, 16_384),
     0x040: ("rank", "RW", 6, 0),
     0x044: ("world", "RW", 7, 2),
-    0x048: ("job_id", "RW", 16, 1),
+    0x048: ("job_id", "RO", 16, 1),  # the build's (BUILD_VALUES)
     0x050: ("t_b_us", "RW", 28, 20_000),  # 32 until the tick clock wrapped (t_B < 2^28)
     0x058: ("seed", "RW", 32, 0x5EED0001),
     0x100: ("type", "RO", 32, TYPE_COUNTERS),
@@ -143,11 +144,16 @@ def test_reset_discovery_and_read_only(p):
         mapped = {r.offset for r in regs}
         assert all(v == 0 for a, v in image.items() if a not in mapped)
         assert ctx.get(dut.rank) == 0 and ctx.get(dut.world) == 2
-        assert ctx.get(dut.job_id) == p.job_id and ctx.get(dut.udp_port) == p.udp_port
         assert ctx.get(dut.t_b_us) == p.t_b_us and ctx.get(dut.alpha_q8) == p.alpha_q8
-        assert ctx.get(dut.seed) == p.seed and ctx.get(dut.estimator) == (p.estimator == "plain")
-        assert ctx.get(dut.mac_base) == DEFAULT_ADDRESSING.mac_base
-        assert ctx.get(dut.ip_base) == DEFAULT_ADDRESSING.ip_base
+        assert ctx.get(dut.seed) == p.seed
+        # the build's values read back (writes below change nothing)
+        assert image[register(p, "job_id").offset] == p.job_id
+        assert image[register(p, "udp_port").offset] == p.udp_port
+        assert image[register(p, "estimator").offset] == (p.estimator == "plain")
+        mac = image[register(p, "mac_base_lo").offset]
+        mac |= image[register(p, "mac_base_hi").offset] << 32
+        assert mac == DEFAULT_ADDRESSING.mac_base
+        assert image[register(p, "ip_base").offset] == DEFAULT_ADDRESSING.ip_base
         for r in regs:  # writes to read-only registers are ignored
             if r.access == "RO":
                 await write(ctx, dut, r.offset, 0xDEAD_BEEF)
