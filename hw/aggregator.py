@@ -120,7 +120,7 @@ def _bits(n: int) -> int:
 class Aggregator(wiring.Component):
     """Owner-side phase 1 of up to n_ctx ops in flight (see the module docstring).
 
-    LATENCY: cycles from the `end_valid` strobe of a phase end to its first mean on `o`
+    latency(p): cycles from the `end_valid` strobe of a phase end to its first mean on `o`
     (no backpressure, no readout queued before it). Ingest takes P / lanes payload
     beats per packet at one beat per cycle; between packets the event costs about
     n_ctx + 11 cycles (its facts, context lookup, peer-progress scan, row division,
@@ -128,8 +128,14 @@ class Aggregator(wiring.Component):
     which the 74 bytes of frame headers ahead of each payload on the wire cover.
     """
 
-    LATENCY = 11  # 7 with the mean's product in one stage and no stage per carry chain
+    # 8 cycles and the readout's divider (a stage per quotient digit: 10 at w_acc = 35)
+    LATENCY_BEFORE_DIVIDER = 8
     ACC_WRITE_DELAY = 2  # cycles from a payload beat's handshake to its accumulator write
+
+    @staticmethod
+    def latency(p: NicParams) -> int:
+        """Cycles from a phase end's `end_valid` to its first mean (see above)."""
+        return Aggregator.LATENCY_BEFORE_DIVIDER + MeanReadout.divider_latency(p)
 
     def __init__(self, p: NicParams, tick0: int = 0, *, tc_external: bool = False) -> None:
         self.p, self.tick0 = p, tick0  # tick0: `now` after reset (a test starts near the wrap)

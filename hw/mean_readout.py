@@ -1,13 +1,16 @@
-"""The aggregator's readout: the means of each ended op, slot by slot, through the
-reciprocal table.
+"""The aggregator's readout: the means of each ended op, slot by slot, through a
+digit-table divider.
 
-Model: `host/model/aggregator.py: Aggregator.means` with `reciprocal_table` /
-`mean_by_reciprocal`: mean = sign(S) * ((2|S| + n) * recip[n] >> shift) for a slot's sum
-S of n contributions. The aggregator queues the contexts of ended ops that own slots
-(`push`, in end order); this block takes them one at a time while the aggregator is not
-in a payload (`hold`): for each owned row, the slot's contributor count from the bitmap
-memory (`bm_*`), then its P / lanes accumulator words (`acc_*`, one a cycle) through the
-pipeline onto `o`, with the op id, the slot index (rank + row * world) and the count.
+Model: `host/model/aggregator.py: Aggregator.means` (`mean_by_reciprocal`, which is
+exactly mean = sign(S) * floor((2|S| + n) / 2n) for a slot's sum S of n contributions);
+here the quotient comes from `hw/digit_divider.py` (block-RAM tables, no multiplier) when
+the divisors are few (n_max = 8: 10 stages), else from the reciprocal multiply. A slot of
+no contribution has S = 0, and its mean 0 whatever the divisor. The aggregator
+queues the contexts of ended ops that own slots (`push`, in end order); this block takes
+them one at a time while the aggregator is not in a payload (`hold`): for each owned row,
+the slot's contributor count from the bitmap memory (`bm_*`), then its P / lanes
+accumulator words (`acc_*`, one a cycle) through the pipeline onto `o`, with the op id,
+the slot index (rank + row * world) and the count.
 
 The aggregator owns the memories and muxes their read ports: this block asks for the
 bitmap row (`bm_read`, `bm_addr`) and the accumulator word (`acc_issue`, `acc_addr`,
@@ -16,8 +19,8 @@ the memory's last output is taken: an event's payload would otherwise drive the 
 while `o` stalls the readout.
 
 Pipeline (each stage a register, 125 MHz): 1 the memory output, 2 its register, 3 |S|,
-4 2|S| + n, 5..7 the product (wide_multiplier), then `o`; a slot's beats go one a cycle,
-and two cycles between slots read its count.
+4 2|S| + n, then the divider's stages (one per quotient digit), then `o`; a slot's beats
+go one a cycle, and two cycles between slots read its count.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from optireduce.host.model.aggregator import reciprocal_shift, reciprocal_table
+from optireduce.hw import digit_divider
 from optireduce.hw import wide_multiplier as wmul
 from optireduce.hw.streams import element_stream
 from optireduce.params import NicParams
@@ -97,9 +101,6 @@ class MeanReadout(wiring.Component):
         m.d.sync += q_n.eq(q_n + self.push - q_pop)
         m.d.comb += [self.pending.eq(q_n != 0), self.head.eq(q[q_head])]
 
-        table = reciprocal_table(p)
-        rec_w = max(table).bit_length()
-        recips = Array(Const(v, rec_w) for v in table)
         ro_c = Signal(cb)
         ro_mine = Signal(range(self.rows_max + 1))  # the op's slot count: the rows to read
         ro_row = Signal(rb + 1)
@@ -145,7 +146,7 @@ class MeanReadout(wiring.Component):
             self.acc_issue.eq(issue),
             self.acc_addr.eq(Cat(ro_beat[:bb], ro_row[:rb], ro_c)),
         ]
-        s1 = self._means(m, adv, recips)
+        s1 = self._means(m, adv)
         m.d.comb += self.busy.eq(~ro.ongoing("IDLE") | s1.v)
         with m.If(adv):
             m.d.sync += [
@@ -158,11 +159,29 @@ class MeanReadout(wiring.Component):
             ]
         return m
 
-    def _means(self, m: Module, adv, recips: Array):
+    @staticmethod
+    def divisors(p: NicParams) -> list[int]:
+        """The divider's divisors: 2n for n = 1..n_max, selected by n - 1."""
+        return [2 * n for n in range(1, p.n_max + 1)]
+
+    @staticmethod
+    def uses_digits(p: NicParams) -> bool:
+        """The digit-table divider (few, small divisors), else the reciprocal multiply
+        (`mean_by_reciprocal`: a grid of DSPs and their adders; n_max above 8 or so)."""
+        return digit_divider.fits(p.w_acc + 2, MeanReadout.divisors(p))
+
+    @staticmethod
+    def divider_latency(p: NicParams) -> int:
+        """The divider's stages for the numerator 2|S| + n (w_acc + 2 bits)."""
+        if MeanReadout.uses_digits(p):
+            return digit_divider.latency(p.w_acc + 2, MeanReadout.divisors(p))
+        return wmul.LATENCY
+
+    def _means(self, m: Module, adv):
         """The pipeline from the accumulator word to `o`; returns its first stage's
         registers (the word's facts, loaded by the caller as the read is issued)."""
         p, w_acc, lanes = self.p, self.w_acc, self.p.lanes
-        s_shift = reciprocal_shift(p)
+        divisors, lat = self.divisors(p), self.divider_latency(p)
         stage = data.StructLayout(
             {
                 "v": 1,
@@ -174,7 +193,7 @@ class MeanReadout(wiring.Component):
             }
         )
         s1, sr, sm, s2 = Signal(stage), Signal(stage), Signal(stage), Signal(stage)
-        sp = [Signal(stage, name=f"sp{d}") for d in range(wmul.LATENCY)]  # beside the product
+        sp = [Signal(stage, name=f"sp{d}") for d in range(lat)]  # beside the quotient
         num2 = [Signal(w_acc + 2, name=f"num2_{k}") for k in range(lanes)]
         neg2 = [Signal(name=f"neg2_{k}") for k in range(lanes)]
         with m.If(adv):
@@ -183,7 +202,7 @@ class MeanReadout(wiring.Component):
                 sm.eq(sr),
                 s2.eq(sm),
                 sp[0].eq(s2),
-                *(sp[d].eq(sp[d - 1]) for d in range(1, wmul.LATENCY)),
+                *(sp[d].eq(sp[d - 1]) for d in range(1, lat)),
                 self.o.valid.eq(sp[-1].v),
                 self.o.payload.first.eq(sp[-1].first),
                 self.o.payload.last.eq(sp[-1].last),
@@ -195,7 +214,7 @@ class MeanReadout(wiring.Component):
             sv = Signal(signed(w_acc), name=f"sv_{k}")
             mag = Signal(w_acc, name=f"mag_{k}")
             neg_m = Signal(name=f"negm_{k}")
-            negs = [Signal(name=f"neg{d}_{k}") for d in range(wmul.LATENCY)]
+            negs = [Signal(name=f"neg{d}_{k}") for d in range(lat)]
             with m.If(adv):
                 m.d.sync += [
                     sv.eq(self.acc_data[k * w_acc : (k + 1) * w_acc].as_signed()),
@@ -205,10 +224,15 @@ class MeanReadout(wiring.Component):
                     neg2[k].eq(neg_m),
                 ]
                 m.d.sync += [negs[0].eq(neg2[k]), *(negs[d].eq(negs[d - 1]) for d in
-                                                    range(1, wmul.LATENCY))]  # fmt: skip
-            # the reciprocal looked up where the product takes it (not carried from s1)
-            prod = wmul.wide_multiply(m, num2[k], recips[s2.n], adv, name=f"prod_{k}")
-            q_mag = prod >> s_shift
+                                                    range(1, lat))]  # fmt: skip
+            if self.uses_digits(p):
+                sel = (s2.n - 1)[: (len(divisors) - 1).bit_length()]
+                q_mag = digit_divider.digit_divide(m, num2[k], sel, divisors, adv, f"div_{k}")
+            else:  # the reciprocal looked up where the product takes it
+                table = reciprocal_table(p)
+                recips = Array(Const(v, max(table).bit_length()) for v in table)
+                prod = wmul.wide_multiply(m, num2[k], recips[s2.n], adv, name=f"prod_{k}")
+                q_mag = prod >> reciprocal_shift(p)
             with m.If(adv):
                 m.d.sync += self.o.payload.data[k].eq(Mux(negs[-1], -q_mag, q_mag))
         return s1

@@ -414,6 +414,16 @@ def test_one_op_in_flight_random_scenario(seed):
     check(random_scenario(seed, P.replace(ops_in_flight=1)), seed=seed)
 
 
+def test_many_ranks_random_scenario_takes_the_reciprocal_multiply():
+    """n_max = 16: too many divisors for the readout's digit tables, so its means come
+    from the reciprocal multiply; n_max = 8 (every other test here) takes the tables."""
+    from optireduce.hw.mean_readout import MeanReadout
+
+    p = P.replace(n_max=16)
+    assert not MeanReadout.uses_digits(p) and MeanReadout.uses_digits(P)
+    check(random_scenario(12, p), seed=12)
+
+
 def test_two_lanes_random_scenario():
     p = P.replace(lanes=2)
     sc = random_scenario(11, p)
@@ -426,7 +436,7 @@ def test_rate_and_latency_figures():
     from optireduce.experiments.figures.fig_aggregator import figures
 
     f = figures(P)
-    assert f["latency_cycles"] == Aggregator.LATENCY
+    assert f["latency_cycles"] == Aggregator.latency(P)
     assert 1.0 < f["cycles_per_element"] <= 1 + 16 / P.p
     assert 1.0 < f["readout_cycles_per_element"] <= (P.p + 2) / P.p
 
