@@ -54,7 +54,11 @@ Interface:
 
 Pipeline: register (N, sign, m) -> partial products of N by 18-bit slices of m
 (one DSP column each) -> sum, shift, sign -> o. One element per lane per cycle;
-the stages advance together whenever o can take a beat.
+the stages advance together whenever o can take a beat. With few packets per block
+(P_b <= 4 or so: `uses_digits`) the quotient floor(N / 2k) comes instead from
+`hw/digit_divider.py` (block-RAM digit tables, a stage per digit; k = 0 selects the
+table of zeros), with no multiplier: register (N, sign, k) -> the digit stages -> sign
+-> o (`LATENCY` then counts the stages).
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from optireduce.host.model.codec import div_round
+from optireduce.hw import digit_divider
 from optireduce.hw.streams import element_stream
 from optireduce.params import NicParams
 
@@ -117,6 +122,13 @@ class BlockDivider(wiring.Component):
         self.shift = recip_shift(p, self.width_in)
         self.table = recip_table(p, self.width_in)
         ppb = p.packets_per_block
+        a = p.p.bit_length() - 1
+        self.w_n = self.width_in + 1 - a  # N <= 2^(w-a) + P_b
+        # divisors by k: 0 (an empty block: zeros), then 2k
+        self.divisors = [0] + [2 * k for k in range(1, ppb + 1)]
+        self.uses_digits = digit_divider.fits(self.w_n, self.divisors)
+        if self.uses_digits:
+            self.LATENCY = 2 + digit_divider.latency(self.w_n, self.divisors)
         super().__init__(
             {
                 "i": In(element_stream(self.width_in, p.lanes)),
@@ -131,7 +143,7 @@ class BlockDivider(wiring.Component):
         p, lanes = self.p, self.p.lanes
         a = p.p.bit_length() - 1
         ppb = p.packets_per_block
-        w_n = self.width_in + 1 - a  # N <= 2^(w-a) + P_b
+        w_n = self.w_n
         w_m = max(v.bit_length() for v in self.table)
         n_slices = -(-w_m // _SLICE)
 
@@ -179,6 +191,13 @@ class BlockDivider(wiring.Component):
                 m.d.comb += mag.eq(Mux(t < 0, -t, t))
                 m.d.sync += [n1[j].eq(((mag << 1) >> a) + kk), neg1[j].eq(t < 0)]
 
+        if self.uses_digits:
+            k1 = Signal(range(ppb + 1))
+            with m.If(adv):
+                m.d.sync += k1.eq(kk)
+            self._digit_stages(m, adv, n1, neg1, k1, (v1, first1, last1))
+            return m
+
         # Stage 2: partial products, one per 18-bit slice of m.
         v2, first2, last2 = Signal(), Signal(), Signal()
         pp2 = [
@@ -207,3 +226,28 @@ class BlockDivider(wiring.Component):
                 m.d.comb += q_mag.eq(total >> self.shift)
                 m.d.sync += self.o.payload.data[j].eq(Mux(neg2[j], -q_mag, q_mag))
         return m
+
+    def _digit_stages(self, m: Module, adv, n1: list, neg1: list, k1, marks: tuple) -> None:
+        """Stage 1's N through the digit tables (floor(N / 2k), 0 for k = 0), its sign and
+        markers alongside, then the signed quotient on `o`."""
+        lat = digit_divider.latency(self.w_n, self.divisors)
+        delayed = []
+        for sig in (*marks, *neg1):
+            for d in range(lat):
+                r = Signal(name=f"{sig.name}_d{d}")
+                with m.If(adv):
+                    m.d.sync += r.eq(sig)
+                sig = r
+            delayed.append(sig)
+        (v, first, last), negs = delayed[:3], delayed[3:]
+        with m.If(adv):
+            m.d.sync += [
+                self.o.valid.eq(v),
+                self.o.payload.first.eq(first),
+                self.o.payload.last.eq(last),
+            ]
+        for j, n in enumerate(n1):
+            q = digit_divider.digit_divide(m, n, k1, self.divisors, adv, name=f"q_{j}")
+            q_mag = q[: self.width_out]
+            with m.If(adv):
+                m.d.sync += self.o.payload.data[j].eq(Mux(negs[j], -q_mag, q_mag))

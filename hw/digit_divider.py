@@ -11,7 +11,8 @@ readout's 2n, n <= n_max): that product was a grid of DSPs and about 500 LUTs of
 partial-product adders on the 25F; here the stages are flip-flops and block RAM.
 
 Every stage advances only with `en` (the owner's pipeline enable): the quotient of a
-`num` given with `sel` is out `latency` enabled cycles later.
+`num` given with `sel` is out `latency` enabled cycles later. A divisor 0 stands for "the
+quotient is 0" (an empty block: its table entries are all 0).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ MAX_STAGES = 12  # beyond this many digits (6 DP16KD) the reciprocal multiply is
 def digit_bits(divisors: list[int]) -> int:
     """The widest quotient digit g whose table fits a DP16KD: (sel, remainder, digit) in
     ADDRESS_BITS, (quotient digit, remainder) in DATA_BITS (0: none fits)."""
-    rb = (max(divisors) - 1).bit_length()
+    rb = (max(max(divisors), 1) - 1).bit_length()
     sb = (len(divisors) - 1).bit_length()
     return max(0, min(ADDRESS_BITS - rb - sb, DATA_BITS - rb))
 
@@ -44,10 +45,10 @@ def digit_table(divisors: list[int]) -> list[int]:
     """The table: at (sel, r, digit), (r * 2^g + digit) // d | ((..) % d) << g for
     d = divisors[sel] and r < d (other remainders never occur: 0)."""
     g = digit_bits(divisors)
-    rb = (max(divisors) - 1).bit_length()
+    rb = (max(max(divisors), 1) - 1).bit_length()
     out = [0] * (len(divisors) << (rb + g))
     for s, d in enumerate(divisors):
-        for r in range(d):
+        for r in range(d):  # d = 0: no entry, the quotient is 0
             for digit in range(1 << g):
                 v = (r << g) | digit
                 out[(s << (rb + g)) | (r << g) | digit] = (v // d) | ((v % d) << g)
@@ -63,10 +64,10 @@ def digit_divide(m: Module, num: Value, sel: Value, divisors: list[int], en: Val
                  name: str = "ddiv") -> Signal:  # fmt: skip
     """floor(num / divisors[sel]), registered, `latency(len(num), divisors)` enabled cycles
     after `num` and `sel` (see the module docstring)."""
-    if any(d < 1 for d in divisors) or digit_bits(divisors) < 1:
+    if any(d < 0 for d in divisors) or digit_bits(divisors) < 1:
         raise ValueError(f"digit_divide: divisors {divisors} do not fit a table")
     g = digit_bits(divisors)
-    rb = (max(divisors) - 1).bit_length()
+    rb = (max(max(divisors), 1) - 1).bit_length()
     n = latency(len(num), divisors)
     width = n * g
     table = digit_table(divisors)

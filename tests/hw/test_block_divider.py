@@ -221,7 +221,7 @@ def test_default_width_every_d(plain):
     got, firsts, lasts, res, _ = run_divider(p, blocks, plain)
     np.testing.assert_equal(got, expected(p, blocks, plain))
     assert firsts == ([1] + [0] * 63) * len(ks) and lasts == ([0] * 63 + [1]) * len(ks)
-    assert res["o_cycles"][0] - res["i_cycles"][0] == BlockDivider.LATENCY
+    assert res["o_cycles"][0] - res["i_cycles"][0] == BlockDivider(p).LATENCY
     assert res["o_cycles"][-1] - res["o_cycles"][0] == len(res["o_cycles"]) - 1  # no bubbles
 
 
@@ -257,3 +257,11 @@ def test_cocotb_verilator():
     cfg = {"p": p.p, "b": p.b, "lanes": p.lanes, "w_in": p.w_inv,
            "w_out": quotient_width(p, p.w_inv)}  # fmt: skip
     run_bench(top, "block_divider_top", f"{__package__}.benches.tb_block_divider", cfg)
+
+
+def test_few_packets_per_block_take_the_digit_tables():
+    """P_b = 4 (SMALL, the 25F's 1024 / 256): the digit-table divider; P_b = 16 (the
+    default): the reciprocal multiply. Both give the model's quotients above."""
+    assert BlockDivider(SMALL).uses_digits and BlockDivider(SMALL2).uses_digits
+    assert not BlockDivider(DEFAULT).uses_digits
+    assert BlockDivider(NicParams(p=256, b=1024, c=2048, n_max=8)).uses_digits
