@@ -160,8 +160,10 @@ class TcEstimator(wiring.Component):
             with m.If((port.now - floor[k])[tb - 2]):  # 2^(tick_bits - 2) old: retired
                 m.d.sync += floor_live[k].eq(0)
 
-        # EWMA state: widths cover mean + 16 * dev of tick-wide samples without overflow
-        wide = tb + 8
+        # EWMA state: a tick-wide sample s < 2^tb keeps mean and dev in [0, 2^tb) (each step
+        # moves them toward s or |s - mean|, rounding down to no lower than 0), so they and
+        # the error s - mean fit tb + 1 signed bits; t_C = mean + 16 dev at most, tb + 6
+        wide = tb + 1
         mean = banked("mean", signed(wide))
         dev = banked("dev", signed(wide))
         have = banked("have", 1)  # a first sample was taken (the model's mean is not None)

@@ -229,7 +229,7 @@ def test_tc_estimator_and_median_match_the_model(world, t_c_min, tick_bits):
             ops.append(("sample", s, at))
         else:
             r = int(rng.choice([j for j in range(world) if j != rank]))
-            v = int(rng.choice([1, t_b, (1 << 32) - 1, int(rng.integers(1, 30)),
+            v = int(rng.choice([1, t_b, p.t_c_max_us, int(rng.integers(1, 30)),
                                 int(rng.integers(1, 2 * t_b))]))  # fmt: skip
             ops.append(("update", r, v, at))
     if t_c_min > 1:  # small samples first: the floor must hold t_C at t_c_min
