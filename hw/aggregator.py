@@ -169,7 +169,7 @@ class Aggregator(wiring.Component):
                 "end_op": Out(32),
                 "end_reason": Out(Reason),
                 "end_tick": Out(p.tick_bits),
-                "end_timeout": Out(32),
+                "end_timeout": Out(p.t_b_bits),  # T <= t_B
                 "end_received": Out(range(self.rows_max * p.n_max + 1)),
                 "end_expected": Out(range(self.rows_max * p.n_max + 1)),
                 # status

@@ -107,7 +107,7 @@ def event_layout(p: NicParams) -> data.StructLayout:
             "t_c": tc_bits(p),
             "at": p.tick_bits,
             "p1_start": p.tick_bits,
-            "t1": 32,
+            "t1": p.t_b_bits,  # T <= t_B
         }
     )
 
@@ -160,7 +160,7 @@ class GatherTracker(wiring.Component):
                 "end_op": Out(32),
                 "end_reason": Out(Reason),
                 "end_tick": Out(p.tick_bits),
-                "end_timeout": Out(32),
+                "end_timeout": Out(p.t_b_bits),  # T <= t_B
                 "end_received": Out(range(self.npk_max + 1)),
                 "end_expected": Out(range(self.npk_max + 1)),
                 # status

@@ -656,7 +656,7 @@ class NicCore(wiring.Component):
         fw_en = Signal()
         m.d.comb += [s.fifo.w_data.eq(Cat(fw.as_value(), fw_tc1)), s.fifo.w_en.eq(fw_en)]
         e_op, e_tick = Signal(32), Signal(p.tick_bits)
-        e_timeout = Signal(32)
+        e_timeout = Signal(p.t_b_bits)  # T <= t_B
         with m.If(agg.end_valid):
             es = slot_of(agg.end_op)
             m.d.sync += [
