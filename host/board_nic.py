@@ -49,12 +49,12 @@ RECV_BATCH = 256  # frames taken from the socket per recv()
 SEND_WAIT_S = 5.0  # longest wait for room in the interface's queue
 IDENT = ("type", "version", "param_p", "param_b", "param_c", "param_n_max", "param_lanes",
          "param_ops_in_flight", "param_w_wire", "param_tick_bits", "job_id",
-         "udp_port")  # fmt: skip
+         "udp_port", "estimator")  # fmt: skip
 # NicParams fields the NIC's registers give back: the job must use the board's values
 PARAM_REGS = {"param_p": "p", "param_b": "b", "param_c": "c", "param_n_max": "n_max",
               "param_lanes": "lanes", "param_ops_in_flight": "ops_in_flight",
               "param_w_wire": "w_wire", "param_tick_bits": "tick_bits", "job_id": "job_id",
-              "udp_port": "udp_port"}  # fmt: skip
+              "udp_port": "udp_port", "estimator": "estimator"}  # fmt: skip
 
 
 class BoardError(RuntimeError):
@@ -280,7 +280,13 @@ def build_mismatch(info: BoardInfo, p: NicParams) -> dict[str, tuple[int, int]]:
     """The build parameters in which the board's NIC and the job differ: name -> (board,
     job). A job must run with the board's (a NIC built for another job id drops every
     frame of this one as wrong_job)."""
-    return {k: (v, getattr(p, k)) for k, v in info.params.items() if getattr(p, k) != v}
+    job = {k: _register_value(p, k) for k in info.params}
+    return {k: (v, job[k]) for k, v in info.params.items() if job[k] != v}
+
+
+def _register_value(p: NicParams, field: str) -> int:
+    """A NicParams field as its build register holds it (the estimator as 0/1)."""
+    return int(p.estimator == "plain") if field == "estimator" else getattr(p, field)
 
 
 def interfaces() -> list[str]:
@@ -353,6 +359,7 @@ class BoardNic(HostNic):
             raise
         self.found = self.info.describe()
         self._parts: dict[int, dict] = {}  # op_id -> RESULT fragments so far
+        self._last_start: int | None = None  # the last op's start_us (host_port.op_stats)
         self.lost_results = 0
 
     def _check_addresses(self) -> None:
@@ -450,7 +457,9 @@ class BoardNic(HostNic):
                                      f"{0 if st is None else st['got']} of {d['n']} result "
                                      "words before its STATS (frames lost on the host "
                                      "link?)")  # fmt: skip
-                stats = host_port.op_stats(d, self.rank, self.p.tick_bits)
+                # ticks wrap (tick_bits): each op's start is put near the one before
+                stats = host_port.op_stats(d, self.rank, self.p.tick_bits, self._last_start)
+                self._last_start = stats.start_us
                 out.append(OpResult(f.op_id, st["buf"], stats))
             else:
                 self.link.drops["malformed"] += 1

@@ -64,6 +64,7 @@ class SimNic(HostNic):
             self.exe = harness_path(self.p)
         except (ToolchainError, ImportError) as e:
             raise BackendUnavailable(f"cannot build the co-simulation harness: {e}") from e
+        self._last_start: int | None = None  # the last op's start_us (host_port.op_stats)
         self.gone: set[int] = set()
         self.proc: subprocess.Popen | None = None
         self._buf = b""
@@ -245,7 +246,10 @@ class SimNic(HostNic):
             self._host.append(data)
         data = self._host.popleft()
         op_id, res, words = host_record(np.frombuffer(data, "<u4").tolist(), self.world)
-        st = host_port.op_stats(host_port.stats_from_words(words), self.rank, self.p.tick_bits)
+        # ticks wrap (tick_bits): each op's start is put near the one before
+        d = host_port.stats_from_words(words)
+        st = host_port.op_stats(d, self.rank, self.p.tick_bits, self._last_start)
+        self._last_start = st.start_us
         return [OpResult(op_id, res, st)]
 
     def close(self) -> None:

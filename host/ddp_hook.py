@@ -215,12 +215,13 @@ class OptiReduceState:
         the ranks)."""
         if self.t_b_us is None:  # at least the floor: T lies in [t_c_min, t_B]
             cal = self._agree([calibrate_t_b(self._warm_phases)])[0]
-            self.t_b_us = max(cal, self.params.t_c_min_us)
+            # and at most what the NIC's clock allows (tick_bits: 1.05 s on the 25F)
+            self.t_b_us = min(max(cal, self.params.t_c_min_us), (1 << self.params.t_b_bits) - 1)
         self._nic.set_t_b(self.t_b_us)
 
     def _bound(self) -> float:
         """How long a control exchange waits for a peer: t_B (warm-up: its generous bound)."""
-        t_b = self.t_b_us if self.iteration >= self.warmup_iters else self.params.warmup_t_b_us
+        t_b = self.t_b_us if self.iteration >= self.warmup_iters else WARMUP_T_B_US
         return max(t_b * 1e-6, self.control_floor_s or 0.0)
 
     def _note_gone(self) -> None:

@@ -53,6 +53,7 @@ from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from optireduce import ubt
 from optireduce.counters import COUNTERS
 from optireduce.frame_checks import ADMISSION_REASONS, default_peers
 from optireduce.host.model.nic_model import EXP_COUNTERS, NicModel
@@ -85,29 +86,29 @@ PARAMS: tuple[tuple[str, Callable[[NicParams], int], str], ...] = (
 )
 
 # Configuration (read/write): register name, output port, lsb of the port, width(p),
-# reset(p), description. A port wider than 32 bits spans several registers.
+# reset(p, addressing), description. A port wider than 32 bits spans several registers.
 CONFIG: tuple[tuple[str, str, int, Callable, Callable, str], ...] = (
-    ("rank", "rank", 0, lambda p: (p.n_max - 1).bit_length(), lambda p: 0,
+    ("rank", "rank", 0, lambda p: (p.n_max - 1).bit_length(), lambda p, a: 0,
      "this NIC's rank, 0..world-1"),
-    ("world", "world", 0, lambda p: p.n_max.bit_length(), lambda p: 2, "world size N, 2..n_max"),
-    ("job_id", "job_id", 0, lambda p: 16, lambda p: p.job_id, "job id of the UBT header"),
-    ("udp_port", "udp_port", 0, lambda p: 16, lambda p: p.udp_port, "UDP port of the job"),
-    ("t_b_us", "t_b_us", 0, lambda p: p.t_b_bits, lambda p: p.t_b_us,
+    ("world", "world", 0, lambda p: p.n_max.bit_length(), lambda p, a: 2, "world size N, 2..n_max"),
+    ("job_id", "job_id", 0, lambda p: 16, lambda p, a: p.job_id, "job id of the UBT header"),
+    ("udp_port", "udp_port", 0, lambda p: 16, lambda p, a: p.udp_port, "UDP port of the job"),
+    ("t_b_us", "t_b_us", 0, lambda p: p.t_b_bits, lambda p, a: p.t_b_us,
      "hard phase bound t_B, us (1..2^(tick_bits-4)-1)"),
-    ("alpha_q8", "alpha_q8", 0, lambda p: 9, lambda p: p.alpha_q8,
+    ("alpha_q8", "alpha_q8", 0, lambda p: 9, lambda p, a: p.alpha_q8,
      "early-timeout gap alpha, 1/256 units (1..256)"),
-    ("seed", "seed", 0, lambda p: 32, lambda p: p.seed, "sign PRNG key"),
+    ("seed", "seed", 0, lambda p: 32, lambda p, a: p.seed, "sign PRNG key"),
     ("mac_base_lo", "mac_base", 0, lambda p: 32,
-     lambda p: DEFAULT_ADDRESSING.mac_base & 0xFFFF_FFFF, "MAC of rank 0, bits 31:0"),
+     lambda p, a: a.mac_base & 0xFFFF_FFFF, "MAC of rank 0, bits 31:0"),
     ("mac_base_hi", "mac_base", 32, lambda p: 16,
-     lambda p: DEFAULT_ADDRESSING.mac_base >> 32, "MAC of rank 0, bits 47:32"),
-    ("ip_base", "ip_base", 0, lambda p: 32, lambda p: DEFAULT_ADDRESSING.ip_base,
+     lambda p, a: a.mac_base >> 32, "MAC of rank 0, bits 47:32"),
+    ("ip_base", "ip_base", 0, lambda p: 32, lambda p, a: a.ip_base,
      "IPv4 of rank r is ip_base + r + 1"),
-    ("estimator", "estimator", 0, lambda p: 1, lambda p: int(p.estimator == "plain"),
+    ("estimator", "estimator", 0, lambda p: 1, lambda p, a: int(p.estimator == "plain"),
      "decode estimator: 0 unbiased, 1 plain"),
-    ("t_c_min_us", "t_c_min_us", 0, lambda p: p.t_b_bits, lambda p: p.t_c_min_us,
+    ("t_c_min_us", "t_c_min_us", 0, lambda p: p.t_b_bits, lambda p, a: p.t_c_min_us,
      "floor of t_C, us (1..t_b_us)"),
-    ("t_c_init_us", "t_c_init_us", 0, lambda p: p.t_b_bits, lambda p: p.t_c_init,
+    ("t_c_init_us", "t_c_init_us", 0, lambda p: p.t_b_bits, lambda p, a: p.t_c_init,
      "t_C before any phase completed, us; a new value restarts both estimators from it"),
 )  # fmt: skip
 
@@ -180,8 +181,11 @@ def host_block_base(p: NicParams) -> int:
     return (PEERS_BASE + 0x10 + 8 * p.n_max + 0xFF) & ~0xFF
 
 
-def register_map(p: NicParams) -> tuple[Block, ...]:
-    """The register table: every block and register, with offsets, access and reset values."""
+def register_map(
+    p: NicParams, addressing: ubt.Addressing = DEFAULT_ADDRESSING
+) -> tuple[Block, ...]:
+    """The register table: every block and register, with offsets, access and reset values
+    (the address registers give `addressing`, the build's)."""
     nic = _header(NIC_BASE, TYPE_NIC, COUNTER_BASE)
     nic.append(
         Reg("ctrl", NIC_BASE + 0xC, "WO", 1, 0, "ctrl", "bit 0: write 1 to clear all counters")
@@ -191,9 +195,11 @@ def register_map(p: NicParams) -> tuple[Block, ...]:
     for j, (name, port, lsb, width, reset, desc) in enumerate(CONFIG):
         off = NIC_BASE + 0x40 + 4 * j
         if name in BUILD_VALUES:  # the gateware takes these from its build: read only
-            nic.append(Reg(name, off, "RO", width(p), reset(p), "param", f"{desc} (the build's)"))
+            value = reset(p, addressing)
+            nic.append(Reg(name, off, "RO", width(p), value, "param", f"{desc} (the build's)"))
         else:
-            nic.append(Reg(name, off, "RW", width(p), reset(p), "config", desc, port, lsb))
+            nic.append(Reg(name, off, "RW", width(p), reset(p, addressing), "config", desc, port,
+                           lsb))  # fmt: skip
     cnt = _header(COUNTER_BASE, TYPE_COUNTERS, PEERS_BASE)
     cnt.append(Reg("count", COUNTER_BASE + 0xC, "RO", 32, len(ALL_COUNTERS), "header", "counters"))
     for j, name in enumerate(ALL_COUNTERS):
@@ -308,9 +314,9 @@ class Csr(wiring.Component):
     LATENCY = 1  # r_en to r_data
     MODEL = NicModel  # its counters, and NicParams for the configuration
 
-    def __init__(self, p: NicParams) -> None:
+    def __init__(self, p: NicParams, addressing: ubt.Addressing = DEFAULT_ADDRESSING) -> None:
         self.p = p
-        self.blocks = register_map(p)
+        self.blocks = register_map(p, addressing)
         self.regs = [r for blk in self.blocks for r in blk.regs]
         self.addr_bits = addr_bits(p)
         members = {

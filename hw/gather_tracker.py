@@ -184,7 +184,7 @@ class GatherTracker(wiring.Component):
             self._slot_states(m, s)  # LATE, SLOT_REG, SLOT: a gather frame's verdict
             self._end_states(m, s)  # POST, FIRE*, SETTLE: the phases the event made due
         # no event: ready as the clock allows (a serial compare with the idle payload's
-        # tick 0 is not "at or after" once the clock is past 2^31)
+        # tick 0 is not "at or after" once the clock is past half its wrap)
         early = self.ev.valid & tick_before(s.now, self.ev.payload.at)
         m.d.comb += self.ev.ready.eq(fsm.ongoing("IDLE") & ~s.idle_found & ~early)
         return m

@@ -5,7 +5,7 @@ Model: `host/model/aggregator.py: Aggregator.means` (`mean_by_reciprocal`, which
 exactly mean = sign(S) * floor((2|S| + n) / 2n) for a slot's sum S of n contributions);
 here the quotient comes from `hw/digit_divider.py` (block-RAM tables, no multiplier) when
 the divisors are few (n_max = 8: 10 stages), else from the reciprocal multiply. A slot of
-no contribution has S = 0, and its mean 0 whatever the divisor. The aggregator
+no contribution (n = 0) gives 0, as the model's table entry 0 does. The aggregator
 queues the contexts of ended ops that own slots (`push`, in end order); this block takes
 them one at a time while the aggregator is not in a payload (`hold`): for each owned row,
 the slot's contributor count from the bitmap memory (`bm_*`), then its P / lanes
@@ -48,6 +48,8 @@ class MeanReadout(wiring.Component):
     """
 
     def __init__(self, p: NicParams, n_ctx: int, rows_max: int, w_acc: int) -> None:
+        if w_acc != p.w_acc:  # the divider's stages are counted from p.w_acc (latency(p))
+            raise ValueError(f"MeanReadout: w_acc={w_acc}, NicParams.w_acc={p.w_acc}")
         self.p, self.n_ctx, self.rows_max, self.w_acc = p, n_ctx, rows_max, w_acc
         self.beats = p.p // p.lanes
         self.npk_max = p.c // p.p
@@ -215,6 +217,7 @@ class MeanReadout(wiring.Component):
             mag = Signal(w_acc, name=f"mag_{k}")
             neg_m = Signal(name=f"negm_{k}")
             negs = [Signal(name=f"neg{d}_{k}") for d in range(lat)]
+            zeros = [Signal(name=f"zero{d}_{k}") for d in range(lat)]  # n = 0: the mean is 0
             with m.If(adv):
                 m.d.sync += [
                     sv.eq(self.acc_data[k * w_acc : (k + 1) * w_acc].as_signed()),
@@ -225,6 +228,8 @@ class MeanReadout(wiring.Component):
                 ]
                 m.d.sync += [negs[0].eq(neg2[k]), *(negs[d].eq(negs[d - 1]) for d in
                                                     range(1, lat))]  # fmt: skip
+                m.d.sync += [zeros[0].eq(s2.n == 0),
+                             *(zeros[d].eq(zeros[d - 1]) for d in range(1, lat))]  # fmt: skip
             if self.uses_digits(p):
                 sel = (s2.n - 1)[: (len(divisors) - 1).bit_length()]
                 q_mag = digit_divider.digit_divide(m, num2[k], sel, divisors, adv, f"div_{k}")
@@ -234,5 +239,7 @@ class MeanReadout(wiring.Component):
                 prod = wmul.wide_multiply(m, num2[k], recips[s2.n], adv, name=f"prod_{k}")
                 q_mag = prod >> reciprocal_shift(p)
             with m.If(adv):
-                m.d.sync += self.o.payload.data[k].eq(Mux(negs[-1], -q_mag, q_mag))
+                m.d.sync += self.o.payload.data[k].eq(
+                    Mux(zeros[-1], 0, Mux(negs[-1], -q_mag, q_mag))
+                )
         return s1

@@ -44,9 +44,8 @@ for all of it, so neither host_i's words nor host_o's reader holds the other dir
 Documented gaps (docs/nic_core.md): NicModel.exclude and put_proposal (no port), the
 start-time purge of an op whose peers used another exponent or length (the START uses
 the context the frames made), an `inband` START with no in-band value (the model refuses
-it; here it runs at the START's exponent), the CSR job_id / udp_port / mac_base /
-ip_base / estimator registers (the build-time NicParams and Addressing are used),
-sat_output counts the padding of an op whose n is not a whole number of blocks.
+it; here it runs at the START's exponent), sat_output counts the padding of an op whose
+n is not a whole number of blocks.
 """
 
 from __future__ import annotations
@@ -134,7 +133,7 @@ class NicCore(wiring.Component):
         self.p, self.addressing = p, addressing
         self.tick0 = tick0  # `now` after reset (a test starts the clock near its wrap)
         self.n_ctx = 1 << _bits(p.rx_window)
-        self.csr = Csr(p)
+        self.csr = Csr(p, addressing)
         super().__init__(
             {
                 "tick": In(1),

@@ -233,12 +233,18 @@ def stats_from_words(words: list[int]) -> dict:
     return d
 
 
-def op_stats(d: dict, rank: int, tick_bits: int = 32) -> OpStats:
+def op_stats(d: dict, rank: int, tick_bits: int = 32, near: int | None = None) -> OpStats:
     """OpStats from a decoded STATS record (stats_from_words) of a NIC whose clock is
     `tick_bits` wide: the phase ends are put after the start (an op lasts less than
-    2^(tick_bits - 3) ticks, hw/deadline.py "Ticks"), so durations hold across the wrap."""
+    2^(tick_bits - 3) ticks, hw/deadline.py "Ticks"), so durations hold across the wrap;
+    with `near` (an earlier op's start_us on the host's unwrapped clock) the start is put
+    at the tick nearest to it, so successive ops keep one timeline (while they start
+    less than 2^(tick_bits - 1) ticks apart)."""
     fields = {k: v for k, v in d.items() if k in OpStats.__dataclass_fields__}
     wrap, start = 1 << tick_bits, d["start_us"]
+    if near is not None:
+        start = near + (start - near + wrap // 2) % wrap - wrap // 2
+        fields["start_us"] = start
     for f in ("phase1_end_us", "end_us"):
         fields[f] = start + (d[f] - start) % wrap
     fields["t_c_us"] = (d["t_c_phase1_us"], d["t_c_phase2_us"])

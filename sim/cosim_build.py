@@ -61,7 +61,8 @@ def build_params(p: NicParams) -> NicParams:
     registers from its own NicParams before its first op (sim/replay.py: config_writes),
     so one build serves every run that differs in them: the replays' short deadlines and
     the live runs' long ones."""
-    return p.replace(t_b_us=NicParams().t_b_us, t_c_min_us=1, t_c_init_us=None)
+    t_b = min(NicParams().t_b_us, (1 << p.t_b_bits) - 1)  # within a narrow clock's bound
+    return p.replace(t_b_us=t_b, t_c_min_us=1, t_c_init_us=None)
 
 
 def _harness(top: str, p: NicParams, component: wiring.Component | None) -> Path:

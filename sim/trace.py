@@ -18,7 +18,6 @@ from optireduce import host_port, ubt
 from optireduce.frame_checks import default_peers
 from optireduce.host.model.quantize import propose_exponent
 from optireduce.host.model.virtual_cluster import _run
-from optireduce.hw.board_colorlight import PARAMS as COLORLIGHT
 from optireduce.params import NicParams
 
 TRACE_PARAMS = NicParams(p=16, b=64, c=256, n_max=8, t_b_us=400, t_c_min_us=50)
@@ -28,11 +27,9 @@ WORLD, RANK, OP_LEN, OPS = 3, 0, 256, 3  # three ops of one whole chunk each
 # rank 2's chunk of op 3 by 2^6.
 INBAND_PARAMS = TRACE_PARAMS.replace(exp_inband=True, exp_lead=2)
 INBAND_OPS = 5
-# The 25F's choices (hw/board_colorlight.py) at trace sizes: one op in flight, one FWHT,
-# its narrower clock
-SLIM_PARAMS = TRACE_PARAMS.replace(
-    **{k: getattr(COLORLIGHT, k) for k in ("ops_in_flight", "fwht_shared", "tick_bits")}
-)
+# The 25F's choices (hw/board_colorlight.py; tests/test_cosim_replay.py checks they are
+# its) at trace sizes: one op in flight, one FWHT, its narrower clock
+SLIM_PARAMS = TRACE_PARAMS.replace(ops_in_flight=1, fwht_shared=True, tick_bits=24)
 
 Frame = tuple[int, bytes]  # (tick in microseconds, frame bytes)
 

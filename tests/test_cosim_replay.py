@@ -149,6 +149,13 @@ def _starts_and_last_frames(frames) -> tuple[dict[int, int], dict[int, int]]:
     return start, last
 
 
+def test_slim_params_are_the_25fs_choices():
+    from optireduce.hw.board_colorlight import PARAMS
+
+    for k in ("ops_in_flight", "fwht_shared", "tick_bits"):
+        assert getattr(SLIM_PARAMS, k) == getattr(PARAMS, k) != getattr(TRACE_PARAMS, k), k
+
+
 def test_slim_traces_hold_one_op_in_flight():
     """In a clean run at K = 1 the host STARTs op j + 1 only once op j has all its
     frames; at K = 2 op 1 starts before op 0 is through."""

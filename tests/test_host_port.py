@@ -32,6 +32,10 @@ def test_stats_ticks_are_low_bits_and_durations_survive_the_wrap(tick_bits):
     back = host_port.op_stats(d, rank=1, tick_bits=tick_bits)
     assert (back.start_us, back.phase1_end_us, back.end_us) == (wrap - 10, wrap + 5, wrap + 30)
     assert back.end_us - back.start_us == 40 and back.phase1_end_us - back.start_us == 15
+    # near an earlier op's start on the host's clock: the nearest tick, ahead or behind
+    for near in (3 * wrap - 500, 3 * wrap + 200):
+        back = host_port.op_stats(d, rank=1, tick_bits=tick_bits, near=near)
+        assert (back.start_us, back.end_us) == (3 * wrap - 10, 3 * wrap + 30), near
 
 
 def test_stats_record_round_trip():

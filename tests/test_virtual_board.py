@@ -170,7 +170,7 @@ def test_detect_finds_the_virtual_board_and_bad_answers_are_errors_or_drops(tmp_
             "c": LIVE_PARAMS.c, "n_max": LIVE_PARAMS.n_max, "lanes": LIVE_PARAMS.lanes,
             "ops_in_flight": LIVE_PARAMS.ops_in_flight, "w_wire": LIVE_PARAMS.w_wire,
             "tick_bits": LIVE_PARAMS.tick_bits, "job_id": LIVE_PARAMS.job_id,
-            "udp_port": LIVE_PARAMS.udp_port}])  # fmt: skip
+            "udp_port": LIVE_PARAMS.udp_port, "estimator": 0}])  # fmt: skip
         # one register read: its 42-byte frame and the reply are padded to Ethernet's
         # least length on the way, as on a wire, and taken
         assert _in_namespace(c.ns[0], _read_one, "param_c") == ("ok", LIVE_PARAMS.c)
@@ -422,7 +422,8 @@ def test_a_board_built_for_another_job_is_named_by_what_differs():
     board = {"type": NIC_TYPE, "version": VERSION, "param_p": 16, "param_b": 64,
              "param_c": 256, "param_n_max": 8, "param_lanes": 1,
              "param_ops_in_flight": p.ops_in_flight, "param_w_wire": 32,
-             "param_tick_bits": 24, "job_id": p.job_id, "udp_port": p.udp_port}  # fmt: skip
+             "param_tick_bits": 24, "job_id": p.job_id, "udp_port": p.udp_port,
+             "estimator": 0}  # fmt: skip
 
     class Regs:
         link = SimpleNamespace(ifname="eth7")
@@ -434,6 +435,8 @@ def test_a_board_built_for_another_job_is_named_by_what_differs():
             return [self.values[name] for name in IDENT[: len(accesses)]]
 
     assert build_mismatch(identify(Regs(board)), p) == {}
-    other = board | {"job_id": 9, "param_tick_bits": 32}
-    assert build_mismatch(identify(Regs(other)), p) == {"job_id": (9, p.job_id),
-                                                       "tick_bits": (32, 24)}  # fmt: skip
+    other = board | {"job_id": 9, "param_tick_bits": 32, "estimator": 1}
+    assert build_mismatch(identify(Regs(other)), p) == {
+        "job_id": (9, p.job_id), "tick_bits": (32, 24), "estimator": (1, 0)}  # fmt: skip
+    assert build_mismatch(identify(Regs(other)), p.replace(estimator="plain")) == {
+        "job_id": (9, p.job_id), "tick_bits": (32, 24)}  # fmt: skip
