@@ -48,8 +48,6 @@ class MeanReadout(wiring.Component):
     """
 
     def __init__(self, p: NicParams, n_ctx: int, rows_max: int, w_acc: int) -> None:
-        if w_acc != p.w_acc:  # the divider's stages are counted from p.w_acc (latency(p))
-            raise ValueError(f"MeanReadout: w_acc={w_acc}, NicParams.w_acc={p.w_acc}")
         self.p, self.n_ctx, self.rows_max, self.w_acc = p, n_ctx, rows_max, w_acc
         self.beats = p.p // p.lanes
         self.npk_max = p.c // p.p
@@ -167,23 +165,26 @@ class MeanReadout(wiring.Component):
         return [2 * n for n in range(1, p.n_max + 1)]
 
     @staticmethod
-    def uses_digits(p: NicParams) -> bool:
+    def uses_digits(p: NicParams, w_acc: int | None = None) -> bool:
         """The digit-table divider (few, small divisors), else the reciprocal multiply
-        (`mean_by_reciprocal`: a grid of DSPs and their adders; n_max above 8 or so)."""
-        return digit_divider.fits(p.w_acc + 2, MeanReadout.divisors(p))
+        (`mean_by_reciprocal`: a grid of DSPs and their adders; n_max above 8 or so).
+        `w_acc`: the accumulators' width (NicParams.w_acc unless a test narrows it)."""
+        w = p.w_acc if w_acc is None else w_acc
+        return digit_divider.fits(w + 2, MeanReadout.divisors(p))
 
     @staticmethod
-    def divider_latency(p: NicParams) -> int:
+    def divider_latency(p: NicParams, w_acc: int | None = None) -> int:
         """The divider's stages for the numerator 2|S| + n (w_acc + 2 bits)."""
-        if MeanReadout.uses_digits(p):
-            return digit_divider.latency(p.w_acc + 2, MeanReadout.divisors(p))
+        w = p.w_acc if w_acc is None else w_acc
+        if MeanReadout.uses_digits(p, w):
+            return digit_divider.latency(w + 2, MeanReadout.divisors(p))
         return wmul.LATENCY
 
     def _means(self, m: Module, adv):
         """The pipeline from the accumulator word to `o`; returns its first stage's
         registers (the word's facts, loaded by the caller as the read is issued)."""
         p, w_acc, lanes = self.p, self.w_acc, self.p.lanes
-        divisors, lat = self.divisors(p), self.divider_latency(p)
+        divisors, lat = self.divisors(p), self.divider_latency(p, w_acc)
         stage = data.StructLayout(
             {
                 "v": 1,
@@ -230,7 +231,7 @@ class MeanReadout(wiring.Component):
                                                     range(1, lat))]  # fmt: skip
                 m.d.sync += [zeros[0].eq(s2.n == 0),
                              *(zeros[d].eq(zeros[d - 1]) for d in range(1, lat))]  # fmt: skip
-            if self.uses_digits(p):
+            if self.uses_digits(p, w_acc):
                 sel = (s2.n - 1)[: (len(divisors) - 1).bit_length()]
                 q_mag = digit_divider.digit_divide(m, num2[k], sel, divisors, adv, f"div_{k}")
             else:  # the reciprocal looked up where the product takes it
