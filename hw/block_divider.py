@@ -231,14 +231,7 @@ class BlockDivider(wiring.Component):
         """Stage 1's N through the digit tables (floor(N / 2k), 0 for k = 0), its sign and
         markers alongside, then the signed quotient on `o`."""
         lat = digit_divider.latency(self.w_n, self.divisors)
-        delayed = []
-        for sig in (*marks, *neg1):
-            for d in range(lat):
-                r = Signal(name=f"{sig.name}_d{d}")
-                with m.If(adv):
-                    m.d.sync += r.eq(sig)
-                sig = r
-            delayed.append(sig)
+        delayed = [digit_divider.delay(m, sig, lat, adv, sig.name) for sig in (*marks, *neg1)]
         (v, first, last), negs = delayed[:3], delayed[3:]
         with m.If(adv):
             m.d.sync += [

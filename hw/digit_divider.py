@@ -27,10 +27,26 @@ DATA_BITS = 9
 MAX_STAGES = 12  # beyond this many digits (6 DP16KD) the reciprocal multiply is kept
 
 
+def _remainder_bits(divisors: list[int]) -> int:
+    """Bits of a remainder r < max(divisors) (a divisor 0 has none)."""
+    return (max(max(divisors), 1) - 1).bit_length()
+
+
+def delay(m: Module, value: Value, n: int, en: Value, name: str) -> Value:
+    """`value` n enabled cycles later: a chain of registers that move with `en` (what
+    travels beside the divider's stages)."""
+    for d in range(n):
+        r = Signal(len(Value.cast(value)), name=f"{name}_d{d}")
+        with m.If(en):
+            m.d.sync += r.eq(value)
+        value = r
+    return value
+
+
 def digit_bits(divisors: list[int]) -> int:
     """The widest quotient digit g whose table fits a DP16KD: (sel, remainder, digit) in
     ADDRESS_BITS, (quotient digit, remainder) in DATA_BITS (0: none fits)."""
-    rb = (max(max(divisors), 1) - 1).bit_length()
+    rb = _remainder_bits(divisors)
     sb = (len(divisors) - 1).bit_length()
     return max(0, min(ADDRESS_BITS - rb - sb, DATA_BITS - rb))
 
@@ -45,7 +61,7 @@ def digit_table(divisors: list[int]) -> list[int]:
     """The table: at (sel, r, digit), (r * 2^g + digit) // d | ((..) % d) << g for
     d = divisors[sel] and r < d (other remainders never occur: 0)."""
     g = digit_bits(divisors)
-    rb = (max(max(divisors), 1) - 1).bit_length()
+    rb = _remainder_bits(divisors)
     out = [0] * (len(divisors) << (rb + g))
     for s, d in enumerate(divisors):
         for r in range(d):  # d = 0: no entry, the quotient is 0
@@ -67,7 +83,7 @@ def digit_divide(m: Module, num: Value, sel: Value, divisors: list[int], en: Val
     if any(d < 0 for d in divisors) or digit_bits(divisors) < 1:
         raise ValueError(f"digit_divide: divisors {divisors} do not fit a table")
     g = digit_bits(divisors)
-    rb = (max(max(divisors), 1) - 1).bit_length()
+    rb = _remainder_bits(divisors)
     n = latency(len(num), divisors)
     width = n * g
     table = digit_table(divisors)
@@ -101,14 +117,7 @@ def digit_divide(m: Module, num: Value, sel: Value, divisors: list[int], en: Val
         nums.append(nk)
         sels.append(sk)
     # quotient digit k is out at enabled cycle k + 1: each is delayed to cycle n
-    digits = []
-    for k, q in enumerate(out):
-        for d in range(n - 1 - k):
-            r = Signal(g, name=f"{name}_q{k}_{d}")
-            with m.If(en):
-                m.d.sync += r.eq(q)
-            q = r
-        digits.append(q)
+    digits = [delay(m, q, n - 1 - k, en, f"{name}_q{k}") for k, q in enumerate(out)]
     quotient = Signal(width, name=name)
     m.d.comb += quotient.eq(Cat(*reversed(digits)))
     return quotient

@@ -213,12 +213,12 @@ class MeanReadout(wiring.Component):
                 self.o_index.eq(sp[-1].idx),
                 self.o_count.eq(sp[-1].n),
             ]
+        table = reciprocal_table(p)  # the multiply's (when the digit tables do not fit)
+        recips = Array(Const(v, max(table).bit_length()) for v in table)
         for k in range(lanes):
             sv = Signal(signed(w_acc), name=f"sv_{k}")
             mag = Signal(w_acc, name=f"mag_{k}")
             neg_m = Signal(name=f"negm_{k}")
-            negs = [Signal(name=f"neg{d}_{k}") for d in range(lat)]
-            zeros = [Signal(name=f"zero{d}_{k}") for d in range(lat)]  # n = 0: the mean is 0
             with m.If(adv):
                 m.d.sync += [
                     sv.eq(self.acc_data[k * w_acc : (k + 1) * w_acc].as_signed()),
@@ -227,20 +227,14 @@ class MeanReadout(wiring.Component):
                     num2[k].eq((mag << 1) + sm.n),
                     neg2[k].eq(neg_m),
                 ]
-                m.d.sync += [negs[0].eq(neg2[k]), *(negs[d].eq(negs[d - 1]) for d in
-                                                    range(1, lat))]  # fmt: skip
-                m.d.sync += [zeros[0].eq(s2.n == 0),
-                             *(zeros[d].eq(zeros[d - 1]) for d in range(1, lat))]  # fmt: skip
+            neg = digit_divider.delay(m, neg2[k], lat, adv, f"neg_{k}")
+            zero = digit_divider.delay(m, s2.n == 0, lat, adv, f"zero_{k}")  # n = 0: mean 0
             if self.uses_digits(p, w_acc):
                 sel = (s2.n - 1)[: (len(divisors) - 1).bit_length()]
                 q_mag = digit_divider.digit_divide(m, num2[k], sel, divisors, adv, f"div_{k}")
             else:  # the reciprocal looked up where the product takes it
-                table = reciprocal_table(p)
-                recips = Array(Const(v, max(table).bit_length()) for v in table)
                 prod = wmul.wide_multiply(m, num2[k], recips[s2.n], adv, name=f"prod_{k}")
                 q_mag = prod >> reciprocal_shift(p)
             with m.If(adv):
-                m.d.sync += self.o.payload.data[k].eq(
-                    Mux(zeros[-1], 0, Mux(negs[-1], -q_mag, q_mag))
-                )
+                m.d.sync += self.o.payload.data[k].eq(Mux(zero, 0, Mux(neg, -q_mag, q_mag)))
         return s1
