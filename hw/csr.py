@@ -41,6 +41,16 @@ value the registers gave, in the same cycle. A clear (and a reset: the RAM has n
 sets a `cleared` flag per counter, the stale word is then ignored, and the next visit
 writes the pending count alone.
 Pending counts are wide enough for one round: n_counters x the counter's step.
+
+Reads. Every register but the counters is read from one block RAM image of the map
+(a read mux over every configuration register and constant was about 470 LUTs of the
+25F): its high half holds the reset values, constants and zeros (write-only and unmapped
+words), its low half the same, and a configuration write goes to the low half as well as
+to the register, masked to the register's width. A register written since reset reads
+from the low half, one not written from the high half (a `written` bit per
+configuration register), so a reset that leaves the RAM as it was still reads the reset
+values. The RAM's read port has the bus's latency, one cycle; a read of a counter takes
+the counter's value then, and `r_data` shows one or the other.
 """
 
 from __future__ import annotations
@@ -48,7 +58,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from amaranth import Array, Module, Mux, Signal, Value
+from amaranth import Array, Cat, Module, Mux, Signal, Value
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -366,21 +376,46 @@ class Csr(wiring.Component):
                 m.d.comb += getattr(self, r.port)[r.lsb : r.lsb + r.width].eq(reg)
 
         counter_value = self._counters(m, clear, word)
-
-        with m.If(self.r_en), m.Switch(word):
-            for r in self.regs:
-                with m.Case(r.offset >> 2):
-                    if r.kind == "config":
-                        m.d.sync += self.r_data.eq(self.config_regs[r.name])
-                    elif r.kind in ("counter", "adapter"):
-                        m.d.sync += self.r_data.eq(counter_value)
-                    elif r.access == "WO":
-                        m.d.sync += self.r_data.eq(0)
-                    else:
-                        m.d.sync += self.r_data.eq(r.reset)
-            with m.Default():
-                m.d.sync += self.r_data.eq(0)
+        self._reads(m, word, counter_value)
         return m
+
+    def _reads(self, m: Module, word: Value, counter_value: Value) -> None:
+        """Reads (module docstring, "Reads"): counters from their storage, everything
+        else from the block RAM image, whose configuration words follow the writes."""
+        config = [r for r in self.regs if r.kind == "config"]
+        words = 1 << len(word)
+        image = [0] * words
+        for r in self.regs:
+            if r.kind not in ("counter", "adapter", "ctrl"):
+                image[r.offset >> 2] = r.reset
+        # written words in the low half, the reset image in the high half
+        m.submodules.image = mem = Memory(shape=32, depth=2 * words, init=image + image)
+        wr, rd = mem.write_port(), mem.read_port()
+        hit = Cat(word == r.offset >> 2 for r in config)
+        written = Signal(len(config))  # since reset: the low half's word is the register's
+        with m.If(self.w_en):
+            m.d.sync += written.eq(written | hit)
+        # a register keeps its low `width` bits: bit i of a write is kept by the wider ones
+        kept = Cat(Cat(h for h, r in zip(hit, config, strict=True) if r.width > i).any()
+                   for i in range(32))  # fmt: skip
+        m.d.comb += [
+            wr.en.eq(self.w_en & hit.any()),
+            wr.addr.eq(word),
+            wr.data.eq(self.w_data & kept),
+            rd.en.eq(self.r_en),
+            rd.addr.eq(Cat(word, ~(hit & written).any())),
+        ]
+        counted = Signal()  # the last read was a counter's
+        held = Signal(32)
+        with m.If(self.r_en):
+            m.d.sync += [counted.eq(self._is_counter(word)), held.eq(counter_value)]
+        m.d.comb += self.r_data.eq(Mux(counted, held, rd.data))
+
+    def _is_counter(self, word: Value) -> Value:
+        """Whether `word` addresses a counter: the two blocks' runs of words."""
+        first = FIRST_COUNTER >> 2, (host_block_base(self.p) + 0x10) >> 2
+        runs = zip(first, (len(ALL_COUNTERS), len(HOST_COUNTERS)), strict=True)
+        return Cat((word >= a) & (word < a + n) for a, n in runs).any()
 
     def _counters(self, m: Module, clear: Value, word: Value) -> Value:
         """The counter bank (module docstring, "Counter storage"): returns the value of
