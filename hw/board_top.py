@@ -19,7 +19,7 @@ NicParams chosen to fit it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from amaranth import ClockDomain, Elaboratable, Instance, Module, Signal
@@ -53,7 +53,9 @@ class Board:
     `leds(platform, m, status)` drives the LEDs from status = {"link": [per port],
     "activity": [per port], "locked": Signal}.
     `core_div`: the PLL's CLKOS divider, core clock = VCO / core_div (VCO = 125 MHz x
-    CLKOP_DIV), chosen below the core's measured Fmax (docs/boards.md, "Clocks")."""
+    CLKOP_DIV), chosen below the core's measured Fmax (docs/boards.md, "Clocks").
+    `reset_dccs`: domain -> the nextpnr BEL of its reset's DCCA, where the placer's own
+    choice cannot be routed (docs/boards.md, "The reset DCCs"); empty: the placer's."""
 
     name: str
     platform: Callable[[], object]
@@ -63,6 +65,7 @@ class Board:
     leds: Callable[[object, Module, dict], None]
     description: str = ""
     core_div: int = 12  # 52.08 MHz
+    reset_dccs: dict[str, str] = field(default_factory=dict)
 
     @property
     def core_mhz(self) -> float:
@@ -88,13 +91,16 @@ class BoardTop(Elaboratable):
         self.core = core  # None: NicCore (NicShell)
 
     @staticmethod
-    def _global_reset(m: Module, cd: ClockDomain, arst) -> None:
+    def _global_reset(m: Module, cd: ClockDomain, arst, bel: str | None = None) -> None:
         """`cd`'s reset, synchronized from `arst`, through a DCCA onto a global network: it
         reaches every register of the domain (thousands of LSR pins), which fabric
         routing did in 8.7 ns, more than a 125 MHz cycle (docs/boards.md, "Clocks")."""
         raw = Signal(name=f"{cd.name}_rst_raw")
         m.submodules[f"rst_{cd.name}"] = AsyncFFSynchronizer(arst, raw, o_domain=cd.name)
-        m.submodules[f"rst_{cd.name}_dcc"] = Instance("DCCA", i_CLKI=raw, i_CE=1, o_CLKO=cd.rst)
+        at = {"a_BEL": bel} if bel else {}
+        m.submodules[f"rst_{cd.name}_dcc"] = Instance(
+            "DCCA", i_CLKI=raw, i_CE=1, o_CLKO=cd.rst, **at
+        )
 
     def elaborate(self, platform):
         m = Module()
@@ -159,7 +165,7 @@ class BoardTop(Elaboratable):
         # nextpnr derives the constraints of both outputs from the PLL; the PHY clocks:
         # lpf_preferences
         for cd in (cd_sync, cd_core):
-            self._global_reset(m, cd, ~locked)
+            self._global_reset(m, cd, ~locked, b.reset_dccs.get(cd.name))
 
         # ---- the microsecond tick ---------------------------------------------------------
         tick = Signal()

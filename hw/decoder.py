@@ -72,7 +72,7 @@ class Decoder(wiring.Component):
                 "cmd": In(stream.Signature(decode_command_layout(p, self.n_slots))),
                 "o": Out(float_stream(p.lanes)),
                 "clear": In(1),
-                "sat_output": Out(32),
+                "sat_output": Out(p.op_count_bits),
                 **histogram_ports(p, self.n_slots),  # the gather buffer's
             }
         )
@@ -182,7 +182,7 @@ class Decoder(wiring.Component):
         # Trim the padding: pass the op's first n elements, drop the rest.
         d, o = self.deq.o, self.o
         n = head("trim").n
-        count = Signal(32)  # elements of the current op already passed or dropped
+        count = Signal(range(p.c + 1))  # elements of the op already passed or dropped (<= C)
         keep = Signal()
         end = Signal()  # this beat is the op's last padded beat
         m.d.comb += [

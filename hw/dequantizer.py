@@ -55,8 +55,8 @@ def _leading_zeros(x) -> tuple[object, object]:
 class Dequantizer(wiring.Component):
     """Dequantizer(p, width): i element_stream(width, p.lanes) -> o float_stream(p.lanes).
 
-    Ports: exponent (signed 8, sampled at `first`), clear (strobe), saturated (32-bit count of
-    results clamped to +-FLT_MAX).
+    Ports: exponent (signed 8, sampled at `first`), clear (strobe), saturated (the per-op
+    count, NicParams.op_count_bits wide, of results clamped to +-FLT_MAX).
     """
 
     LATENCY = 5
@@ -72,7 +72,7 @@ class Dequantizer(wiring.Component):
                 "o": Out(float_stream(p.lanes)),
                 "exponent": In(signed(8)),
                 "clear": In(1),
-                "saturated": Out(32),
+                "saturated": Out(p.op_count_bits),
             }
         )
 

@@ -53,9 +53,9 @@ class Encoder(wiring.Component):
                 "seed": In(32),
                 "op_id": In(32),
                 "clear": In(1),
-                "sat_quantize": Out(32),
-                "nonfinite": Out(32),
-                "sat_transform": Out(32),
+                "sat_quantize": Out(p.op_count_bits),
+                "nonfinite": Out(p.op_count_bits),
+                "sat_transform": Out(p.op_count_bits),
             }
         )
 

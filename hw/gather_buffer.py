@@ -63,7 +63,9 @@ class GatherOp(enum.Enum, shape=1):
 
 
 def command_layout(p: NicParams, slots: int | None = None) -> data.StructLayout:
-    return data.StructLayout({"op": GatherOp, "slot": range(slots or p.ops_in_flight), "n": 32})
+    return data.StructLayout(
+        {"op": GatherOp, "slot": range(slots or p.ops_in_flight), "n": range(p.c + 1)}
+    )
 
 
 def placement_ports(p: NicParams, n_slots: int) -> dict:

@@ -51,8 +51,9 @@ class Quantizer(wiring.Component):
     """Quantizer(p): i float_stream(p.lanes) -> o element_stream(p.w_in, p.lanes).
 
     Ports: exponent (signed 8, sampled at `first`), clear (strobe), saturated and nonfinite
-    (32-bit counters, counted like host/model/quantize.py `quantize`: NaN -> 0 is nonfinite, inf ->
-    +-q_max is nonfinite and saturated, a finite clamp is saturated).
+    (per-op counts, NicParams.op_count_bits wide, counted like host/model/quantize.py
+    `quantize`: NaN -> 0 is nonfinite, inf -> +-q_max is nonfinite and saturated, a finite
+    clamp is saturated).
     """
 
     LATENCY = 5
@@ -68,8 +69,8 @@ class Quantizer(wiring.Component):
                 "o": Out(element_stream(p.w_in, p.lanes)),
                 "exponent": In(signed(8)),
                 "clear": In(1),
-                "saturated": Out(32),
-                "nonfinite": Out(32),
+                "saturated": Out(p.op_count_bits),
+                "nonfinite": Out(p.op_count_bits),
             }
         )
 

@@ -19,8 +19,6 @@ from optireduce.host.model.codec import saturate
 from optireduce.hw.streams import element_stream
 from optireduce.params import NicParams
 
-COUNT_BITS = 32  # an op has at most c <= 2^30 elements
-
 
 class Saturate(wiring.Component):
     """Clamp to +-(2^(limit_bits-1) - 1); one register stage."""
@@ -38,7 +36,7 @@ class Saturate(wiring.Component):
             {
                 "i": In(element_stream(width_in, p.lanes)),
                 "o": Out(element_stream(limit_bits, p.lanes)),
-                "count": Out(COUNT_BITS),
+                "count": Out(p.op_count_bits),  # an op has at most C
             }
         )
 

@@ -162,6 +162,11 @@ class NicParams:
         return min(WARMUP_T_B_US, (1 << self.t_b_bits) - 1)
 
     @property
+    def op_count_bits(self) -> int:
+        """Bits of a per-op count of elements (the STATS saturation counts): 0..C."""
+        return self.c.bit_length()
+
+    @property
     def log2_b(self) -> int:
         return self.b.bit_length() - 1
 

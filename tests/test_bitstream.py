@@ -234,3 +234,47 @@ def test_a_placed_design_that_does_not_route_is_named_by_its_error():
                                 "X28/Y2/Q1_SLICE to X0/Y0/G_CLKI_TDCC0.")  # fmt: skip
     assert route_error("ERROR: Unable to place cell 'x'\n") is None
     assert route_error("") is None
+
+
+def _reset_dccs(bels: dict[str, str]):
+    """A few registers per domain, each domain reset by a toggling register through a DCCA
+    pinned where the board pins its reset's (Board.reset_dccs)."""
+    from amaranth import Cat, ClockDomain, Elaboratable, Instance, Module, Signal
+
+    class ResetDccs(Elaboratable):
+        def elaborate(self, platform):
+            m = Module()
+            clk = platform.request(platform.default_clk, dir="i").i
+            m.domains.sync = sync = ClockDomain()
+            m.d.comb += sync.clk.eq(clk)
+            bits = []
+            for dom, bel in bels.items():
+                raw, rst = Signal(name=f"{dom}_raw"), Signal(name=f"{dom}_rst")
+                m.d.sync += raw.eq(~raw)
+                m.submodules[f"dcc_{dom}"] = Instance(
+                    "DCCA", i_CLKI=raw, i_CE=1, o_CLKO=rst, a_BEL=bel
+                )
+                cd = ClockDomain(f"r_{dom}", async_reset=True)
+                m.domains += cd
+                m.d.comb += [cd.clk.eq(clk), cd.rst.eq(rst)]
+                count = Signal(8, name=f"{dom}_count")
+                m.d[cd.name] += count.eq(count + 1)
+                bits.append(count[-1])
+            m.d.comb += platform.request("led", 0).o.eq(Cat(*bits).xor())
+            return m
+
+    return ResetDccs()
+
+
+@pytest.mark.parametrize("name", [n for n in BOARDS if board(n).reset_dccs])
+def test_the_reset_dccs_a_board_pins_exist_and_are_routed_from_the_fabric(name, tmp_path):
+    """nextpnr refuses a BEL name the device does not have, and fails to route a DCCA input
+    the fabric cannot reach (the 25F's top DCCs on the whole NIC): a design with a
+    fabric-driven DCCA at each pinned BEL builds to a bitstream on the board's device."""
+    b = board(name)
+    plan = b.platform().build(_reset_dccs(b.reset_dccs), name="top", do_build=False)
+    plan.extract(str(tmp_path))
+    rc = run_build(tmp_path, bitstream._tool_env(), timeout_s=600)
+    log = (tmp_path / "build.log").read_text() + (tmp_path / "top.tim").read_text()
+    assert rc == 0, log[-2000:]
+    assert (tmp_path / "top.bit").stat().st_size > 50_000  # a compressed 25F image: 99 KB

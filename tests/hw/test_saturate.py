@@ -130,3 +130,15 @@ def test_cocotb_verilator():
         f"{__package__}.benches.tb_saturate",
         {"lanes": 2, "width_in": 35, "limit_bits": 32},
     )
+
+
+def test_an_op_of_c_elements_all_clamped_counts_c():
+    """The count is NicParams.op_count_bits wide: an op has at most C elements, and one whose
+    every element clamps counts C (C = 256 here: a 9-bit count, one bit more than C - 1)."""
+    p = small(1)
+    x = np.full(p.c, 1 << 20, dtype=np.int64)
+    dut = Saturate(p, 24, 16)
+    assert len(dut.count) == 9
+    y, counts = run_ops(dut, [x, x[:3]], 1, 0.0, 0.0, seed=5)
+    assert counts == [p.c, 3]
+    np.testing.assert_equal(y, np.full(p.c + 3, (1 << 15) - 1))
