@@ -36,6 +36,8 @@ Model: host_port.build / parse / ChunkAssembler / stats_frame (tests/hw/test_hos
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from amaranth import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
@@ -44,7 +46,6 @@ from amaranth.lib.wiring import In, Out
 
 from optireduce import host_port
 from optireduce.hw.banked_memory import BankedMemory
-from optireduce.hw.board_frames import FrameMux
 from optireduce.hw.csr import addr_bits as csr_addr_bits
 from optireduce.hw.csr import register
 from optireduce.hw.nic_core import host_cmd_layout, host_word_layout
@@ -196,6 +197,43 @@ def _header_fields(hdr: Signal) -> tuple:
             byte(30), byte(31)[0], be(32, 2))  # fmt: skip
 
 
+SENDER_FIELDS = ("kind", "count", "op_id", "offset", "n", "exponent", "base")
+
+
+def _share(m: Module, sender: _FrameSender, names: tuple[str, ...]) -> list[SimpleNamespace]:
+    """Clients of one sender, in priority order. Each has the sender's fields, `start`,
+    `rd_data` (its memory's word at `rd_addr`), `free` (it may start now: the sender is
+    idle and no client before it starts) and `busy` (the sender is sending its frame)."""
+    clients = [
+        SimpleNamespace(
+            start=Signal(name=f"{k}_start"), free=Signal(name=f"{k}_free"),
+            busy=Signal(name=f"{k}_busy"), rd_data=Signal(32, name=f"{k}_rd_data"),
+            rd_addr=sender.rd_addr,
+            **{f: Signal.like(getattr(sender, f), name=f"{k}_{f}") for f in SENDER_FIELDS},
+        )
+        for k in names
+    ]  # fmt: skip
+    cur = Signal(range(len(names)))  # the client whose frame is out
+    for k, c in enumerate(clients):
+        before = Cat(*(b.start for b in clients[:k])).any()
+        m.d.comb += [c.free.eq(~sender.busy & ~before), c.busy.eq(sender.busy & (cur == k))]
+    # the fields of the client that starts (the sender loads them in every idle cycle)
+    with m.If(clients[0].start):
+        m.d.comb += [getattr(sender, f).eq(getattr(clients[0], f)) for f in SENDER_FIELDS]
+    for k, c in enumerate(clients[1:], 1):
+        with m.Elif(c.start | (k == len(clients) - 1)):
+            m.d.comb += [getattr(sender, f).eq(getattr(c, f)) for f in SENDER_FIELDS]
+    starts = Cat(*(c.start for c in clients))
+    m.d.comb += [
+        sender.start.eq(starts.any()),
+        sender.rd_data.eq(Array(c.rd_data for c in clients)[cur]),
+    ]
+    for k in reversed(range(len(clients))):  # the first one starting wins
+        with m.If(clients[k].start & ~sender.busy):
+            m.d.sync += cur.eq(k)
+    return clients
+
+
 class HostAdapter(wiring.Component):
     """Host-port frames <-> the NIC core's host port and register bus (module docstring).
 
@@ -241,22 +279,20 @@ class HostAdapter(wiring.Component):
         inc = {name: Signal(name=f"inc_{name}") for name in COUNTERS}
         m.d.comb += [self.counts[j].eq(inc[name]) for j, name in enumerate(COUNTERS)]
 
-        m.submodules.rx_tx = rx_tx = _FrameSender((self.rx_words - 1).bit_length())
-        m.submodules.res_tx = res_tx = _FrameSender((self.msg_words - 1).bit_length())
-        m.submodules.tx_mux = tx_mux = FrameMux()
-        wiring.connect(m, rx_tx.o, tx_mux.a)
-        wiring.connect(m, res_tx.o, tx_mux.b)
-        wiring.connect(m, tx_mux.o, wiring.flipped(self.o))
-        for s in (rx_tx, res_tx):
-            with m.If(s.o.valid & s.o.ready & s.o.payload.last):
-                m.d.comb += inc["tx_frames"].eq(1)
+        # one sender for the register replies and the results (a second was 340 LUTs)
+        addr_bits = max(self.rx_words - 1, self.msg_words - 1).bit_length()
+        m.submodules.tx = sender = _FrameSender(addr_bits)
+        wiring.connect(m, sender.o, wiring.flipped(self.o))
+        with m.If(sender.o.valid & sender.o.ready & sender.o.payload.last):
+            m.d.comb += inc["tx_frames"].eq(1)
+        replies, results = _share(m, sender, ("replies", "results"))
 
-        self._rx(m, inc, rx_tx)
-        self._results(m, inc, res_tx)
+        self._rx(m, inc, replies)
+        self._results(m, inc, results)
         return m
 
     # ---- host -> core ----------------------------------------------------------------
-    def _rx(self, m: Module, inc: dict, sender: _FrameSender) -> None:
+    def _rx(self, m: Module, inc: dict, sender: SimpleNamespace) -> None:
         m.submodules.rx_buf = buf = Memory(shape=32, depth=self.rx_words, init=[])
         wr, rd = buf.write_port(), buf.read_port()
         m.d.comb += [sender.rd_data.eq(rd.data)]
@@ -399,7 +435,7 @@ class HostAdapter(wiring.Component):
                     sender.exponent.eq(exponent),
                     sender.base.eq(0),
                 ]
-                with m.If(~sender.busy):
+                with m.If(sender.free):
                     m.d.comb += sender.start.eq(1)
                     m.next = "SENDING"
             with m.State("SENDING"):
@@ -533,7 +569,7 @@ class HostAdapter(wiring.Component):
                         m.next = "REPLY"
 
     # ---- core -> host ----------------------------------------------------------------
-    def _results(self, m: Module, inc: dict, sender: _FrameSender) -> None:
+    def _results(self, m: Module, inc: dict, sender: SimpleNamespace) -> None:
         depth = self.msg_words
         # banks with registered outputs (BankedMemory.LATENCY): no logic after a block RAM
         m.submodules.res_buf = buf = BankedMemory(32, depth)
@@ -628,7 +664,7 @@ class HostAdapter(wiring.Component):
                     snd_base.eq(off),
                 ]
                 m.next = "RESULT"
-            with m.State("RESULT"):
+            with m.State("RESULT"), m.If(sender.free):
                 m.d.comb += sender.start.eq(1)
                 m.d.sync += [off.eq(off + snd_count), left.eq(left - snd_count)]
                 m.next = "RESULT_WAIT"
@@ -645,7 +681,7 @@ class HostAdapter(wiring.Component):
                     off.eq(0),
                 ]
                 m.next = "STATS"
-            with m.State("STATS"):
+            with m.State("STATS"), m.If(sender.free):
                 m.d.comb += sender.start.eq(1)
                 m.next = "STATS_WAIT"
             with m.State("STATS_WAIT"), m.If(~sender.busy):

@@ -298,6 +298,91 @@ def test_register_frames_write_and_read_the_bank_and_set_the_world():
     assert out["counters"] == _counts(rx_frames=1, tx_frames=3)
 
 
+@pytest.mark.parametrize("seed", [11, 12])
+def test_replies_and_results_take_turns_on_the_one_sender(seed):
+    """REG frames come in while results and STATS records go out: the adapter's one frame
+    sender takes the two in turns, a whole frame at a time. Every reply and every result
+    frame is the model's, the results in order, and some replies leave between two frames
+    of one op's results (the two really overlapped)."""
+    regs = [r for blk in register_map(P) for r in blk.regs]
+    off = {r.name: r.offset for r in regs}
+    bank = {off["param_c"]: P.c, off["param_b"]: P.b}
+    reqs = [reg_request([(off["param_c"], None), (off["param_b"], None)], tag=k)
+            for k in range(6)]  # fmt: skip
+    rng, r = np.random.default_rng(seed), random.Random(seed)
+    msgs, results = [], []
+    for op in range(3):
+        n = 3 * FRAG + 5
+        res = rng.standard_normal(n).astype(np.float32)
+        rec = _stats(op, n, 0, 2, r)  # world 2: the bank's reset value
+        msgs.append(res.view(np.uint32).tolist() + rec)
+        for o in range(0, n, FRAG):
+            part = res[o : o + FRAG].astype(">f4").tobytes()
+            results.append(host_port.build(HostFrame(host_port.RESULT, op, o, n, 0, part),
+                                           to_nic=False))  # fmt: skip
+        results.append(host_port.stats_frame(rec))
+    replies = [reg_reply(q, bank) for q in reqs]
+    dut = HostAdapter(P, rx_words=FRAG, tx_fragment=FRAG)
+    out = _run(dut, reqs, msgs, regs=bank, seed=seed)
+    assert [fr for fr in out["frames"] if fr in results] == results
+    assert [fr for fr in out["frames"] if fr in replies] == replies
+    assert len(out["frames"]) == len(results) + len(replies)
+    first = out["frames"].index(results[0])
+    last = out["frames"].index(results[4])  # op 0's STATS frame
+    assert any(out["frames"].index(q) in range(first, last) for q in replies)
+    assert out["counters"] == _counts(rx_frames=len(reqs), tx_frames=len(out["frames"]))
+
+
+def test_of_two_clients_starting_together_the_first_goes_and_the_second_waits():
+    """The sender's clients in one cycle: both ask; only the first may start (the second's
+    `free` is low, so its FSM stays), the first's fields are the ones loaded, and the
+    second's frame goes out after the first's."""
+    from amaranth import Elaboratable, Module
+
+    from optireduce.hw.host_adapter import _FrameSender, _share
+
+    class Two(Elaboratable):
+        def elaborate(self, platform):
+            m = Module()
+            m.submodules.tx = self.tx = _FrameSender(4)
+            self.a, self.b = _share(m, self.tx, ("a", "b"))
+            return m
+
+    dut = Two()
+    frames = []
+
+    async def bench(ctx):
+        ctx.set(dut.tx.o.ready, 1)
+        for k, c in enumerate((dut.a, dut.b)):
+            ctx.set(c.kind, host_port.REG)
+            ctx.set(c.op_id, 100 + k)
+            ctx.set(c.start, 1)
+        assert ctx.get(dut.a.free) and not ctx.get(dut.b.free)
+        assert ctx.get(dut.tx.op_id) == 100
+        await ctx.tick()
+        ctx.set(dut.a.start, 0)
+        assert ctx.get(dut.a.busy) and not ctx.get(dut.b.busy) and not ctx.get(dut.b.free)
+        frame = bytearray()
+        for _ in range(400):
+            if ctx.get(dut.tx.o.valid):
+                frame.append(ctx.get(dut.tx.o.payload.data[0]))
+                if ctx.get(dut.tx.o.payload.last):
+                    frames.append(bytes(frame))
+                    frame = bytearray()
+            b_starts = ctx.get(dut.b.free) and ctx.get(dut.b.start)
+            await ctx.tick()
+            if b_starts:  # it started at this edge
+                ctx.set(dut.b.start, 0)
+        assert not ctx.get(dut.a.busy) and not ctx.get(dut.b.busy)
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    # the op_id field (bytes 18..21 of the header) names each frame's client: a, then b
+    assert [int.from_bytes(fr[18:22], "big") for fr in frames] == [100, 101]
+
+
 def _model_takes(frame: bytes) -> bool:
     try:
         host_port.parse(host_port.unpad(frame))
