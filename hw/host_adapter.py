@@ -31,6 +31,10 @@ are its model). The host block's counters are the bank's too: this adapter gives
 strobe per event on `counts` (a bit per COUNTERS name) and the bank counts them (its
 32-bit counters here were a thousand LUTs of the 25F).
 
+Both kinds of frame to the host leave through one frame sender, a whole frame at a time
+(`_share`): a REG reply waits for a RESULT or STATS frame that is going out, and the
+other way round; a reply goes first when both ask in one cycle.
+
 Model: host_port.build / parse / ChunkAssembler / stats_frame (tests/hw/test_host_adapter.py).
 """
 
