@@ -57,7 +57,7 @@ BOARD = Board(
     pll=(1, 5, 5),  # 25 MHz -> 125 MHz (yowasp-ecppll -i 25 -o 125 --clkout1 52.08)
     core_div=12,  # the core clock: 625 / 12 = 52.08 MHz (docs/boards.md, "Clocks")
     # the placer's top DCCs (X31/Y0) took no route from the fabric on the whole NIC
-    reset_dccs={"sync": "X31/Y50/BDCC0", "core": "X31/Y50/BDCC1"},
+    reset_dccs=(("sync", "X31/Y50/BDCC0"), ("core", "X31/Y50/BDCC1")),
     eth=(0, 1),
     leds=_leds,
     description="Colorlight 5A-75B r7.0, LFE5U-25F-6, two GbE ports (host, network)",

@@ -19,7 +19,7 @@ NicParams chosen to fit it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 from amaranth import ClockDomain, Elaboratable, Instance, Module, Signal
@@ -54,8 +54,8 @@ class Board:
     "activity": [per port], "locked": Signal}.
     `core_div`: the PLL's CLKOS divider, core clock = VCO / core_div (VCO = 125 MHz x
     CLKOP_DIV), chosen below the core's measured Fmax (docs/boards.md, "Clocks").
-    `reset_dccs`: domain -> the nextpnr BEL of its reset's DCCA, where the placer's own
-    choice cannot be routed (docs/boards.md, "The reset DCCs"); empty: the placer's."""
+    `reset_dccs`: (domain, the nextpnr BEL of its reset's DCCA) pairs, where the placer's
+    own choice cannot be routed (docs/boards.md, "The reset DCCs"); none: the placer's."""
 
     name: str
     platform: Callable[[], object]
@@ -65,7 +65,7 @@ class Board:
     leds: Callable[[object, Module, dict], None]
     description: str = ""
     core_div: int = 12  # 52.08 MHz
-    reset_dccs: dict[str, str] = field(default_factory=dict)
+    reset_dccs: tuple[tuple[str, str], ...] = ()
 
     @property
     def core_mhz(self) -> float:
@@ -165,7 +165,7 @@ class BoardTop(Elaboratable):
         # nextpnr derives the constraints of both outputs from the PLL; the PHY clocks:
         # lpf_preferences
         for cd in (cd_sync, cd_core):
-            self._global_reset(m, cd, ~locked, b.reset_dccs.get(cd.name))
+            self._global_reset(m, cd, ~locked, dict(b.reset_dccs).get(cd.name))
 
         # ---- the microsecond tick ---------------------------------------------------------
         tick = Signal()

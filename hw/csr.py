@@ -50,7 +50,8 @@ to the register, masked to the register's width. A register written since reset 
 from the low half, one not written from the high half (a `written` bit per
 configuration register), so a reset that leaves the RAM as it was still reads the reset
 values. The RAM's read port has the bus's latency, one cycle; a read of a counter takes
-the counter's value then, and `r_data` shows one or the other.
+the counter's value then, and `r_data` shows one or the other (before the first read it
+is the RAM's output register: undefined, not 0).
 """
 
 from __future__ import annotations

@@ -208,7 +208,7 @@ def test_all_missing_and_edge_lengths():
         assert await h.hist(ctx, 0) == ModelBuffer(p, 12).histogram(p.n_max).tolist()
         its, _, _ = beats_of(h.dut, p, 1, pk1, m1)
         await h.run(ctx, {"i": its}, {})
-        vals, ks = await h.drain(ctx, 1, (1 << 32) - 1)  # clamped to c
+        vals, ks = await h.drain(ctx, 1, (1 << p.op_count_bits) - 1)  # above c: clamped
         check_drain(p, m1, p.c, vals, ks)
         vals, ks = await h.drain(ctx, 0, 0)  # one block, as padded_len(0)
         np.testing.assert_equal(vals, np.zeros(p.b, dtype=np.int64))
