@@ -392,7 +392,10 @@ class Csr(wiring.Component):
         # written words in the low half, the reset image in the high half
         m.submodules.image = mem = Memory(shape=32, depth=2 * words, init=image + image)
         wr, rd = mem.write_port(), mem.read_port()
-        hit = Cat(word == r.offset >> 2 for r in config)
+        # a signal, not an expression: the mask below takes each of its bits, and the
+        # simulator would evaluate every compare for every bit (300 times slower)
+        hit = Signal(len(config))
+        m.d.comb += hit.eq(Cat(word == r.offset >> 2 for r in config))
         written = Signal(len(config))  # since reset: the low half's word is the register's
         with m.If(self.w_en):
             m.d.sync += written.eq(written | hit)
