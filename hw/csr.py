@@ -415,11 +415,14 @@ class Csr(wiring.Component):
             m.d.sync += [counted.eq(self._is_counter(word)), held.eq(counter_value)]
         m.d.comb += self.r_data.eq(Mux(counted, held, rd.data))
 
+    def _counter_runs(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """(first word, count) of the counters block's counters and the host block's."""
+        host_first = (host_block_base(self.p) + 0x10) >> 2  # the host block's first counter
+        return (FIRST_COUNTER >> 2, len(ALL_COUNTERS)), (host_first, len(HOST_COUNTERS))
+
     def _is_counter(self, word: Value) -> Value:
         """Whether `word` addresses a counter: the two blocks' runs of words."""
-        first = FIRST_COUNTER >> 2, (host_block_base(self.p) + 0x10) >> 2
-        runs = zip(first, (len(ALL_COUNTERS), len(HOST_COUNTERS)), strict=True)
-        return Cat((word >= a) & (word < a + n) for a, n in runs).any()
+        return Cat((word >= a) & (word < a + n) for a, n in self._counter_runs()).any()
 
     def _counters(self, m: Module, clear: Value, word: Value) -> Value:
         """The counter bank (module docstring, "Counter storage"): returns the value of
@@ -458,14 +461,14 @@ class Csr(wiring.Component):
 
         index = Signal(range(n))  # the addressed counter (out of range: don't care)
         value = Signal(32, name="counter_value")  # once, not in every counter's case
-        host_first = host_block_base(self.p) + 0x10  # the host block's first counter
-        in_host = word >= host_first >> 2
+        (first, _), (host_first, _) = self._counter_runs()
+        in_host = word >= host_first
         m.d.comb += [
             index.eq(
                 Mux(
                     in_host,
-                    word - (host_first >> 2) + len(ALL_COUNTERS),
-                    word - (FIRST_COUNTER >> 2),
+                    word - host_first + len(ALL_COUNTERS),
+                    word - first,
                 )
             ),
             bus_rd.addr.eq(index),
