@@ -60,6 +60,7 @@ from amaranth.lib.wiring import In, Out
 from optireduce import host_port, ubt
 from optireduce.host.model.nic_model import NicModel
 from optireduce.hw import gather_tracker as gt
+from optireduce.hw.addresses import plus_base
 from optireduce.hw.aggregator import Aggregator
 from optireduce.hw.aggregator import Kind as AggKind
 from optireduce.hw.csr import ALL_COUNTERS, HOST_COUNTERS, Csr
@@ -236,8 +237,8 @@ class NicCore(wiring.Component):
         m.d.comb += [
             parser.rank.eq(rank),
             parser.world.eq(world),
-            parser.mac.eq(self.addressing.mac_base + rank),
-            parser.ip.eq(self.addressing.ip_base + 1 + rank),
+            parser.mac.eq(plus_base(self.addressing.mac_base, rank, 48)),
+            parser.ip.eq(plus_base(self.addressing.ip_base + 1, rank, 32)),
             parser.admit.eq(csr.admit),
             parser.peer_ip.eq(csr.peer_ip),
             parser.peer_port.eq(csr.peer_port),

@@ -34,6 +34,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from optireduce import ubt
+from optireduce.hw.addresses import plus_base
 from optireduce.hw.sections import elaborate_sections
 from optireduce.hw.streams import element_stream, frame_stream
 from optireduce.params import NicParams
@@ -162,8 +163,8 @@ class Packetizer(wiring.Component):
             "reserved": d.reserved,
         }
         out = [
-            *be(Const(ad.mac_base, 48) + dst, 6),
-            *be(Const(ad.mac_base, 48) + d.rank, 6),
+            *be(plus_base(ad.mac_base, dst, 48), 6),
+            *be(plus_base(ad.mac_base, d.rank, 48), 6),
             *const(ubt.ETHERTYPE_IPV4, 2),
             *const(0x4500, 2),
             *const(ubt.IP_LEN + udp_len, 2),
@@ -171,8 +172,8 @@ class Packetizer(wiring.Component):
             *const(0x4000, 2),  # DF
             *const((64 << 8) | ubt.IPPROTO_UDP, 2),  # TTL, protocol
             *be(ck, 2),
-            *be(Const(ad.ip_base + 1, 32) + d.rank, 4),
-            *be(Const(ad.ip_base + 1, 32) + dst, 4),
+            *be(plus_base(ad.ip_base + 1, d.rank, 32), 4),
+            *be(plus_base(ad.ip_base + 1, dst, 32), 4),
             *const(p.udp_port, 2),
             *const(p.udp_port, 2),
             *const(udp_len, 2),
