@@ -199,8 +199,9 @@ class NicCore(wiring.Component):
         wiring.connect(m, tce.b0, agg.tc)
         wiring.connect(m, tce.b1, trk.tc)
         m.submodules.encoder = enc = Encoder(p)
-        m.submodules.pk_scatter = pks = Packetizer(p, self.addressing)
-        m.submodules.pk_gather = pkg = Packetizer(p, self.addressing)
+        # one packetizer, two sources: the scatter packets first, then the means' (gather)
+        m.submodules.packetizer = pk = Packetizer(p, self.addressing, sources=2)
+        pks, pkg = pk.sources
         m.submodules.decoder = dec = Decoder(p, slots=n_ctx)
         if enc.external:  # one FWHT for both (NicParams.fwht_shared): encode a, decode b
             m.submodules.fwht = fw = SharedFwht(p, p.w_in, p.w_wire)
@@ -232,8 +233,8 @@ class NicCore(wiring.Component):
                 blk.t_c_init.eq(csr.t_c_init_us),
             ]
         m.d.comb += [agg.alpha_q8.eq(csr.alpha_q8), trk.alpha_q8.eq(csr.alpha_q8)]
-        for pk in (pks, pkg):
-            m.d.comb += [pk.rank.eq(rank), pk.world.eq(world), pk.job_id.eq(p.job_id)]
+        for src in (pks, pkg):
+            m.d.comb += [src.rank.eq(rank), src.world.eq(world), src.job_id.eq(p.job_id)]
         m.d.comb += [
             parser.rank.eq(rank),
             parser.world.eq(world),
@@ -259,6 +260,7 @@ class NicCore(wiring.Component):
             trk=trk,
             enc=enc,
             tce=tce,
+            pk=pk,
             pks=pks,
             pkg=pkg,
             dec=dec,
@@ -812,23 +814,11 @@ class NicCore(wiring.Component):
         m.d.comb += s.tx_add.eq(Mux(pks_frame, 1, 0) + Mux(pkg_slot_end, world - 1, 0))
 
     def _net_tx(self, m: Module, s: SimpleNamespace) -> None:
-        """net_tx: the two packetizers, a frame at a time."""
-        pks, pkg = s.pks, s.pkg
-        tx_src = Signal(range(3))  # 0 none, 1 scatter, 2 gather
-        tx_sc = (tx_src == 1) | ((tx_src == 0) & pks.o.valid)
-        tx_ga = (tx_src == 2) | ((tx_src == 0) & ~pks.o.valid & pkg.o.valid)
-        with m.If(tx_sc):
-            wiring.connect(m, pks.o, wiring.flipped(self.net_tx))
-        with m.Elif(tx_ga):
-            wiring.connect(m, pkg.o, wiring.flipped(self.net_tx))
-        tx_take = self.net_tx.valid & self.net_tx.ready
-        tx_end = tx_take & self.net_tx.payload.last
-        with m.If(tx_take):
-            m.d.sync += tx_src.eq(Mux(tx_sc, 1, 2))
-        with m.If(tx_end):
-            m.d.sync += tx_src.eq(0)
-        s.incs["tx_scatter"].append(tx_end & tx_sc)
-        s.incs["tx_gather"].append(tx_end & tx_ga)
+        """net_tx: the packetizer's frames, scatter (source 0) and gather (source 1)."""
+        wiring.connect(m, s.pk.o, wiring.flipped(self.net_tx))
+        tx_end = self.net_tx.valid & self.net_tx.ready & self.net_tx.payload.last
+        s.incs["tx_scatter"].append(tx_end & (s.pk.src == 0))
+        s.incs["tx_gather"].append(tx_end & (s.pk.src == 1))
         m.d.sync += s.tx_pending.eq(s.tx_pending + s.tx_add - tx_end)
 
     def _drain(self, m: Module, s: SimpleNamespace) -> None:

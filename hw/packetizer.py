@@ -35,7 +35,6 @@ from amaranth.lib.wiring import In, Out
 
 from optireduce import ubt
 from optireduce.hw.addresses import plus_base
-from optireduce.hw.sections import elaborate_sections
 from optireduce.hw.streams import element_stream, frame_stream
 from optireduce.params import NicParams
 
@@ -68,9 +67,9 @@ class Packetizer(wiring.Component):
     `own` element_stream(32, lanes) out with `own_index` (scatter: this rank's own packets).
     """
 
-    def __init__(self, p: NicParams, addressing: ubt.Addressing = ubt.DEFAULT_ADDRESSING
-                 ) -> None:  # fmt: skip
-        self.p, self.addressing = p, addressing
+    def __init__(self, p: NicParams, addressing: ubt.Addressing = ubt.DEFAULT_ADDRESSING,
+                 sources: int = 1) -> None:  # fmt: skip
+        self.p, self.addressing, self.n_sources = p, addressing, sources
         self.lanes = p.lanes
         self.beats = p.p // p.lanes  # input beats per packet
         self.nbytes = 8 * p.lanes  # output bytes per beat
@@ -79,6 +78,8 @@ class Packetizer(wiring.Component):
         self.max_packets = p.c // p.p
         if addressing.ip_base + p.n_max >= 1 << 32:
             raise ValueError("Packetizer: ip_base + n_max overflows 32 bits")
+        if sources < 1:
+            raise ValueError(f"Packetizer: sources = {sources}, needs at least one")
         self.w_rank = _bits(p.n_max - 1)
         self.w_world = _bits(p.n_max)
         self.w_idx = _bits(self.max_packets)
@@ -86,28 +87,48 @@ class Packetizer(wiring.Component):
         # the packet, then buffer hand-over, checksum, header set-up and the output register.
         self.LATENCY = self.beats + 4
         self.OWN_LATENCY = 1  # first beat of an own packet -> first beat on `own`
-        super().__init__(
+        source = {
+            "i": In(element_stream(p.w_wire, p.lanes)),
+            "own": Out(element_stream(p.w_wire, p.lanes)),
+            "own_index": Out(self.w_idx),
+            "msg_type": In(2),  # ubt.MSG_SCATTER or ubt.MSG_GATHER
+            "rank": In(self.w_rank),
+            "world": In(self.w_world),
+            "job_id": In(16),
+            "op_id": In(32),
+            "exponent": In(signed(8)),
+            "op_len": In(32),
+            "t_c_us": In(32),
+            "contributors": In(16),  # gather: sampled with each slot's first beat
+            "reserved": In(16),  # the op's proposal word (NicParams.exp_inband), else 0
+        }
+        out = {
+            "o": Out(frame_stream(self.nbytes)),
+            "dst": Out(self.w_rank),
+            "src": Out(range(max(2, sources))),
+        }
+        if sources == 1:  # the source's ports are the packetizer's own
+            super().__init__({**source, **out})
+        else:
+            super().__init__({"sources": Out(wiring.Signature(source)).array(sources), **out})
+
+    def _sources(self) -> list:
+        """The interfaces of the sources, in priority order."""
+        return [self] if self.n_sources == 1 else list(self.sources)
+
+    def _packet_layout(self) -> data.StructLayout:
+        """A buffered packet's own header fields (its descriptor)."""
+        return data.StructLayout(
             {
-                "i": In(element_stream(p.w_wire, p.lanes)),
-                "o": Out(frame_stream(self.nbytes)),
-                "dst": Out(self.w_rank),
-                "own": Out(element_stream(p.w_wire, p.lanes)),
-                "own_index": Out(self.w_idx),
-                "msg_type": In(2),  # ubt.MSG_SCATTER or ubt.MSG_GATHER
-                "rank": In(self.w_rank),
-                "world": In(self.w_world),
-                "job_id": In(16),
-                "op_id": In(32),
-                "exponent": In(signed(8)),
-                "op_len": In(32),
-                "t_c_us": In(32),
-                "contributors": In(16),  # gather: sampled with each slot's first beat
-                "reserved": In(16),  # the op's proposal word (NicParams.exp_inband), else 0
+                "index": self.w_idx,
+                "dst": self.w_rank,  # scatter: the owner; gather: the first destination
+                "last": 1,
+                "contrib": 16,
             }
         )
 
     def _desc_layout(self) -> data.StructLayout:
-        """What a buffered packet's frames need: its header fields and the op's context."""
+        """What a frame needs: its packet's header fields and the op's context."""
         return data.StructLayout(
             {
                 "index": self.w_idx,
@@ -185,29 +206,38 @@ class Packetizer(wiring.Component):
         return out
 
     def elaborate(self, platform):
-        return elaborate_sections(
-            self._op_context, self._setup, self._input_side, self._output_side
-        )
+        m = Module()
+        sides = []
+        for j, src in enumerate(self._sources()):
+            s = SimpleNamespace(src=src, tag="" if self.n_sources == 1 else str(j))
+            self._op_context(m, s)
+            self._setup(m, s)
+            self._input_side(m, s)
+            sides.append(s)
+        self._output_side(m, sides)
+        return m
 
     def _op_context(self, m: Module, s: SimpleNamespace) -> None:
         """Op context, latched when an op's first beat is offered."""
-        p, w_idx, desc_layout = self.p, self.w_idx, self._desc_layout()
+        p, w_idx, desc_layout, src = self.p, self.w_idx, self._desc_layout(), s.src
         s.active = Signal()  # inside an op
         s.ctx = Signal(desc_layout)  # op fields of the current op (index/dst/last unused)
         s.gather = s.ctx.gather
-        s.start = ~s.active & self.i.valid
+        # the frames read the op's fields here: a new op waits for the last one's packets
+        s.full = Signal(2)  # buffer halves holding a packet not yet sent
+        s.start = ~s.active & ~s.full.any() & src.i.valid
         with m.If(s.start):
             m.d.sync += [
                 s.active.eq(1),
-                s.ctx.gather.eq(self.msg_type == ubt.MSG_GATHER),
-                s.ctx.rank.eq(self.rank),
-                s.ctx.world.eq(self.world),
-                s.ctx.job_id.eq(self.job_id),
-                s.ctx.op_id.eq(self.op_id),
-                s.ctx.exponent.eq(self.exponent),
-                s.ctx.op_len.eq(self.op_len),
-                s.ctx.t_c_us.eq(self.t_c_us),
-                s.ctx.reserved.eq(self.reserved),
+                s.ctx.gather.eq(src.msg_type == ubt.MSG_GATHER),
+                s.ctx.rank.eq(src.rank),
+                s.ctx.world.eq(src.world),
+                s.ctx.job_id.eq(src.job_id),
+                s.ctx.op_id.eq(src.op_id),
+                s.ctx.exponent.eq(src.exponent),
+                s.ctx.op_len.eq(src.op_len),
+                s.ctx.t_c_us.eq(src.t_c_us),
+                s.ctx.reserved.eq(src.reserved),
             ]
 
         # packets of the op: packets_for(op_len) = max(1, ceil(op_len / B)) * B / P
@@ -247,7 +277,7 @@ class Packetizer(wiring.Component):
         s.n_slots = Signal(w_idx + 1)  # gather: packets this rank owns
         s.nf_g = Signal(w_num)  # gather: LAST iff row + this >= n_slots
         s.setup_done = Signal()
-        with m.FSM(name="setup"):
+        with m.FSM(name=f"setup{s.tag}"):
             with m.State("IDLE"), m.If(s.start):
                 m.d.sync += s.setup_done.eq(0)
                 m.next = "START"
@@ -277,19 +307,18 @@ class Packetizer(wiring.Component):
     def _input_side(self, m: Module, s: SimpleNamespace) -> None:
         """Input side: own packets pass, the others fill the ping-pong buffer."""
         p, L, beats, w_idx, w_rank = self.p, self.lanes, self.beats, self.w_idx, self.w_rank
-        desc_layout = self._desc_layout()
+        packet_layout, src = self._packet_layout(), s.src
         words = max(1, beats // 2)  # buffer words (2 * lanes elements) per packet
         s.w_word = (words - 1).bit_length()
         mem = Memory(shape=unsigned(2 * L * p.w_wire), depth=2 * words, init=[])
-        m.submodules.mem = mem
+        m.submodules[f"mem{s.tag}"] = mem
         wp = mem.write_port(granularity=L * p.w_wire)
         s.rp = mem.read_port(transparent_for=())
 
-        s.full = Signal(2)  # buffer halves holding a packet not yet sent
         set_full = Signal(2)
         s.clr_full = Signal(2)
         m.d.sync += s.full.eq((s.full | set_full) & ~s.clr_full)
-        s.desc = [Signal(desc_layout, name=f"desc{h}") for h in range(2)]
+        s.desc = [Signal(packet_layout, name=f"desc{h}") for h in range(2)]
 
         beat = Signal(range(beats))  # beat inside the packet
         pk = Signal(w_idx + 1)  # scatter: packet index; gather: slot row
@@ -300,48 +329,47 @@ class Packetizer(wiring.Component):
         wr_half = Signal()
         pk_last_beat = beat == beats - 1
         is_own = ~s.gather & (dst == s.ctx.rank)
-        own_free = ~self.own.valid | self.own.ready
+        own_free = ~src.own.valid | src.own.ready
         buf_free = ~Mux(wr_half, s.full[1], s.full[0])
         # a packet's last beat commits its descriptor, which needs the set-up
-        m.d.comb += self.i.ready.eq(
+        m.d.comb += src.i.ready.eq(
             s.active & (~pk_last_beat | s.setup_done) & Mux(is_own, own_free, buf_free)
         )
-        take = self.i.valid & self.i.ready
+        take = src.i.valid & src.i.ready
         take_own = take & is_own
         take_buf = take & ~is_own
 
-        with m.If(self.own.ready):
-            m.d.sync += self.own.valid.eq(0)
+        with m.If(src.own.ready):
+            m.d.sync += src.own.valid.eq(0)
         with m.If(take_own):
             m.d.sync += [
-                self.own.valid.eq(1),
-                self.own.payload.data.eq(self.i.payload.data),
-                self.own.payload.first.eq(beat == 0),
-                self.own.payload.last.eq(pk_last_beat),
+                src.own.valid.eq(1),
+                src.own.payload.data.eq(src.i.payload.data),
+                src.own.payload.first.eq(beat == 0),
+                src.own.payload.last.eq(pk_last_beat),
             ]
             with m.If(beat == 0):
-                m.d.sync += self.own_index.eq(pk)
+                m.d.sync += src.own_index.eq(pk)
 
-        data_in = self.i.payload.data.as_value()
+        data_in = src.i.payload.data.as_value()
         m.d.comb += [
             wp.addr.eq(Cat((beat >> 1)[: s.w_word], wr_half)),
             wp.data.eq(Cat(data_in, data_in)),
             wp.en.eq(Mux(take_buf, Mux(beat[0] if beats > 1 else 0, 0b10, 0b01), 0)),
         ]
         with m.If(take & (beat == 0)):
-            m.d.sync += contrib.eq(self.contributors)
+            m.d.sync += contrib.eq(src.contributors)
 
-        new = Signal(desc_layout)
+        new = Signal(packet_layout)
         # scatter: dst gets q + (dst < r) packets, the last flagged_count of them flagged
         more = dst < s.r
         last_sc = row + Mux(more, s.nf_hi, s.nf_lo) >= s.q + more
         first_dst = Mux(s.ctx.rank == 0, 1, 0)
         m.d.comb += [
-            new.eq(s.ctx),
             new.index.eq(Mux(s.gather, gidx, pk)),
             new.dst.eq(Mux(s.gather, first_dst, dst)),
             new.last.eq(Mux(s.gather, pk + s.nf_g >= s.n_slots, last_sc)),
-            new.contrib.eq(Mux(beat == 0, self.contributors, contrib)),
+            new.contrib.eq(Mux(beat == 0, src.contributors, contrib)),
         ]
         op_end = Mux(s.gather, pk + 1 == s.n_slots, pk + 1 == s.n_pk)
         with m.If(take):
@@ -362,12 +390,14 @@ class Packetizer(wiring.Component):
             with m.If(op_end):
                 m.d.sync += [s.active.eq(0), pk.eq(0), dst.eq(0), row.eq(0)]
         with m.If(s.start):
-            m.d.sync += gidx.eq(self.rank)
+            m.d.sync += gidx.eq(src.rank)
 
-    def _output_side(self, m: Module, s: SimpleNamespace) -> None:
-        """Output side: header beats, then the payload realigned to the beat."""
+    def _output_side(self, m: Module, sides: list) -> None:
+        """Output side: the buffered packets of every source, a frame at a time (the first
+        source in priority order with a packet, at each frame's start): header beats, then
+        the payload realigned to the beat."""
         p, L, nbytes, w_rank = self.p, self.lanes, self.nbytes, self.w_rank
-        desc_layout = self._desc_layout()
+        desc_layout, packet_layout, n = self._desc_layout(), self._packet_layout(), len(sides)
         # Beat k0 holds the last `a` header bytes, then payload; each later beat holds the
         # last `a` bytes of buffer word m - 1 and the first nbytes - a of word m.
         k0, a = divmod(FRAME_HEADER_BYTES, nbytes)
@@ -375,15 +405,32 @@ class Packetizer(wiring.Component):
         nb = self.frame_beats
         last_keep = (1 << (self.frame_len - (nb - 1) * nbytes)) - 1
 
-        rd_half = Signal()
+        cur = Signal(range(max(2, n)))  # the source of the frame being sent
+        rd_half = [Signal(name=f"rd_half{j}") for j in range(n)]
+        # a gather slot goes to N - 1 ranks, with other sources' frames between: the next
+        # destination of each source's packet, once it has begun (`going`)
+        going = [Signal(name=f"going{j}") for j in range(n)]
+        next_dst = [Signal(w_rank, name=f"next_dst{j}") for j in range(n)]
         rdst = Signal(w_rank)
+
+        def by_source(values):
+            v = values[0]
+            for j in range(1, n):
+                v = Mux(cur == j, values[j], v)
+            return v
+
+        def desc_of(j: int):  # the descriptor of source j's packet
+            return Mux(rd_half[j], sides[j].desc[1].as_value(), sides[j].desc[0].as_value())
+
         # the header from the frame's fields as they stand (both hold for the frame): no
         # register of its 74 bytes
         hdr = Signal(8 * FRAME_HEADER_BYTES)
         k = Signal(range(nb))
         prev = Signal(2 * L * p.w_wire)
         sel = Signal(desc_layout)
-        m.d.comb += sel.eq(Mux(rd_half, s.desc[1].as_value(), s.desc[0].as_value()))
+        packet = data.View(packet_layout, by_source([desc_of(j) for j in range(n)]))
+        m.d.comb += sel.eq(by_source([sd.ctx.as_value() for sd in sides]))
+        m.d.comb += [getattr(sel, f).eq(getattr(packet, f)) for f in packet_layout.members]
 
         def word_byte(word, x: int):
             """Byte x of a buffer word in frame order: elements big-endian."""
@@ -399,16 +446,21 @@ class Packetizer(wiring.Component):
         # cover the first two reads. With a single header beat (16 lanes) it is read one
         # beat ahead and used as the BRAM gives it.
         ahead = 2 if k0 >= 2 else 1
-        word = Signal(len(s.rp.data))
+        w_word = sides[0].w_word
+        rd_data = by_source([sd.rp.data for sd in sides])
+        word = Signal(len(rd_data))
         m_next = Signal(signed(_bits(nb) + 3))
         m.d.comb += m_next.eq(k + (ahead - k0))
-        m.d.comb += s.rp.addr.eq(Cat(Mux(m_next < 0, 0, m_next)[: s.w_word], rd_half))
+        rd_addr, rd_en = Signal(w_word), Signal()
+        for j, sd in enumerate(sides):
+            m.d.comb += [sd.rp.addr.eq(Cat(rd_addr, rd_half[j])), sd.rp.en.eq(rd_en)]
+        m.d.comb += rd_addr.eq(Mux(m_next < 0, 0, m_next)[:w_word])
         emit_adv = Signal()  # an EMIT beat goes out: the read pipeline moves
         if ahead == 2:
             with m.If(emit_adv):
-                m.d.sync += word.eq(s.rp.data)
+                m.d.sync += word.eq(rd_data)
         else:
-            m.d.comb += word.eq(s.rp.data)
+            m.d.comb += word.eq(rd_data)
 
         # registered a cycle ahead of their use (125 MHz): the IP checksum of the frame to
         # rdst (PREP0 waits for it), and the next gather destination (rdst holds for the
@@ -426,17 +478,20 @@ class Packetizer(wiring.Component):
         with m.If(self.o.ready):
             m.d.sync += self.o.valid.eq(0)
         with m.FSM(name="tx"):
-            with m.State("IDLE"), m.If(Mux(rd_half, s.full[1], s.full[0])):
-                m.d.sync += rdst.eq(sel.dst)
-                m.next = "PREP0"
+            with m.State("IDLE"):
+                for j, sd in enumerate(sides):
+                    with (m.Elif if j else m.If)(Mux(rd_half[j], sd.full[1], sd.full[0])):
+                        first = data.View(packet_layout, desc_of(j)).dst
+                        m.d.sync += [cur.eq(j), rdst.eq(Mux(going[j], next_dst[j], first))]
+                        m.next = "PREP0"
             with m.State("PREP0"):
                 m.next = "PREP"
             with m.State("PREP"):
                 # the first buffer word read ahead
-                m.d.comb += [s.rp.addr.eq(Cat(Const(0, s.w_word), rd_half)), s.rp.en.eq(1)]
+                m.d.comb += [rd_addr.eq(0), rd_en.eq(1)]
                 m.next = "EMIT"
             with m.State("EMIT"):
-                m.d.comb += [s.rp.en.eq(adv), emit_adv.eq(adv)]
+                m.d.comb += [rd_en.eq(adv), emit_adv.eq(adv)]
                 with m.If(adv):
                     lanes_out = []
                     for j in range(nbytes):
@@ -466,15 +521,16 @@ class Packetizer(wiring.Component):
                         self.o.payload.keep.eq(Mux(k == nb - 1, last_keep, (1 << nbytes) - 1)),
                         k.eq(k + 1),
                     ]
-                    with m.If(k == 0):  # dst changes with the frame's first beat
-                        m.d.sync += self.dst.eq(rdst)
+                    with m.If(k == 0):  # dst and src change with the frame's first beat
+                        m.d.sync += [self.dst.eq(rdst), self.src.eq(cur)]
                     with m.If(k == nb - 1):
                         m.d.sync += k.eq(0)
                         # gather: the same slot to the next rank, skipping our own
-                        with m.If(nd_ok):
-                            m.d.sync += rdst.eq(nd_r)
-                            m.next = "PREP0"
-                        with m.Else():
-                            m.d.comb += s.clr_full.eq(Mux(rd_half, 0b10, 0b01))
-                            m.d.sync += rd_half.eq(~rd_half)
-                            m.next = "IDLE"
+                        for j, sd in enumerate(sides):
+                            with m.If(cur == j):
+                                with m.If(nd_ok):
+                                    m.d.sync += [going[j].eq(1), next_dst[j].eq(nd_r)]
+                                with m.Else():
+                                    m.d.comb += sd.clr_full.eq(Mux(rd_half[j], 0b10, 0b01))
+                                    m.d.sync += [going[j].eq(0), rd_half[j].eq(~rd_half[j])]
+                        m.next = "IDLE"
