@@ -86,18 +86,20 @@ class CsrCrossing(wiring.Component):
     """The register bus from the host adapter (`domain`, usually sync) to the core's bank
     (`core_domain`). An access (one cycle of `r_en` or `w_en` with addr and data) is
     applied to the bank as one cycle there; `done` strobes when it has come back, with
-    `r_data` (a read's data; 0 for a write). One access at a time: the next waits for
+    `r_data` (a read's data; 0 for a write): a write the cycle after it was applied, a
+    read when the bank's `csr_r_valid` strobes. One access at a time: the next waits for
     `done`. Port names are those of the core's bus (csr_*)."""
 
-    def __init__(self, addr_bits: int, *, core_latency: int, domain: str = "sync",
-                 core_domain: str = "core") -> None:  # fmt: skip
-        self.addr_bits, self.core_latency = addr_bits, core_latency
+    def __init__(self, addr_bits: int, *, domain: str = "sync", core_domain: str = "core"
+                 ) -> None:  # fmt: skip
+        self.addr_bits = addr_bits
         self.domain, self.core_domain = domain, core_domain
         super().__init__(
             {
                 **csr_bus_ports(addr_bits),  # the host adapter's side
                 "done": Out(1),
                 **csr_bus_ports(addr_bits, "csr_", Out),  # the core's side
+                "csr_r_valid": In(1),
             }
         )
 
@@ -117,8 +119,8 @@ class CsrCrossing(wiring.Component):
         ]
         m.d[h] += [self.done.eq(rsp.r_rdy), self.r_data.eq(rsp.r_data)]
 
-        # core side: a request is one bus cycle; core_latency cycles later its data is
-        # pushed back (the response FIFO has room: one access at a time)
+        # core side: a request is one bus cycle; a write is pushed back the cycle after, a
+        # read's data when the bank has it (the response FIFO has room: one access at a time)
         addr, w_data = req.r_data[:a], req.r_data[a : a + 32]
         w_en, r_en = req.r_data[a + 32], req.r_data[a + 33]
         m.d.comb += [
@@ -128,14 +130,10 @@ class CsrCrossing(wiring.Component):
             self.csr_w_en.eq(req.r_rdy & w_en),
             self.csr_r_en.eq(req.r_rdy & r_en),
         ]
-        pending = Signal(self.core_latency, name="csr_pending")  # a shift of accesses
-        was_read = Signal(self.core_latency, name="csr_was_read")
-        m.d[c] += [
-            pending.eq(Cat(req.r_rdy, pending[:-1])),
-            was_read.eq(Cat(req.r_rdy & r_en, was_read[:-1])),
-        ]
+        written = Signal(name="csr_written")
+        m.d[c] += written.eq(req.r_rdy & ~r_en)
         m.d.comb += [
-            rsp.w_en.eq(pending[-1]),
-            rsp.w_data.eq(self.csr_r_data & was_read[-1].replicate(32)),
+            rsp.w_en.eq(written | self.csr_r_valid),
+            rsp.w_data.eq(self.csr_r_data & self.csr_r_valid.replicate(32)),
         ]
         return m

@@ -17,11 +17,13 @@ has and where. Four blocks: "nic" (control, build parameters, configuration),
 adapter's `adapter_counts` strobes, which a board's shell brings over from the 125 MHz
 side; a core without an adapter, as in co-simulation, reads 0).
 
-Bus (Wishbone-like, single master, no wait states): byte address `addr` (bits [1:0]
-ignored), `w_en` writes `w_data` at the clock edge; `r_en` latches the register
-into `r_data` at the clock edge, so data is valid the cycle after `r_en` and holds
-until the next read. Unmapped addresses read 0; writes to read-only registers or
-unmapped addresses are ignored. A register narrower than 32 bits keeps only its low
+Bus (single master): byte address `addr` (bits [1:0] ignored), `w_en` writes `w_data`
+at the clock edge; `r_en` starts a read, and `r_valid` strobes for one cycle when its
+`r_data` is there, which then holds until the next read. A read of any register but a
+counter takes one cycle, a counter's up to one round of the counters' sequencer (below:
+at most `Csr.MAX_READ_CYCLES`). One read at a time: an `r_en` while a read waits
+replaces it. Unmapped addresses read 0; writes to read-only registers or unmapped
+addresses are ignored. A register narrower than 32 bits keeps only its low
 bits; the driver validates values with NicParams before writing.
 
 Counters: one `inc_<name>` strobe per counter adds 1 per cycle it is high
@@ -35,11 +37,12 @@ Counter storage. 37 registers of 32 bits, each with its own saturating adder and
 32-bit values live in LUT RAM instead: each counter keeps only a small `pending` count
 of its increments since its last visit, and a sequencer visits one counter per cycle,
 round robin, adding its pending count into the RAM word (read, add, saturate, write:
-one cycle). A read returns sat(word + pending), and saturation commutes with the
-flush (sat(sat(a) + b) = sat(a + b) for a, b >= 0), so every read gives exactly the
-value the registers gave, in the same cycle. A clear (and a reset: the RAM has none)
-sets a `cleared` flag per counter, the stale word is then ignored, and the next visit
-writes the pending count alone.
+one cycle). A read of a counter waits for the counter's visit and returns the value the
+visit writes, sat(word + pending): the counter's value in that cycle, as its register
+gave it. (A read in its own cycle needed a second read port on the RAM, a second
+saturating adder and a second pending-count select: about 300 LUTs of the 25F.) A
+clear (and a reset: the RAM has none) sets a `cleared` flag per counter, the stale word
+is then ignored, and the next visit writes the pending count alone.
 Pending counts are wide enough for one round: n_counters x the counter's step.
 
 Reads. Every register but the counters is read from one block RAM image of the map
@@ -49,15 +52,16 @@ words), its low half the same, and a configuration write goes to the low half as
 to the register, masked to the register's width. A register written since reset reads
 from the low half, one not written from the high half (a `written` bit per
 configuration register), so a reset that leaves the RAM as it was still reads the reset
-values. The RAM's read port has the bus's latency, one cycle; a read of a counter takes
-the counter's value then, and `r_data` shows one or the other (before the first read it
-is the RAM's output register: undefined, not 0).
+values. The RAM's read port has a latency of one cycle; `r_data` shows its output or
+the counter value a read took (before the first read it is the RAM's output register:
+undefined, not 0).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 from amaranth import Array, Cat, Module, Mux, Signal, Value
 from amaranth.lib import wiring
@@ -283,7 +287,8 @@ def render_markdown(p: NicParams | None = None) -> str:
         "`tests/hw/test_csr.py` checks that this file equals it. Reset values are those of",
         "the default `NicParams()`.",
         "",
-        "Bus: byte addresses, 32-bit registers; `r_data` is valid the cycle after `r_en`.",
+        "Bus: byte addresses, 32-bit registers; `r_data` is valid when `r_valid` strobes:",
+        "the cycle after `r_en`, or for a counter within one round of the counters.",
         "Unmapped addresses read 0 and ignore writes. Counters saturate at 0xFFFFFFFF and",
         "never wrap; writing 1 to `ctrl` bit 0 clears them all. Each block starts with",
         "type, version and the offset of the next block (0: last), so the driver discovers",
@@ -322,8 +327,9 @@ class Csr(wiring.Component):
     """The register bank. Ports: the bus, one output per configuration field, one
     `inc_<counter>` strobe per counter (see the module docstring)."""
 
-    LATENCY = 1  # r_en to r_data
     MODEL = NicModel  # its counters, and NicParams for the configuration
+    # r_en to r_valid at most: a counter's read waits for its visit (one per counter)
+    MAX_READ_CYCLES = len(ALL_COUNTERS) + len(HOST_COUNTERS)
 
     def __init__(self, p: NicParams, addressing: ubt.Addressing = DEFAULT_ADDRESSING) -> None:
         self.p = p
@@ -336,6 +342,7 @@ class Csr(wiring.Component):
             "w_data": In(32),
             "r_en": In(1),
             "r_data": Out(32),
+            "r_valid": Out(1),
         }
         for port, width in config_ports(p).items():
             members[port] = Out(width)
@@ -376,11 +383,11 @@ class Csr(wiring.Component):
                     m.d.sync += reg.eq(self.w_data[: r.width])
                 m.d.comb += getattr(self, r.port)[r.lsb : r.lsb + r.width].eq(reg)
 
-        counter_value = self._counters(m, clear, word)
-        self._reads(m, word, counter_value)
+        visit = self._counters(m, clear)
+        self._reads(m, word, visit)
         return m
 
-    def _reads(self, m: Module, word: Value, counter_value: Value) -> None:
+    def _reads(self, m: Module, word: Value, visit: SimpleNamespace) -> None:
         """Reads (module docstring, "Reads"): counters from their storage, everything
         else from the block RAM image, whose configuration words follow the writes."""
         config = [r for r in self.regs if r.kind == "config"]
@@ -409,10 +416,21 @@ class Csr(wiring.Component):
             rd.en.eq(self.r_en),
             rd.addr.eq(Cat(word, ~(hit & written).any())),
         ]
+        # a counter's read takes the value its visit writes (now, or when the visit comes)
         counted = Signal()  # the last read was a counter's
+        waiting, want = Signal(), Signal.like(visit.index)
         held = Signal(32)
+        is_counter = self._is_counter(word)
+        take = Mux(self.r_en, is_counter & (visit.index == self._counter_index(word)),
+                   waiting & (visit.index == want))  # fmt: skip
         with m.If(self.r_en):
-            m.d.sync += [counted.eq(self._is_counter(word)), held.eq(counter_value)]
+            m.d.sync += [counted.eq(is_counter), want.eq(self._counter_index(word))]
+        m.d.sync += [
+            waiting.eq(Mux(self.r_en, is_counter, waiting) & ~take),
+            self.r_valid.eq((self.r_en & ~is_counter) | take),
+        ]
+        with m.If(take):
+            m.d.sync += held.eq(visit.value)
         m.d.comb += self.r_data.eq(Mux(counted, held, rd.data))
 
     def _counter_runs(self) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -424,14 +442,19 @@ class Csr(wiring.Component):
         """Whether `word` addresses a counter: the two blocks' runs of words."""
         return Cat((word >= a) & (word < a + n) for a, n in self._counter_runs()).any()
 
-    def _counters(self, m: Module, clear: Value, word: Value) -> Value:
-        """The counter bank (module docstring, "Counter storage"): returns the value of
-        the counter that `word` addresses (any counter's, if it addresses another)."""
+    def _counter_index(self, word: Value) -> Value:
+        """The storage index of the counter at `word` (out of range: don't care)."""
+        (first, _), (host_first, _) = self._counter_runs()
+        in_host = word >= host_first
+        return Mux(in_host, word - host_first + len(ALL_COUNTERS), word - first)
+
+    def _counters(self, m: Module, clear: Value) -> SimpleNamespace:
+        """The counter bank (module docstring, "Counter storage"): returns the visit of
+        this cycle, its counter's `index` and the `value` it writes."""
         n = len(self.counted)
         # made here, so the bank can be elaborated more than once; tests preload it
         m.submodules.store = store = self.store = Memory(shape=32, depth=n, init=[])
         flush_rd = store.read_port(domain="comb")
-        bus_rd = store.read_port(domain="comb")
         wr = store.write_port()
         pending = Array(self.pending)
         cleared = Signal(n, init=(1 << n) - 1)  # a reset clears too: RAM has no reset
@@ -459,22 +482,7 @@ class Csr(wiring.Component):
         with m.Else():
             m.d.sync += cleared.bit_select(visit, 1).eq(0)
 
-        index = Signal(range(n))  # the addressed counter (out of range: don't care)
-        value = Signal(32, name="counter_value")  # once, not in every counter's case
-        (first, _), (host_first, _) = self._counter_runs()
-        in_host = word >= host_first
-        m.d.comb += [
-            index.eq(
-                Mux(
-                    in_host,
-                    word - host_first + len(ALL_COUNTERS),
-                    word - first,
-                )
-            ),
-            bus_rd.addr.eq(index),
-            value.eq(_value(bus_rd.data, pending[index], cleared.bit_select(index, 1))),
-        ]
-        return value
+        return SimpleNamespace(index=visit, value=wr.data)
 
 
 def _value(word: Value, pending: Value, cleared: Value) -> Value:

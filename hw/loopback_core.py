@@ -33,7 +33,7 @@ class LoopbackCore(wiring.Component):
             "host_o": Out(stream.Signature(OUT_LAYOUT)),
             "net_rx": In(frame_stream(NET_BYTES)), "net_tx": Out(frame_stream(NET_BYTES)),
             "csr_addr": In(addr_bits(p)), "csr_w_en": In(1), "csr_w_data": In(32),
-            "csr_r_en": In(1), "csr_r_data": Out(32), "tick": In(1),
+            "csr_r_en": In(1), "csr_r_data": Out(32), "csr_r_valid": Out(1), "tick": In(1),
             "adapter_counts": In(len(ADAPTER_COUNTERS)),  # not counted here
         })  # fmt: skip
 
@@ -46,6 +46,7 @@ class LoopbackCore(wiring.Component):
         ]
         ticks = Signal(32)
         m.d.sync += ticks.eq(ticks + self.tick)
+        m.d.sync += self.csr_r_valid.eq(self.csr_r_en)
         with m.If(self.csr_r_en):
             m.d.sync += self.csr_r_data.eq(ticks)
         op, n, e = Signal(32), Signal(32), Signal(8)

@@ -150,6 +150,7 @@ class NicCore(wiring.Component):
                 "csr_w_data": In(32),
                 "csr_r_en": In(1),
                 "csr_r_data": Out(32),
+                "csr_r_valid": Out(1),
                 # a board's host adapter's events, a strobe per ADAPTER_COUNTERS name
                 # (its shell brings them into this domain), counted in the host block
                 "adapter_counts": In(len(host_port.ADAPTER_COUNTERS)),
@@ -220,6 +221,7 @@ class NicCore(wiring.Component):
             csr.w_data.eq(self.csr_w_data),
             csr.r_en.eq(self.csr_r_en),
             self.csr_r_data.eq(csr.r_data),
+            self.csr_r_valid.eq(csr.r_valid),
             *(getattr(csr, f"inc_{name}").eq(self.adapter_counts[j])
               for j, name in enumerate(HOST_COUNTERS)),
         ]  # fmt: skip

@@ -27,7 +27,6 @@ from amaranth.lib.wiring import In, Out
 
 from optireduce.hw.board_frames import Narrow, Widen
 from optireduce.hw.clock_crossing import CsrCrossing, StreamCrossing, csr_bus
-from optireduce.hw.csr import Csr
 from optireduce.hw.host_adapter import CMD_LAYOUT, OUT_LAYOUT, HostAdapter
 from optireduce.hw.skid import Skid
 from optireduce.hw.streams import float_layout, frame_layout, frame_stream
@@ -98,13 +97,12 @@ class NicShell(wiring.Component):
         buffered("b_host_o", OUT_LAYOUT, h_out.o, host.host_o)
 
         # register bus
-        m.submodules.x_csr = csr = CsrCrossing(
-            host.csr_addr_bits, core_latency=Csr.LATENCY, core_domain=c
-        )
+        m.submodules.x_csr = csr = CsrCrossing(host.csr_addr_bits, core_domain=c)
         m.d.comb += [
             *csr_bus(host, csr),
             host.csr_done.eq(csr.done),
             *csr_bus(csr, core, slave_prefix="csr_"),
+            csr.csr_r_valid.eq(core.csr_r_valid),
         ]
 
         # network port: 8-byte beats cross

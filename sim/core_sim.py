@@ -27,6 +27,7 @@ from amaranth.sim import Simulator
 
 from optireduce import host_port
 from optireduce.host.model.nic_model import EXP_COUNTERS
+from optireduce.hw.csr import Csr
 from optireduce.hw.nic_core import NicCore
 from optireduce.sim.replay import (
     ALL_NIC_COUNTERS,
@@ -172,7 +173,12 @@ def replay_traces(
             ctx.set(dut.csr_r_en, 1)
             await ctx.tick()
             ctx.set(dut.csr_r_en, 0)
-            await ctx.tick()
+            for _ in range(Csr.MAX_READ_CYCLES):  # a counter's read waits for its visit
+                if ctx.get(dut.csr_r_valid):
+                    break
+                await ctx.tick()
+            else:
+                raise CoreSimError(f"no csr_r_valid for {name} in {Csr.MAX_READ_CYCLES} cycles")
             into = res.exp_counters if name in EXP_COUNTERS else res.counters
             into[name] = ctx.get(dut.csr_r_data)
         res.counters["host_malformed"] = ev.host_malformed

@@ -47,6 +47,10 @@ struct Error : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
+// cycles a register read may wait for csr_r_valid: far above one round of the bank's
+// counters (hw/csr.py, Csr.MAX_READ_CYCLES)
+constexpr int kCsrReadBound = 1024;
+
 struct Cmd {
     uint32_t op_id, n;
     int32_t exponent;
@@ -196,7 +200,15 @@ class Core {
         top_->csr_r_en = 1;
         cycle();
         top_->csr_r_en = 0;
-        return top_->csr_r_data;  // valid the cycle after r_en
+        // a register's data comes the cycle after r_en, a counter's when the bank's
+        // sequencer visits it (one round of its counters at most: hw/csr.py)
+        for (int k = 0; !top_->csr_r_valid; k++) {
+            if (k >= kCsrReadBound)
+                throw Error("no csr_r_valid for register " + std::to_string(addr) +
+                            " within " + std::to_string(kCsrReadBound) + " cycles");
+            cycle();
+        }
+        return top_->csr_r_data;
     }
     uint64_t now() const { return top_->now; }
     bool idle() const { return top_->idle; }

@@ -56,7 +56,11 @@ async def read(ctx, dut: Csr, offset: int) -> int:
     ctx.set(dut.r_en, 1)
     await ctx.tick()
     ctx.set(dut.r_en, 0)
-    return ctx.get(dut.r_data)  # one cycle after r_en
+    for _ in range(Csr.MAX_READ_CYCLES):  # a counter's read waits for its visit
+        if ctx.get(dut.r_valid):
+            return ctx.get(dut.r_data)
+        await ctx.tick()
+    raise AssertionError(f"no r_valid for 0x{offset:X} in {Csr.MAX_READ_CYCLES} cycles")
 
 
 def test_docs_registers_md_is_the_rendered_map():
@@ -292,11 +296,13 @@ def test_counters_count_saturate_and_clear():
     simulate(dut, bench)
 
 
-def test_counters_read_every_cycle_while_counting_and_clearing():
-    """After a reset the counters read 0 whatever their RAM held. Then they are read back in
-    every cycle of a random strobe pattern, with clears at random moments, near-saturated
-    starts and bursts on one counter: each read is the sum of the increments of the
-    cycles before it since the last clear, saturated (summed here)."""
+def test_counters_read_while_counting_and_clearing():
+    """After a reset the counters read 0 whatever their RAM held. Then they are read back
+    one after another under a random strobe pattern, with clears at random moments (also
+    while a read waits), near-saturated starts, bursts on one counter and reads that
+    replace a waiting one: each read's value, when `r_valid` says it is there, is the sum of
+    the increments of the cycles before that since the last clear, saturated (summed
+    here), and no read waits longer than Csr.MAX_READ_CYCLES."""
     p = NicParams(p=16, b=64, c=256, n_max=64)  # exp_missing adds up to 63 a cycle
     dut = Csr(p)
     regs = [r for b in register_map(p) for r in b.regs]
@@ -304,6 +310,7 @@ def test_counters_read_every_cycle_while_counting_and_clearing():
     offs += [r.offset for r in regs if r.kind == "adapter"]  # the host block's, stored after
     counted = (*ALL_COUNTERS, *HOST_COUNTERS)
     ctrl = next(r.offset for r in register_map(p)[0].regs if r.kind == "ctrl")
+    cfg = next(r for r in regs if r.kind == "config" and r.reset != 0)
     rng = np.random.default_rng(11)
     n = len(counted)
     steps = [counter_step(p, name) if name in ALL_COUNTERS else 1 for name in counted]
@@ -319,8 +326,9 @@ def test_counters_read_every_cycle_while_counting_and_clearing():
         for j, v in start.items():
             ctx.set(dut.store.data[j], v)
         expect = [start.get(j, 0) for j in range(n)]
-        clears = saturated = 0
-        for cycle in range(3000):
+        clears = saturated = reads = replaced = slowest = 0
+        inflight, age, plain_due, plains, rest = None, 0, False, 0, 0
+        for cycle in range(8000):
             burst = int(rng.integers(n)) if cycle % 200 < 60 else None  # one counter, every cycle
             incs = [
                 int(rng.integers(1, steps[j] + 1)) if j == burst or rng.random() < 0.15 else 0
@@ -328,21 +336,42 @@ def test_counters_read_every_cycle_while_counting_and_clearing():
             ]
             for j, name in enumerate(counted):
                 ctx.set(getattr(dut, f"inc_{name}"), incs[j])
-            j = int(rng.integers(n))
-            clear = cycle > 300 and rng.random() < 0.01
-            ctx.set(dut.addr, ctrl if clear else offs[j])
+            # the near-saturated ones half the time, until the clears begin
+            near = cycle < 2000 and rng.random() < 0.5
+            j = int(rng.choice(list(start))) if near else int(rng.integers(n))
+            clear = cycle > 2000 and rng.random() < 0.01
+            # (after a plain read the bus may rest: no counter read follows at once)
+            issue = not clear and cycle >= rest and (inflight is None or rng.random() < 0.02)
+            plain = issue and rng.random() < 0.1  # a register, not a counter: one cycle
+            ctx.set(dut.addr, ctrl if clear else (cfg.offset if plain else offs[j]))
             ctx.set(dut.w_data, 1)
             ctx.set(dut.w_en, int(clear))
-            ctx.set(dut.r_en, int(not clear))
+            ctx.set(dut.r_en, int(issue))
+            if issue:
+                replaced += inflight is not None
+                inflight, age = (None if plain else j), 0
+                plain_due = plain
             await ctx.tick()
-            if not clear:
-                assert ctx.get(dut.r_data) == min(expect[j], TOP), (cycle, counted[j])
-                saturated += expect[j] >= TOP
-            else:
+            age += 1
+            if plain_due:
+                assert ctx.get(dut.r_valid) and ctx.get(dut.r_data) == cfg.reset, cycle
+                plain_due, plains = False, plains + 1
+                rest = cycle + int(rng.integers(0, 2 * n))
+            elif ctx.get(dut.r_valid):
+                assert inflight is not None, cycle
+                assert ctx.get(dut.r_data) == min(expect[inflight], TOP), (cycle, counted[j])
+                saturated += expect[inflight] >= TOP
+                reads += 1
+                slowest = max(slowest, age)
+                inflight = None
+            assert age <= Csr.MAX_READ_CYCLES or inflight is None, (cycle, age)
+            if clear:
                 clears += 1
                 expect = [0] * n
             expect = [e + i for e, i in zip(expect, incs, strict=True)]
-        assert clears >= 10 and saturated >= 10
+        assert clears >= 10 and saturated >= 10 and replaced >= 10 and reads >= 150
+        assert plains >= 10
+        assert slowest >= Csr.MAX_READ_CYCLES - 3  # a whole round is waited, not only bounded
 
     simulate(dut, bench)
 

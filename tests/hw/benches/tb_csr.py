@@ -7,7 +7,7 @@ import random
 
 import cocotb
 from cocotb.clock import Clock
-from cocotb.triggers import RisingEdge
+from cocotb.triggers import ReadOnly, RisingEdge
 
 from optireduce.counters import COUNTERS
 from optireduce.hw.csr import (
@@ -18,6 +18,7 @@ from optireduce.hw.csr import (
     TYPE_NIC,
     TYPE_PEERS,
     VERSION,
+    Csr,
     host_block_base,
     register_map,
     walk,
@@ -41,8 +42,14 @@ class Bus:
         d.addr.value, d.r_en.value = addr, 1
         await RisingEdge(d.clk)
         d.r_en.value = 0
-        await RisingEdge(d.clk)
-        return int(d.r_data.value)
+        for _ in range(Csr.MAX_READ_CYCLES):  # a counter's read waits for its visit
+            await ReadOnly()
+            if int(d.r_valid.value):
+                value = int(d.r_data.value)
+                await RisingEdge(d.clk)
+                return value
+            await RisingEdge(d.clk)
+        raise AssertionError(f"no r_valid for 0x{addr:X} in {Csr.MAX_READ_CYCLES} cycles")
 
 
 @cocotb.test()
