@@ -87,8 +87,10 @@ class CsrCrossing(wiring.Component):
     (`core_domain`). An access (one cycle of `r_en` or `w_en` with addr and data) is
     applied to the bank as one cycle there; `done` strobes when it has come back, with
     `r_data` (a read's data; 0 for a write): a write the cycle after it was applied, a
-    read when the bank's `csr_r_valid` strobes. One access at a time: the next waits for
-    `done`. Port names are those of the core's bus (csr_*)."""
+    read when the bank's `csr_r_valid` strobes (hw/csr.py: within Csr.MAX_READ_CYCLES,
+    its counters' sequencer never stops; both domains leave reset together on every
+    board). One access at a time: the next waits for `done`. Port names are those of
+    the core's bus (csr_*)."""
 
     def __init__(self, addr_bits: int, *, domain: str = "sync", core_domain: str = "core"
                  ) -> None:  # fmt: skip

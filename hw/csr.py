@@ -40,7 +40,7 @@ round robin, adding its pending count into the RAM word (read, add, saturate, wr
 one cycle). A read of a counter waits for the counter's visit and returns the value the
 visit writes, sat(word + pending): the counter's value in that cycle, as its register
 gave it. (A read in its own cycle needed a second read port on the RAM, a second
-saturating adder and a second pending-count select: about 300 LUTs of the 25F.) A
+saturating adder and a second pending-count select: 541 LUTs of the 25F, packed.) A
 clear (and a reset: the RAM has none) sets a `cleared` flag per counter, the stale word
 is then ignored, and the next visit writes the pending count alone.
 Pending counts are wide enough for one round: n_counters x the counter's step.

@@ -5,13 +5,13 @@ and ticks). Interface: docs/nic_core.md (ports, host-port words, STATS record, i
 
 Data path, in the order the data flows (elaborate() reads the same way):
 
-  host_cmd/host_i ─► encoder ─► scatter packetizer ─┬─► frames ───────────────► net_tx
-                                                    └─► own packets ─► aggregator (OWN, START)
+  host_cmd/host_i ─► encoder ─► packetizer (source 0) ┬─► frames ─────────────► net_tx
+                                                     └─► own packets ─► aggregator (OWN, START)
   net_rx ─► parser ─► op checks 27/28 ─┬─ SCATTER ─► aggregator (+ payload)
                                        └─ GATHER  ─► aggregator (peer progress)
                                                        └► tracker verdict ─► gather buffer
   aggregator ─┬─ phase-1 ends ─► tracker (PHASE1_END, in the tracker's event FIFO)
-              └─ means ─┬─► gather packetizer ─► net_tx
+              └─ means ─┬─► packetizer (source 1) ─► net_tx
                         └─► gather buffer (own slots)
   tracker phase-2 end ─► drain queue ─► decoder (DRAIN) ─► host_o: n results, STATS record
   counters ─► CSR bank (every name of nic_model.COUNTERS)

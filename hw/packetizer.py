@@ -17,9 +17,16 @@ replay a slot per destination. The buffer is 2*lanes elements wide, so a frame (
 bytes + 4P) leaves at 8*lanes bytes per cycle, twice the input rate: with P = 256 the
 frame of one packet takes about 140 cycles while the next packet takes 256 to arrive.
 
+Sources (`sources` > 1): several input sides (op context, set-up, ping-pong buffer, own
+packets each) share one output side, which takes at each frame's start the first source,
+in index order, with a packet waiting. A gather slot's N - 1 frames keep their place
+(the next destination) while another source's frames go between them. The NIC core has
+two: the scatter packets (0) and the means (1), one frame builder for both.
+
 Op context (msg_type, rank, world, job_id, op_id, exponent, op_len, t_c_us, reserved) is latched
-when the op's first beat is offered; the op takes one idle cycle there, then runs at one
-beat per cycle. An op has packets_for(op_len) packets (scatter) or the slots of this rank
+when the op's first beat is offered, once the op before has sent its last packet (its
+frames read these fields from the context); the op takes one idle cycle there, then runs
+at one beat per cycle. An op has packets_for(op_len) packets (scatter) or the slots of this rank
 (gather); `first`/`last` of `i` are not needed. Preconditions: 2 <= world <= n_max,
 rank < world, 1 <= op_len <= C.
 """
@@ -63,8 +70,10 @@ class Packetizer(wiring.Component):
     """UBT frame builder for both phases of an op (see the module docstring).
 
     Ports: `i` element_stream(32, lanes) in; `o` frame_stream(8 * lanes) out, with `dst`
-    (destination rank of the frame on `o`, valid with o.valid, stable through the frame);
-    `own` element_stream(32, lanes) out with `own_index` (scatter: this rank's own packets).
+    (destination rank of the frame on `o`, valid with o.valid, stable through the frame)
+    and `src` (its source, likewise); `own` element_stream(32, lanes) out with `own_index`
+    (scatter: this rank's own packets). With `sources` > 1 the input ports (i, own,
+    own_index and the op context's) are per source, `sources[j]`.
     """
 
     def __init__(self, p: NicParams, addressing: ubt.Addressing = ubt.DEFAULT_ADDRESSING,

@@ -61,7 +61,9 @@ def test_stream_crossing_keeps_every_beat_in_order(w_domain, r_domain, skid_doma
 def test_csr_crossing_reaches_the_bank_and_returns_each_access():
     """Writes and reads through the crossing to a Csr in `core`: a read returns the
     register map's reset value, or the last value written (masked to the register's
-    width); write-only, read-only and unmapped addresses behave as the map says."""
+    width), a counter the count its strobes made (each counter a different one, so a
+    read answered early or for another counter is wrong); write-only, read-only and
+    unmapped addresses behave as the map says; every access comes back exactly once."""
     p = NicParams(n_max=8, p=16, b=64, c=256)
     regs = [r for blk in register_map(p) for r in blk.regs]
     csr = Csr(p)
@@ -85,9 +87,27 @@ def test_csr_crossing_reaches_the_bank_and_returns_each_access():
         else:
             accesses.append((r.offset, None))
     accesses += [(config[0].offset, 0xFFFFFFFF), (config[0].offset, None)]
+    counters = [r for r in regs if r.kind == "counter"]
+    counts = {r.offset: 3 + k for k, r in enumerate(counters)}  # strobe cycles
+    expect.update(counts)
+    accesses += [(r.offset, None) for r in rng.sample(counters, 12)]
+    rng.shuffle(accesses)
     got, want = [], []
+    counted = []
+
+    async def strobes(ctx):  # in core: each counter strobed its own number of cycles
+        for cycle in range(max(counts.values())):
+            for r in counters:
+                ctx.set(getattr(csr, f"inc_{r.name}"), int(cycle < counts[r.offset]))
+            await ctx.tick("core")
+        for r in counters:
+            ctx.set(getattr(csr, f"inc_{r.name}"), 0)
+        await ctx.tick("core").repeat(2)
+        counted.append(True)
 
     async def host(ctx):
+        while not counted:
+            await ctx.tick()
         for addr, value in accesses:
             ctx.set(x.addr, addr)
             ctx.set(x.w_data, value or 0)
@@ -103,7 +123,9 @@ def test_csr_crossing_reaches_the_bank_and_returns_each_access():
             else:
                 raise AssertionError(f"access to {addr:#x} did not come back")
             got.append(ctx.get(x.r_data))
-            await ctx.tick()
+            for _ in range(3 * Csr.MAX_READ_CYCLES):  # and no second answer
+                await ctx.tick()
+                assert not ctx.get(x.done), f"access to {addr:#x} came back twice"
             if value is not None:
                 r = by_offset[addr]
                 if r.access == "RW":
@@ -113,7 +135,9 @@ def test_csr_crossing_reaches_the_bank_and_returns_each_access():
                 want.append(expect.get(addr, 0))
 
     sim = two_clock_sim(x, bank_in_core)
+    sim.add_testbench(strobes)
     sim.add_testbench(host)
     sim.run()
     assert got == want
     assert any(w not in (0,) for w in want)  # the reads saw real register values
+    assert sum(a in counts and v is None for a, v in accesses) >= 12

@@ -359,7 +359,8 @@ def test_counters_read_while_counting_and_clearing():
                 rest = cycle + int(rng.integers(0, 2 * n))
             elif ctx.get(dut.r_valid):
                 assert inflight is not None, cycle
-                assert ctx.get(dut.r_data) == min(expect[inflight], TOP), (cycle, counted[j])
+                want = min(expect[inflight], TOP)
+                assert ctx.get(dut.r_data) == want, (cycle, counted[inflight])
                 saturated += expect[inflight] >= TOP
                 reads += 1
                 slowest = max(slowest, age)

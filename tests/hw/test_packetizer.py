@@ -94,16 +94,17 @@ def make_op(p: NicParams, rng: np.random.Generator, *, gather: bool, world: int,
 @dataclass
 class Result:
     frames: list = field(default_factory=list)  # (dst, bytes)
-    own: list = field(default_factory=list)  # (index, values)
+    srcs: list = field(default_factory=list)  # the source of each frame
+    own: list = field(default_factory=list)  # (index, values) of source 0
+    own_by_source: list = field(default_factory=list)
     in_cycles: list = field(default_factory=list)
     out_cycles: list = field(default_factory=list)
 
 
-def simulate(dut: Packetizer, ops: list[Op], *, idle: float = 0.0, bp: float = 0.0,
-             bp_own: float = 0.0, seed: int = 0) -> Result:  # fmt: skip
-    """Drive the ops' beats into `i` (context ports set with each op), drain `o` and `own`."""
+def _feed(dut: Packetizer, ops: list[Op]) -> list:
+    """(ports, payload) of every input beat of the ops, in order."""
     L, beats = dut.lanes, dut.beats
-    feed = []  # (ports, payload)
+    feed = []
     for op in ops:
         for row, vals in enumerate(op.values):
             ports = op.ports(int(op.counts[row]) if op.gather else 0)
@@ -115,60 +116,76 @@ def simulate(dut: Packetizer, ops: list[Op], *, idle: float = 0.0, bp: float = 0
                 pl = {"data": data, "first": int(b == 0 and first_pk),
                       "last": int(b == beats - 1 and last_pk)}  # fmt: skip
                 feed.append((ports, pl))
-    want_frames = sum(len(op.frames()) for op in ops)
-    want_own = sum(len(op.own()) for op in ops)
-    res = Result()
+    return feed
+
+
+def simulate(dut: Packetizer, ops: list[Op], *, idle: float = 0.0, bp: float = 0.0,
+             bp_own: float = 0.0, seed: int = 0, by_source: list[list[Op]] | None = None
+             ) -> Result:  # fmt: skip
+    """Drive the ops' beats into `i` (context ports set with each op), drain `o` and `own`.
+    A packetizer of several sources takes `by_source`, each source's ops, instead."""
+    srcs = [dut] if dut.n_sources == 1 else list(dut.sources)
+    by_source = [ops] if by_source is None else by_source
+    feeds = [_feed(dut, o) for o in by_source]
+    want_frames = sum(len(op.frames()) for o in by_source for op in o)
+    want_own = [sum(len(op.own()) for op in o) for o in by_source]
+    res = Result(own_by_source=[[] for _ in srcs])
+    res.own = res.own_by_source[0]
     rng = random.Random(seed)
-    limit = 200 * (len(feed) + want_frames * dut.frame_beats) + 1000
+    limit = 200 * (sum(map(len, feeds)) + want_frames * dut.frame_beats) + 1000
 
     async def bench(ctx):
-        k, ports_set = 0, None
-        frame, frame_dst = bytearray(), None
-        own_pkt, own_idx = [], None
+        ks, ports_set = [0] * len(srcs), [None] * len(srcs)
+        frame, frame_dst, frame_src = bytearray(), None, None
+        own_pkt, own_idx = [[] for _ in srcs], [None] * len(srcs)
         for cycle in range(limit):
-            if len(res.frames) == want_frames and len(res.own) == want_own and k == len(feed):
+            if (len(res.frames) == want_frames and ks == [len(f) for f in feeds]
+                    and [len(x) for x in res.own_by_source] == want_own):  # fmt: skip
                 return
-            offer = k < len(feed) and not (idle and rng.random() < idle)
-            ctx.set(dut.i.valid, offer)
-            if offer:
-                ports, payload = feed[k]
-                if ports is not ports_set:
-                    for name, v in ports.items():
-                        ctx.set(getattr(dut, name), v)
-                    ports_set = ports
-                ctx.set(dut.i.payload, payload)
+            for j, (src, feed) in enumerate(zip(srcs, feeds, strict=True)):
+                offer = ks[j] < len(feed) and not (idle and rng.random() < idle)
+                ctx.set(src.i.valid, offer)
+                if offer:
+                    ports, payload = feed[ks[j]]
+                    if ports is not ports_set[j]:
+                        for name, v in ports.items():
+                            ctx.set(getattr(src, name), v)
+                        ports_set[j] = ports
+                    ctx.set(src.i.payload, payload)
+                own_ready = not (bp_own and rng.random() < bp_own)
+                ctx.set(src.own.ready, own_ready)
+                if offer and ctx.get(src.i.ready):
+                    res.in_cycles.append(cycle)
+                    ks[j] += 1
+                if own_ready and ctx.get(src.own.valid):
+                    pl = ctx.get(src.own.payload)
+                    idx = ctx.get(src.own_index)
+                    assert bool(pl.first) == (len(own_pkt[j]) == 0), "own first flag"
+                    assert own_idx[j] in (None, idx), "own_index changed inside a packet"
+                    own_idx[j] = idx
+                    own_pkt[j] += [int(v) for v in pl.data]
+                    assert bool(pl.last) == (len(own_pkt[j]) == dut.p.p), "own last flag"
+                    if pl.last:
+                        res.own_by_source[j].append((own_idx[j], own_pkt[j]))
+                        own_pkt[j], own_idx[j] = [], None
             o_ready = not (bp and rng.random() < bp)
-            own_ready = not (bp_own and rng.random() < bp_own)
             ctx.set(dut.o.ready, o_ready)
-            ctx.set(dut.own.ready, own_ready)
-            if offer and ctx.get(dut.i.ready):
-                res.in_cycles.append(cycle)
-                k += 1
             if o_ready and ctx.get(dut.o.valid):
                 res.out_cycles.append(cycle)
                 pl = ctx.get(dut.o.payload)
-                d = ctx.get(dut.dst)
+                d, sj = ctx.get(dut.dst), ctx.get(dut.src)
                 assert frame_dst in (None, d), "dst changed inside a frame"
-                frame_dst = d
+                assert frame_src in (None, sj), "src changed inside a frame"
+                frame_dst, frame_src = d, sj
                 keep = int(pl.keep)
                 assert pl.last or keep == (1 << dut.nbytes) - 1, "keep not full before last"
                 frame += bytes(int(pl.data[j]) for j in range(dut.nbytes) if keep >> j & 1)
                 if pl.last:
                     res.frames.append((frame_dst, bytes(frame)))
-                    frame, frame_dst = bytearray(), None
-            if own_ready and ctx.get(dut.own.valid):
-                pl = ctx.get(dut.own.payload)
-                idx = ctx.get(dut.own_index)
-                assert bool(pl.first) == (len(own_pkt) == 0), "own first flag"
-                assert own_idx in (None, idx), "own_index changed inside a packet"
-                own_idx = idx
-                own_pkt += [int(v) for v in pl.data]
-                assert bool(pl.last) == (len(own_pkt) == dut.p.p), "own last flag"
-                if pl.last:
-                    res.own.append((own_idx, own_pkt))
-                    own_pkt, own_idx = [], None
+                    res.srcs.append(frame_src)
+                    frame, frame_dst, frame_src = bytearray(), None, None
             await ctx.tick()
-        raise TimeoutError(f"{k}/{len(feed)} beats in, {len(res.frames)}/{want_frames} frames")
+        raise TimeoutError(f"{ks} beats in, {len(res.frames)}/{want_frames} frames")
 
     run_sim(dut, bench)
     return res
@@ -251,6 +268,37 @@ def test_lanes(lanes):
     ]
     res = simulate(Packetizer(p), ops, idle=0.3, bp=0.3, bp_own=0.3, seed=lanes)
     check(res, ops)
+
+
+@pytest.mark.parametrize(("world", "rank", "mixed"), [(8, 3, False), (3, 0, False), (5, 4, True),
+                                                   (2, 1, True)])  # fmt: skip
+def test_two_sources_share_one_output_side(world, rank, mixed):
+    """A packetizer of two sources (the core's: scatter on 0, gather on 1; or both kinds
+    on each): each source's frames and own packets are its model's, in order, tagged with
+    its `src`; and the other source's frames come between the N - 1 frames of a gather
+    slot (its replay keeps its place while they go out)."""
+    rng = np.random.default_rng(world * 13 + rank)
+    p = SMALL
+
+    def ops(gather: bool) -> list[Op]:
+        kinds = [gather, not gather, gather] if mixed else [gather] * 3
+        return [make_op(p, rng, gather=g, world=world, rank=rank,
+                        op_len=int(rng.integers(1, p.c + 1))) for g in kinds]  # fmt: skip
+
+    by_source = [ops(False), ops(True)]
+    dut = Packetizer(p, sources=2)
+    res = simulate(dut, [], idle=0.3, bp=0.3, bp_own=0.3, seed=world + 2 * rank,
+                   by_source=by_source)  # fmt: skip
+    for j, src_ops in enumerate(by_source):
+        mine = [f for f, s in zip(res.frames, res.srcs, strict=True) if s == j]
+        check(Result(frames=mine, own=res.own_by_source[j]), src_ops)
+    payload = ubt.L2_L4_LEN + ubt.HEADER_LEN
+    between, last = 0, {}  # the other source's frames inside one slot's replay
+    for k, ((_, f), j) in enumerate(zip(res.frames, res.srcs, strict=True)):
+        if k and res.srcs[k - 1] != j and j in last:
+            between += res.frames[last[j]][1][payload:] == f[payload:]  # the same slot
+        last[j] = k
+    assert between > 0 or world == 2  # at N = 2 a slot goes out once
 
 
 def test_other_addressing():
