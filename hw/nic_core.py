@@ -305,14 +305,17 @@ class NicCore(wiring.Component):
                     f"p{n}_received": blk.end_received}  # fmt: skip
 
         s.rec_words = {
-            "encode": {"sat_quantize": enc.sat_quantize, "sat_transform": enc.sat_transform,
-                       "nonfinite": enc.nonfinite},
             "phase1": ended(agg, 1, "phase1_end_us"),
             "phase2": ended(trk, 2, "end_us"),
+            "encode": {"sat_quantize": enc.sat_quantize, "sat_transform": enc.sat_transform,
+                       "nonfinite": enc.nonfinite},
         }  # fmt: skip
+        bits = {g: {name: len(v) for name, v in ws.items()} for g, ws in s.rec_words.items()}
+        # the writer's order: an owner's end first (it may end again once it has settled)
         s.rec = OpRecords(m, n_ctx, {
-            **{g: {name: len(v) for name, v in ws.items()} for g, ws in s.rec_words.items()},
+            "phase1": bits["phase1"], "phase2": bits["phase2"],
             "tc": {"t_c_phase1_us": tc_bits(p), "t_c_phase2_us": tc_bits(p)},
+            "encode": bits["encode"],
         })  # fmt: skip
 
         s.base = Signal(32)  # oldest op not complete: the window is [base, base + 2K)
@@ -841,8 +844,13 @@ class NicCore(wiring.Component):
         with m.If(h_valid_d):
             m.d.sync += [hist[h_addr_d].eq(dec.hist_data), h_sum.eq(h_sum + dec.hist_data)]
 
-        # the record's words in host_port.STATS_FIELDS order (the one definition)
-        fields, written = s.rec.read(m, d_slot)
+        # the record's words in host_port.STATS_FIELDS order (the one definition); the
+        # op records' row of the word shown
+        rows = [s.rec.place.get(name, (0,))[0] for name in host_port.STATS_FIELDS]
+        row = Signal(range(max(2, s.rec.rows)))
+        m.d.comb += row.eq(Array(Const(r, len(row)) for r in rows)[word])
+        s.rec.read(m, d_slot, row)
+        fields, written = s.rec.fields()
         fields.update(
             op_id=s.c_op[d_slot],
             n=s.c_n[d_slot],
@@ -880,8 +888,8 @@ class NicCore(wiring.Component):
             m.d.sync += s.clr_req.eq(0)
         with m.FSM(name="drain") as s.drain_fsm:
             # an op's t_C words are written once its end's bank is idle (end_strobe): its
-            # record is read after that
-            with m.State("IDLE"), m.If(s.drain_q.r_rdy & ~s.t_end_busy):
+            # record is read after that, once the op records' writer has put it in memory
+            with m.State("IDLE"), m.If(s.drain_q.r_rdy & ~s.t_end_busy & ~s.rec.busy):
                 m.d.comb += s.drain_q.r_en.eq(1)
                 m.d.sync += [d_slot.eq(s.drain_q.r_data), h_addr.eq(1), h_sum.eq(0)]
                 m.next = "MEANS"
