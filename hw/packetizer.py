@@ -140,11 +140,8 @@ class Packetizer(wiring.Component):
         """What a frame needs: its packet's header fields and the op's context."""
         return data.StructLayout(
             {
-                "index": self.w_idx,
-                "dst": self.w_rank,  # scatter: the owner; gather: the first destination
-                "last": 1,
+                **self._packet_layout().members,
                 "gather": 1,
-                "contrib": 16,
                 "rank": self.w_rank,
                 "world": self.w_world,
                 "job_id": 16,
