@@ -420,11 +420,11 @@ class Csr(wiring.Component):
         counted = Signal()  # the last read was a counter's
         waiting, want = Signal(), Signal.like(visit.index)
         held = Signal(32)
-        is_counter = self._is_counter(word)
-        take = Mux(self.r_en, is_counter & (visit.index == self._counter_index(word)),
+        is_counter, index = self._is_counter(word), self._counter_index(word)
+        take = Mux(self.r_en, is_counter & (visit.index == index),
                    waiting & (visit.index == want))  # fmt: skip
         with m.If(self.r_en):
-            m.d.sync += [counted.eq(is_counter), want.eq(self._counter_index(word))]
+            m.d.sync += [counted.eq(is_counter), want.eq(index)]
         m.d.sync += [
             waiting.eq(Mux(self.r_en, is_counter, waiting) & ~take),
             self.r_valid.eq((self.r_en & ~is_counter) | take),

@@ -849,8 +849,7 @@ class NicCore(wiring.Component):
         rows = [s.rec.place.get(name, (0,))[0] for name in host_port.STATS_FIELDS]
         row = Signal(range(max(2, s.rec.rows)))
         m.d.comb += row.eq(Array(Const(r, len(row)) for r in rows)[word])
-        s.rec.read(m, d_slot, row)
-        fields, written = s.rec.fields()
+        fields, written = s.rec.read(m, d_slot, row)
         fields.update(
             op_id=s.c_op[d_slot],
             n=s.c_n[d_slot],

@@ -21,9 +21,9 @@ Contract (the core keeps it; `overrun` says when it was not, sticky):
   group at most once per phase end of an owner, which settles for longer than that.
 - `busy` while any group is pending: a read sees the memory, so the drain reads once
   `busy` is low.
-- a read: `read(m, slot, row)` addresses row `row` of context `slot`, and `fields()`
-  gives every word of that row from the memory's output in the same cycle (an
-  asynchronous read port), and whether its group was written since the clear.
+- a read: `read(m, slot, row)` addresses row `row` of context `slot` and gives every
+  word of that row from the memory's output in the same cycle (an asynchronous read
+  port), and whether its group was written since the clear.
 """
 
 from __future__ import annotations
@@ -122,19 +122,15 @@ class OpRecords:
             self._valid[group].bit_select(slot, 1).eq(1),
         ]
 
-    def read(self, m: Module, slot, row) -> None:
-        """Address row `row` of context `slot` (for `fields`)."""
-        m.d.comb += self._rd.addr.eq(Cat(self._row(row), slot))
-        self._read_slot = slot
-
-    def fields(self) -> tuple[dict, dict]:
-        """Every word of the row `read` addresses, by name (a word of another row reads
+    def read(self, m: Module, slot, row) -> tuple[dict, dict]:
+        """Every word of row `row` of context `slot`, by name (a word of another row reads
         whatever sits at its place), and whether its group was written since the clear
         of the context (the word means 0 if not). The caller gates the one word it
         selects."""
+        m.d.comb += self._rd.addr.eq(Cat(self._row(row), slot))
         words, written = {}, {}
         for g, names in self._groups.items():
-            ok = self._valid[g].bit_select(self._read_slot, 1)
+            ok = self._valid[g].bit_select(slot, 1)
             for name in names:
                 _, off, bits = self.place[name]
                 words[name], written[name] = self._rd.data[off : off + bits], ok

@@ -46,8 +46,7 @@ class _Bench(Elaboratable):
                 rec.write(m, g, self.wr_slot[g], {n: self.val[n] for n in words})
         if self.clear_last:
             clear()
-        rec.read(m, self.rd_slot, self.rd_row)
-        words, written = rec.fields()
+        words, written = rec.read(m, self.rd_slot, self.rd_row)
         # a word reads 0 until its group is written (the core gates the word it selects)
         m.d.comb += [self.out[n].eq(Mux(written[n], v, 0)) for n, v in words.items()]
         m.d.comb += [self.busy.eq(rec.busy), self.overrun.eq(rec.overrun)]
