@@ -133,7 +133,7 @@ class _FrameSender(wiring.Component):
         word = Signal(32)  # the word being sent, loaded from rd_data (BRAM -> FF, no logic)
         hs = Signal()
         m.d.comb += hs.eq(out.i.valid & out.i.ready)
-        # registered at the start and per word (125 MHz): "no words", "this is the last
+        # registered in the header and per word (125 MHz): "no words", "this is the last
         # word", and the read address (base in HEAD, then the next word's: it is out for
         # the whole of this word, >= 4 cycles, so rd_data holds it when the last byte goes)
         empty, last_word = Signal(), Signal()
@@ -146,10 +146,12 @@ class _FrameSender(wiring.Component):
                 m.d.sync += [head_sr.eq(Cat(*head[lo:hi])), f_count.eq(self.count)]
                 m.d.sync += [pos.eq(0), in_fields.eq(lo == 0), widx.eq(0), byte.eq(0)]
                 m.d.sync += rd_addr.eq(self.base)
-                m.d.sync += [empty.eq(self.count == 0), last_word.eq(self.count == 1)]
                 with m.If(self.start):
                     m.next = "HEAD"
             with m.State("HEAD"):
+                # from the loaded count, not the clients' field mux: the first is used 34
+                # header bytes later
+                m.d.sync += [empty.eq(f_count == 0), last_word.eq(f_count == 1)]
                 m.d.comb += [
                     self.busy.eq(1),
                     out.i.valid.eq(1),

@@ -5,7 +5,9 @@ Model: IEEE 802.3 clause 3/4 framing, with `zlib.crc32` as the FCS reference
 one per cycle. The receiver finds the SFD, drops the preamble, folds every byte into
 the FCS register, and writes the frame into a FrameFifo with a 5-byte delay so the 4
 FCS bytes never reach the FIFO and the last data byte can carry `last`. The cycle
-rx_dv falls the frame is judged, in this order:
+rx_dv falls the frame's verdict is registered, and the cycle after it is applied (the
+FIFO's commit or rewind; the CRC compare and the FIFO's pointers do not fit one 125 MHz
+cycle on the 25F-6). The verdicts, in this order:
 
   rx_error   rx_er seen inside the frame, or a preamble without SFD
   rx_runt    fewer than `min_frame` (64) bytes including the FCS
@@ -20,7 +22,7 @@ is drained: 2048 covers 1522-byte frames, 16384 covers 9018-byte jumbo frames.
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Signal
+from amaranth import Cat, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -38,10 +40,10 @@ class FrameFifo(wiring.Component):
     """Byte FIFO with speculative writes: `commit` publishes everything written so far
     (including this cycle's write), `rewind` forgets the uncommitted bytes (and this
     cycle's write). `o` is a registered stream of committed bytes (1 per cycle).
-    `room` says a write this cycle would be kept. It is a register (level < depth - 1 a
-    cycle ago), so it may say no with one byte free, and for one cycle after a read or
-    rewind frees space: at least depth - 1 bytes always fit, and a frame that needed the
-    last byte is now an overflow. `level` counts bytes stored."""
+    `room` says a write this cycle would be kept. It is a register (a cycle ago: level <
+    depth - 1, or level < depth and no write), so it may say no with one byte free after
+    a write, and for one cycle after a read or rewind frees space: at least depth - 1
+    bytes always fit. `level` counts bytes stored."""
 
     def __init__(self, depth: int) -> None:
         assert depth & (depth - 1) == 0, "depth must be a power of two"
@@ -68,20 +70,22 @@ class FrameFifo(wiring.Component):
         rd = mem.read_port(transparent_for=())
         wp, cp, rp = Signal(aw), Signal(aw), Signal(aw)
 
-        # `room` is a register, one byte short of full: a write this cycle always fits
-        # (the level rises by at most one a cycle), and the pointers' subtract and compare
-        # are not in front of the writer's logic (125 MHz)
+        # `room` is a register: a write this cycle always fits (the level rises by at most
+        # one a cycle), and the pointers' subtract and compare are not in front of the
+        # writer's logic (125 MHz); the last byte is free after a cycle without a write
         room = Signal(init=1)
-        m.d.sync += room.eq(self.level < self.depth - 1)
+        level_full = self.level[-1]  # level == depth (it is never more)
+        wrote = self.w_en & self.room
+        m.d.sync += room.eq((self.level < self.depth - 1) | (~wrote & ~level_full))
         m.d.comb += [
             self.level.eq(wp - rp),
             self.room.eq(room),
             wr.addr.eq(wp[: aw - 1]),
             wr.data.eq(Cat(self.w_data, self.w_last)),
-            wr.en.eq(self.w_en & self.room),
+            wr.en.eq(wrote),
         ]
-        wp_next = Signal(aw)
-        m.d.comb += wp_next.eq(wp + (self.w_en & self.room))
+        wp_next = Signal(aw)  # the carry chain from wp alone, the write only picks
+        m.d.comb += wp_next.eq(Mux(wrote, wp + 1, wp))
         with m.If(self.rewind):
             m.d.sync += wp.eq(cp)
         with m.Else():
@@ -89,30 +93,35 @@ class FrameFifo(wiring.Component):
             with m.If(self.commit):
                 m.d.sync += cp.eq(wp_next)
 
-        # The read port holds its data while en is low, so it is the output register:
-        # valid never looks at ready combinationally.
-        advance = ~self.o.valid | self.o.ready
-        m.d.comb += [
-            rd.addr.eq(rp[: aw - 1]),
-            rd.en.eq(advance),
-            self.o.payload.data[0].eq(rd.data[:8]),
-            self.o.payload.last.eq(rd.data[8]),
-            self.o.payload.keep.eq(1),
-        ]
-        with m.If(advance):
-            m.d.sync += self.o.valid.eq(rp != cp)
+        # Two stages: the block RAM's read (it holds its data while en is low), then the
+        # output register, which takes the RAM's data with no logic between (a DP16KD's
+        # clock-to-out is 5.8 ns of the 8 on the 25F-6); valid never looks at ready
+        # combinationally.
+        held = Signal()  # the RAM's output holds a committed byte not yet in `o`
+        out_en = ~self.o.valid | self.o.ready
+        ram_en = ~held | out_en
+        m.d.comb += [rd.addr.eq(rp[: aw - 1]), rd.en.eq(ram_en), self.o.payload.keep.eq(1)]
+        with m.If(ram_en):
+            m.d.sync += held.eq(rp != cp)
             with m.If(rp != cp):
                 m.d.sync += rp.eq(rp + 1)
+        with m.If(out_en):
+            m.d.sync += [
+                self.o.valid.eq(held),
+                self.o.payload.data[0].eq(rd.data[:8]),
+                self.o.payload.last.eq(rd.data[8]),
+            ]
         return m
 
 
 class RgmiiRx(wiring.Component):
     """Receive MAC: rxd/rx_dv/rx_er (one byte per cycle) in, good frames without FCS on `o`.
 
-    LATENCY: the frame leaves 3 cycles after the cycle rx_dv falls (store and forward).
+    LATENCY: the frame leaves 5 cycles after the cycle rx_dv falls (store and forward).
+    A frame may start the cycle after its predecessor's rx_dv fell.
     """
 
-    LATENCY = 3  # from rx_dv low (frame judged) to the first byte on `o`
+    LATENCY = 5  # from rx_dv low to the first byte on `o`
 
     def __init__(self, fifo_bytes: int = 2048, min_frame: int = 64) -> None:
         self.fifo_bytes, self.min_frame = fifo_bytes, min_frame
@@ -140,21 +149,44 @@ class RgmiiRx(wiring.Component):
         cnt = Signal(range(cnt_max + 1))  # bytes incl. FCS, saturating: only < min_frame matters
         sr = [Signal(8, name=f"sr{k}") for k in range(DELAY)]  # sr[0] newest
         err, ovf = Signal(), Signal()
+        full = Signal()  # in DATA, cnt >= DELAY (a register): sr's oldest byte is a data byte
 
         def bump(counter):
             m.d.sync += counter.eq(counter + 1)
 
+        # the verdict, registered the cycle rx_dv falls and applied the cycle after
+        v_err, v_runt, v_fcs, v_good = Signal(), Signal(), Signal(), Signal()
+        judging = Signal()  # the cycle after rx_dv fell
+        m.d.sync += [judging.eq(0), v_good.eq(0)]
+        # the FIFO's controls from flags, not from a decode of the FSM's state: the write
+        # enable and the pointers it moves are two LUTs deep (125 MHz on the 25F-6).
+        # `full` is low outside DATA, `v_good` high in the judging cycle only.
+        keep = v_good & fifo.room
+        m.d.comb += [
+            fifo.w_data.eq(sr[DELAY - 1]),
+            fifo.w_last.eq(judging),
+            fifo.w_en.eq((self.rx_dv & full) | v_good),
+            fifo.commit.eq(keep),
+            fifo.rewind.eq(judging & ~keep),
+        ]
+
+        def start() -> None:
+            """IDLE's work, also done while a verdict is applied: a frame may start then."""
+            with m.If(self.rx_dv):
+                m.d.sync += err.eq(self.rx_er)
+                with m.If(self.rxd == SFD):
+                    m.next = "DATA"
+                with m.Elif(self.rxd == PREAMBLE):
+                    m.next = "PRE"
+                with m.Else():
+                    m.next = "BAD"
+            with m.Else():
+                m.next = "IDLE"
+            m.d.sync += [crc.eq(CRC_INIT), cnt.eq(0), ovf.eq(0)]
+
         with m.FSM():
             with m.State("IDLE"):
-                with m.If(self.rx_dv):
-                    m.d.sync += err.eq(self.rx_er)
-                    with m.If(self.rxd == SFD):
-                        m.next = "DATA"
-                    with m.Elif(self.rxd == PREAMBLE):
-                        m.next = "PRE"
-                    with m.Else():
-                        m.next = "BAD"
-                m.d.sync += [crc.eq(CRC_INIT), cnt.eq(0), ovf.eq(0)]
+                start()
             with m.State("PRE"):
                 m.d.sync += err.eq(err | self.rx_er)
                 with m.If(~self.rx_dv):
@@ -168,7 +200,6 @@ class RgmiiRx(wiring.Component):
                 bump(self.rx_error)
                 m.next = "IDLE"
             with m.State("DATA"):
-                full = cnt >= DELAY  # sr holds DELAY bytes: the oldest is a data byte
                 with m.If(self.rx_dv):
                     m.d.sync += [
                         crc.eq(crc32_next(crc, self.rxd)),
@@ -178,34 +209,31 @@ class RgmiiRx(wiring.Component):
                     ]
                     with m.If(cnt < cnt_max):
                         m.d.sync += cnt.eq(cnt + 1)
-                    with m.If(full):
-                        m.d.comb += [
-                            fifo.w_data.eq(sr[DELAY - 1]),
-                            fifo.w_last.eq(0),
-                            fifo.w_en.eq(1),
-                        ]
-                        with m.If(~fifo.room):
-                            m.d.sync += ovf.eq(1)
+                    with m.If(cnt == DELAY - 1):
+                        m.d.sync += full.eq(1)
+                    with m.If(full & ~fifo.room):
+                        m.d.sync += ovf.eq(1)
                 with m.Else():
-                    m.next = "IDLE"
-                    with m.If(err):
-                        bump(self.rx_error)
-                        m.d.comb += fifo.rewind.eq(1)
-                    with m.Elif(cnt < self.min_frame):
-                        bump(self.rx_runt)
-                        m.d.comb += fifo.rewind.eq(1)
-                    with m.Elif(crc != CRC_RESIDUE):
-                        bump(self.rx_bad_fcs)
-                        m.d.comb += fifo.rewind.eq(1)
-                    with m.Elif(ovf | ~fifo.room):
-                        bump(self.rx_overflow)
-                        m.d.comb += fifo.rewind.eq(1)
-                    with m.Else():
-                        bump(self.rx_good)
-                        m.d.comb += [
-                            fifo.w_data.eq(sr[DELAY - 1]),
-                            fifo.w_last.eq(1),
-                            fifo.w_en.eq(1),
-                            fifo.commit.eq(1),
-                        ]
+                    runt, fcs = cnt < self.min_frame, crc != CRC_RESIDUE
+                    m.d.sync += [
+                        v_err.eq(err),
+                        v_runt.eq(runt),
+                        v_fcs.eq(fcs),
+                        v_good.eq(~err & ~runt & ~fcs & ~ovf),
+                        judging.eq(1),
+                        full.eq(0),
+                    ]
+                    m.next = "JUDGE"
+            with m.State("JUDGE"):
+                with m.If(v_err):
+                    bump(self.rx_error)
+                with m.Elif(v_runt):
+                    bump(self.rx_runt)
+                with m.Elif(v_fcs):
+                    bump(self.rx_bad_fcs)
+                with m.Elif(~keep):
+                    bump(self.rx_overflow)
+                with m.Else():
+                    bump(self.rx_good)
+                start()
         return m

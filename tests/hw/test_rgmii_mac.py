@@ -215,7 +215,7 @@ EXPECT = {"good": "rx_good", "bad_fcs": "rx_bad_fcs", "bad_data": "rx_bad_fcs",
           "runt": "rx_runt", "rx_er": "rx_error"}  # fmt: skip
 
 
-@pytest.mark.parametrize(("bp", "ifg"), [(0.0, 12), (0.3, 12)])
+@pytest.mark.parametrize(("bp", "ifg"), [(0.0, 12), (0.3, 12), (0.0, 1), (0.3, 2)])
 def test_rx_good_bad_runt_error_counted(bp, ifg):
     rng = random.Random(7)
     cases = [("good", n) for n in (60, 61, 63, 64, 100, 255, 1000, 1514, 1518)]
