@@ -2,7 +2,7 @@
 adapter, one byte per cycle is line rate) and `core` (the NIC core, at the board's
 `core_mhz`; docs/boards.md, "Clocks").
 
-  StreamCrossing  a stream through an AsyncFIFO (gray-coded pointers, amaranth.lib.fifo)
+  StreamCrossing  a stream through an AsyncFifo (gray-coded pointers, hw/async_fifo.py)
   CsrCrossing     the register bus: each access goes over as a request, and comes back
                   as one response (read data, or 0 for a write) a few cycles later
 
@@ -13,15 +13,15 @@ from __future__ import annotations
 
 from amaranth import Cat, DomainRenamer, Module, Shape, Signal
 from amaranth.lib import stream, wiring
-from amaranth.lib.fifo import AsyncFIFO
 from amaranth.lib.wiring import In, Out
 
+from optireduce.hw.async_fifo import AsyncFifo
 from optireduce.hw.skid import Skid
 
 
 class StreamCrossing(wiring.Component):
     """`i` (in `w_domain`) to `o` (in `r_domain`), in order, nothing dropped. `depth` beats
-    buffer the gap between the two clocks (AsyncFIFO rounds it to a power of two). The
+    buffer the gap between the two clocks (a power of two). The
     ends in `skid_domains` (default: both) are registers, a registered Skid each: the
     FIFO's flag logic (gray compares) and that side's logic never share a path. A side
     with time to spare leaves it out (the shell's core side, at 52 MHz: its skids were
@@ -37,7 +37,7 @@ class StreamCrossing(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         width = Shape.cast(self.shape).width
-        m.submodules.fifo = fifo = AsyncFIFO(
+        m.submodules.fifo = fifo = AsyncFifo(
             width=width, depth=self.depth, w_domain=self.w_domain, r_domain=self.r_domain
         )
         w_in, r_out = self.i, self.o  # the FIFO's two ends, behind the skids if any
@@ -109,8 +109,8 @@ class CsrCrossing(wiring.Component):
         m = Module()
         a = self.addr_bits
         h, c = self.domain, self.core_domain
-        m.submodules.req = req = AsyncFIFO(width=a + 34, depth=4, w_domain=h, r_domain=c)
-        m.submodules.rsp = rsp = AsyncFIFO(width=32, depth=4, w_domain=c, r_domain=h)
+        m.submodules.req = req = AsyncFifo(width=a + 34, depth=4, w_domain=h, r_domain=c)
+        m.submodules.rsp = rsp = AsyncFifo(width=32, depth=4, w_domain=c, r_domain=h)
 
         # host side: the access goes in as one request; its response is `done`, registered
         # (the FIFO's flag logic is not in front of the adapter's registers)

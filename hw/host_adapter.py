@@ -548,11 +548,15 @@ class HostAdapter(wiring.Component):
         word, write = addr_w[2 : self.csr_addr_bits], addr_w[31]
         m.d.comb += rd.addr.eq(Cat(reg_phase == 1, reg_i))
         m.d.sync += reg_phase.eq(reg_phase + 1)
+        # the words land in their registers by enables registered a cycle ahead, not by a
+        # decode of the FSM and the phase (64 clock enables: 125 MHz on the 25F-6)
+        take_addr, take_data = Signal(), Signal()
+        m.d.sync += [take_addr.eq(reg_phase == 0), take_data.eq(take_addr)]
+        with m.If(take_addr):  # phase 1: the address word is out, the data word requested
+            m.d.sync += addr_w.eq(rd.data)
+        with m.If(take_data):  # phase 2: the data word is out
+            m.d.sync += data_w.eq(rd.data)
         with m.Switch(reg_phase):
-            with m.Case(1):  # address word out, data word requested
-                m.d.sync += addr_w.eq(rd.data)
-            with m.Case(2):  # data word out
-                m.d.sync += data_w.eq(rd.data)
             with m.Case(3):  # access
                 m.d.comb += [
                     self.csr_addr.eq(addr_w),

@@ -12,7 +12,7 @@ ports of this component (rgmii_txd, rgmii_tx_ctl, rgmii_rxd, rgmii_rx_ctl) clock
 `eth_rgmii` resource, dir="-") it uses the platform's DDR buffers. On a board the RX
 side must run on the PHY's RX clock: pass `rx_domain` (a domain clocked by rx_clk); the
 receiver then runs in that domain, its frames cross to `sync` through a StreamCrossing
-(hw/clock_crossing.py: an AsyncFIFO, registered on both sides) and its counters through
+(hw/clock_crossing.py: an AsyncFifo, registered on both sides) and its counters through
 Gray-coded synchronizers.
 """
 
@@ -118,7 +118,7 @@ class RgmiiMac(wiring.Component):
                 m.d.comb += getattr(self, name).eq(getattr(rx, name))
             return m
 
-        # Board: PHY RX clock -> sync. Bytes through a StreamCrossing (an AsyncFIFO with a
+        # Board: PHY RX clock -> sync. Bytes through a StreamCrossing (an AsyncFifo with a
         # register on each side: the frame FIFO's block RAM output and the crossing's LUT
         # RAM never share a cycle), counters as Gray codes (they step by one, so one bit
         # changes at a time and a synchronized read is exact).
