@@ -10,6 +10,7 @@ paths can be seen, and fixed, all at once; nextpnr's Fmax stays the measure.
     python -m optireduce.experiments.logic_depth gather_tracker   # one block
     python -m optireduce.experiments.logic_depth --board ecpix5   # a whole board, ranked by source
     python -m optireduce.experiments.logic_depth --board ecpix5 --domain sync   # one clock's paths
+    python -m optireduce.experiments.logic_depth --board colorlight --core loopback --domain sync
 """
 
 from __future__ import annotations
@@ -171,13 +172,16 @@ def block_depth(block: str, limit_ns: float = 8.0) -> list[Endpoint]:
     return [e for e in analyse(ecp5_netlist(comp, top), top)[0] if e.ns > limit_ns]
 
 
-def board_depth(board: str, limit_ns: float = 8.0, domain: str | None = None) -> list[Endpoint]:
+def board_depth(board: str, limit_ns: float = 8.0, domain: str | None = None,
+                core: str = "nic") -> list[Endpoint]:  # fmt: skip
     """The endpoints of a whole board build (`sim/bitstream.py: board_netlist`) slower
     than `limit_ns`: the paths between blocks, which no block's own netlist shows.
-    `domain`: only the registers of that clock domain (sync, core, eth0_rx, ...)."""
-    from optireduce.sim.bitstream import _domain, board_netlist
+    `domain`: only the registers of that clock domain (sync, core, eth0_rx, ...);
+    `core`: nic, or loopback (the shell alone)."""
+    from optireduce.sim.bitstream import _domain, board_netlist, core_by_name
 
-    slow = [e for e in analyse(board_netlist(board), "top")[0] if e.ns > limit_ns]
+    netlist = board_netlist(board, core_by_name(core))
+    slow = [e for e in analyse(netlist, "top")[0] if e.ns > limit_ns]
     return [e for e in slow if domain is None or _domain(e.clock) == domain]
 
 
@@ -199,12 +203,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("blocks", nargs="*", help="blocks of `optireduce bench rtl`")
     ap.add_argument("--board", help="a whole board build instead (colorlight, ecpix5, ...)")
     ap.add_argument("--domain", help="with --board: only this clock domain's registers")
+    ap.add_argument("--core", default="nic", choices=("nic", "loopback"),
+                    help="with --board: the core inside the shell")  # fmt: skip
     ap.add_argument("--limit-ns", type=float, default=8.0, help="list paths over this (8: 125 MHz)")
     args = ap.parse_args(argv)
     if bool(args.board) == bool(args.blocks):
         ap.error("give either --board NAME or block names")
     if args.board:
-        slow = board_depth(args.board, args.limit_ns, args.domain)
+        slow = board_depth(args.board, args.limit_ns, args.domain, args.core)
         where = f" in {args.domain}" if args.domain else ""
         print(f"{args.board}: {len(slow)} registers{where} with paths over {args.limit_ns} ns, "
               "by source")  # fmt: skip

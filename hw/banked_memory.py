@@ -6,7 +6,8 @@ goes through a mux tree straight out of the block RAMs: the RAM's clock-to-out p
 tree is a whole 8 ns cycle at 125 MHz (the host adapter's result buffer, 17 blocks at
 C = 8192). Here each bank's data lands in a register first (zero unless the read was
 for that bank), and the OR of those registers lands in a register of its own: read
-LATENCY 3 (address -> data), one write port, one read port.
+LATENCY 3 (address -> data), one write port, one read port. A read of the address
+written in the same cycle is undefined (hw/block_ram.py): the user never uses one.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from functools import reduce
 
 from amaranth import Module, Mux, Signal
 from amaranth.lib import wiring
-from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
+
+from optireduce.hw.block_ram import block_ram, read_port
 
 BANK_DEPTH = 512  # one DP16KD at 36 bits wide
 
@@ -52,8 +54,9 @@ class BankedMemory(wiring.Component):
         outs = []
         for k in range(self.n_banks):
             d = min(self.bank_depth, self.depth - k * self.bank_depth)
-            m.submodules[f"bank{k}"] = mem = Memory(shape=self.width, depth=d, init=[])
-            wr, rd = mem.write_port(), mem.read_port()
+            m.submodules[f"bank{k}"] = mem = block_ram(shape=self.width, depth=d)
+            wr = mem.write_port()
+            rd = read_port(m, mem, (wr,), platform=platform)
             # the bank's register keeps its read only if the read was for this bank, and
             # is zero otherwise (no domain reset: the clear is the flip-flop's own
             # synchronous reset, not a LUT after the block RAM)

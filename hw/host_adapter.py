@@ -45,11 +45,11 @@ from types import SimpleNamespace
 from amaranth import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
-from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from optireduce import host_port
 from optireduce.hw.banked_memory import BankedMemory
+from optireduce.hw.block_ram import block_ram, read_port
 from optireduce.hw.csr import addr_bits as csr_addr_bits
 from optireduce.hw.csr import register
 from optireduce.hw.nic_core import host_cmd_layout, host_word_layout
@@ -293,14 +293,17 @@ class HostAdapter(wiring.Component):
             m.d.comb += inc["tx_frames"].eq(1)
         replies, results = _share(m, sender, ("replies", "results"))
 
-        self._rx(m, inc, replies)
+        self._rx(m, inc, replies, platform)
         self._results(m, inc, results)
         return m
 
     # ---- host -> core ----------------------------------------------------------------
-    def _rx(self, m: Module, inc: dict, sender: SimpleNamespace) -> None:
-        m.submodules.rx_buf = buf = Memory(shape=32, depth=self.rx_words, init=[])
-        wr, rd = buf.write_port(), buf.read_port()
+    def _rx(self, m: Module, inc: dict, sender: SimpleNamespace, platform) -> None:
+        # a read collides with a write only while a frame is received (RECV), when the
+        # read is the sender's, for a RESULT frame's client: its word is not used
+        m.submodules.rx_buf = buf = block_ram(shape=32, depth=self.rx_words)
+        wr = buf.write_port()
+        rd = read_port(m, buf, (wr,), platform=platform)
         m.d.comb += [sender.rd_data.eq(rd.data)]
 
         hdr = Signal(8 * HEAD)  # byte k at bits 8k..8k+7 once HEAD bytes are in
@@ -581,7 +584,9 @@ class HostAdapter(wiring.Component):
     # ---- core -> host ----------------------------------------------------------------
     def _results(self, m: Module, inc: dict, sender: SimpleNamespace) -> None:
         depth = self.msg_words
-        # banks with registered outputs (BankedMemory.LATENCY): no logic after a block RAM
+        # banks with registered outputs (BankedMemory.LATENCY): no logic after a block RAM.
+        # A read collides with a write only in FILL, when the sender reads for a REG
+        # reply's client: the result buffer's word is not used
         m.submodules.res_buf = buf = BankedMemory(32, depth)
         # the record reader or the sender addresses the banks, picked by a flip-flop of
         # its own, not by a decode of the FSM's state (17 banks' address pins: 125 MHz)

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from amaranth import Cat, Module, Mux, Signal
 from amaranth.lib import wiring
-from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from optireduce.hw.block_ram import block_ram, read_port
 from optireduce.hw.crc32 import CRC_INIT, CRC_RESIDUE, crc32_next
 from optireduce.hw.streams import frame_stream
 
@@ -65,9 +65,11 @@ class FrameFifo(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         aw = self.depth.bit_length()
-        m.submodules.mem = mem = Memory(shape=9, depth=self.depth, init=[])
+        # a read that collides with a write is of an empty FIFO's slot (rp == wp: the
+        # byte is not held) or of a full one's (no write then): never used
+        m.submodules.mem = mem = block_ram(shape=9, depth=self.depth)
         wr = mem.write_port()
-        rd = mem.read_port(transparent_for=())
+        rd = read_port(m, mem, (wr,), platform=platform)
         wp, cp, rp = Signal(aw), Signal(aw), Signal(aw)
 
         # `room` is a register: a write this cycle always fits (the level rises by at most
