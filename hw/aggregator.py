@@ -81,6 +81,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from optireduce.hw import event_counts
+from optireduce.hw.block_ram import block_ram, read_port
 from optireduce.hw.deadline import PhaseContexts, Reason, Settle
 from optireduce.hw.mean_readout import MeanReadout
 from optireduce.hw.peer_progress import PeerProgress, peer_layout
@@ -182,7 +183,7 @@ class Aggregator(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        s = self._state(m)  # time, t_C and T, the contexts, the memories, the event
+        s = self._state(m, platform)  # time, t_C and T, the contexts, the memories, the event
         m.submodules.divider = s.div = SerialDivider(_bits(self.npk_max + 1), s.world_shape)
         m.submodules.peer_progress = s.pp = PeerProgress(s.n_ctx, s.n_max, s.rcv_shape)
         m.submodules.readout = s.ro = MeanReadout(self.p, s.n_ctx, s.rows_max, s.w_acc)
@@ -192,10 +193,10 @@ class Aggregator(wiring.Component):
         self._readout(m, s)  # the means of ended ops onto `o`
         return m
 
-    def _state(self, m: Module) -> SimpleNamespace:
+    def _state(self, m: Module, platform) -> SimpleNamespace:
         """The block's registers, memories and shared signals, by section."""
         p = self.p
-        s = SimpleNamespace(p=p)
+        s = SimpleNamespace(p=p, platform=platform)
         n_ctx, rows_max, beats, n_max = self.n_ctx, self.rows_max, self.beats, p.n_max
         s.n_ctx, s.rows_max, s.beats, s.n_max = n_ctx, rows_max, beats, n_max
         s.cb, s.rb, s.bb, s.sb = _bits(n_ctx), _bits(rows_max), _bits(beats), _bits(n_max)
@@ -227,10 +228,13 @@ class Aggregator(wiring.Component):
         s.settle = Settle(n_ctx)  # cycles the end evaluation has been stable
 
         # ---- memories ---------------------------------------------------------------
-        m.submodules.acc = acc = Memory(
-            shape=unsigned(lanes * w_acc), depth=n_ctx * (1 << s.rb) * (1 << s.bb), init=[]
+        # no read sees a write in flight (_accumulate), the readout's included: a read
+        # that collides with a write is undefined (hw/block_ram.py)
+        m.submodules.acc = acc = block_ram(
+            shape=unsigned(lanes * w_acc), depth=n_ctx * (1 << s.rb) * (1 << s.bb)
         )
-        s.acc_rd, s.acc_wr = acc.read_port(), acc.write_port()
+        s.acc_wr = acc.write_port()
+        s.acc_rd = read_port(m, acc, (s.acc_wr,), platform=s.platform)
         s.bm_layout = data.StructLayout({"bits": n_max, "count": n_cnt})
         m.submodules.bitmap = bm = Memory(shape=s.bm_layout, depth=n_ctx * (1 << s.rb), init=[])
         s.bm_rd = bm.read_port()

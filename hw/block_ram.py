@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from amaranth import Cat, Module, Mux, Signal
+from amaranth import Cat, Module, Mux, Signal, Value
 from amaranth.lib.memory import Memory
 
 
@@ -42,10 +42,10 @@ def read_port(m: Module, mem: Memory, writes: tuple, *, platform, domain: str = 
         data=Signal.like(rd.data, name="rd_data", reset_less=True),
     )
     m.d.comb += rd.addr.eq(port.addr)
-    value = rd.data
+    value = Value.cast(rd.data)  # the bits, whatever the memory's shape
     if platform is None:
         hit = Cat(*(w.en.any() & (w.addr == port.addr) for w in writes)).any()
-        value = Mux(hit, ~rd.data, rd.data)
+        value = Mux(hit, ~value, value)
     with m.If(port.en):
-        m.d[domain] += port.data.eq(value)
+        m.d[domain] += Value.cast(port.data).eq(value)
     return port

@@ -73,6 +73,7 @@ from optireduce.counters import COUNTERS
 from optireduce.frame_checks import ADMISSION_REASONS, default_peers
 from optireduce.host.model.nic_model import EXP_COUNTERS, NicModel
 from optireduce.host_port import ADAPTER_COUNTER_DOC, ADAPTER_COUNTERS
+from optireduce.hw.block_ram import block_ram, read_port
 from optireduce.params import NicParams
 from optireduce.ubt import DEFAULT_ADDRESSING
 
@@ -384,10 +385,10 @@ class Csr(wiring.Component):
                 m.d.comb += getattr(self, r.port)[r.lsb : r.lsb + r.width].eq(reg)
 
         visit = self._counters(m, clear)
-        self._reads(m, word, visit)
+        self._reads(m, word, visit, platform)
         return m
 
-    def _reads(self, m: Module, word: Value, visit: SimpleNamespace) -> None:
+    def _reads(self, m: Module, word: Value, visit: SimpleNamespace, platform) -> None:
         """Reads (module docstring, "Reads"): counters from their storage, everything
         else from the block RAM image, whose configuration words follow the writes."""
         config = [r for r in self.regs if r.kind == "config"]
@@ -397,8 +398,10 @@ class Csr(wiring.Component):
             if r.kind not in ("counter", "adapter", "ctrl"):
                 image[r.offset >> 2] = r.reset
         # written words in the low half, the reset image in the high half
-        m.submodules.image = mem = Memory(shape=32, depth=2 * words, init=image + image)
-        wr, rd = mem.write_port(), mem.read_port()
+        # one bus access a cycle: a read and a write of the image never share one
+        m.submodules.image = mem = block_ram(shape=32, depth=2 * words, init=image + image)
+        wr = mem.write_port()
+        rd = read_port(m, mem, (wr,), platform=platform)
         # a signal, not an expression: the mask below takes each of its bits, and the
         # simulator would evaluate every compare for every bit (300 times slower)
         hit = Signal(len(config))

@@ -50,11 +50,11 @@ from __future__ import annotations
 from amaranth import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
-from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
 from optireduce.host.model.fwht import fwht_blocks
+from optireduce.hw.block_ram import block_ram, read_port
 from optireduce.hw.skid import Skid
 from optireduce.hw.streams import element_layout, element_stream
 from optireduce.params import NicParams
@@ -122,7 +122,7 @@ class Fwht(wiring.Component):
             }
         )
 
-    def _sdf_stage(self, m: Module, k: int, d: int, en, v_in, x_in, wi: int):
+    def _sdf_stage(self, m: Module, k: int, d: int, en, v_in, x_in, wi: int, platform):
         """One SDF stage of delay d beats on wi-bit lanes; returns its output register
         (valid, data)."""
         lanes, wo = self.lanes, wi + 1
@@ -181,11 +181,11 @@ class Fwht(wiring.Component):
             # when a slot pops it: the stage's schedule (and LATENCY) is that of an ideal
             # delay line. The read never races a write: it only fetches entries pushed in an
             # earlier cycle and not yet overwritten (at most d are in the line).
-            # no_rw_check: so yosys does not emulate a read-write collision (there is none)
+            # block_ram: so yosys does not emulate a read-write collision (there is none)
             # with a mux between the BRAM and the first register.
-            mem = Memory(shape=lay, depth=d, init=[], attrs={"no_rw_check": 1})
-            m.submodules[f"s{k}_mem"] = mem
-            wp, rp = mem.write_port(), mem.read_port()
+            m.submodules[f"s{k}_mem"] = mem = block_ram(shape=lay, depth=d)
+            wp = mem.write_port()
+            rp = read_port(m, mem, (wp,), platform=platform)
             fptr = Signal(range(d), name=f"s{k}_fptr")  # the next entry to fetch
             avail = Signal(range(d + 1), name=f"s{k}_avail")  # pushed, not yet fetched
             n = self.READ_REGS
@@ -253,7 +253,7 @@ class Fwht(wiring.Component):
             with m.If(en):
                 m.d.sync += [valid.eq(self.i.valid), x.eq(self.i.payload.data)]
         for k, d in enumerate(self.delays):
-            valid, x = self._sdf_stage(m, k, d, en, valid, x, w)
+            valid, x = self._sdf_stage(m, k, d, en, valid, x, w, platform)
             w += 1
 
         # strides below `lanes`: butterflies inside the beat

@@ -52,6 +52,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from optireduce.host.model.gather_buffer import GatherBuffer
+from optireduce.hw.block_ram import block_ram, read_port
 from optireduce.hw.sections import elaborate_sections
 from optireduce.hw.streams import element_stream
 from optireduce.params import NicParams
@@ -120,19 +121,24 @@ class GatherBuffer(wiring.Component):
 
     def elaborate(self, platform):
         return elaborate_sections(
-            self._element_memory, self._bookkeeping, self._control, self._input, self._drain
+            self._element_memory,
+            self._bookkeeping,
+            self._control,
+            self._input,
+            self._drain,
+            platform=platform,
         )
 
     def _element_memory(self, m: Module, s: SimpleNamespace) -> None:
         """The slots' elements: one BRAM array."""
         p = self.p
-        m.submodules.mem = mem = Memory(
-            shape=data.ArrayLayout(signed(p.w_wire), p.lanes),
-            depth=self.n_slots * p.c // p.lanes,
-            init=[],
+        # a slot is drained once its packets are in or its deadline has passed, and a
+        # packet for it is not written then: a read never needs a write of its cycle
+        m.submodules.mem = mem = block_ram(
+            shape=data.ArrayLayout(signed(p.w_wire), p.lanes), depth=self.n_slots * p.c // p.lanes
         )
         s.wr = mem.write_port()
-        s.rd = mem.read_port()
+        s.rd = read_port(m, mem, (s.wr,), platform=s.platform)
 
     def _bookkeeping(self, m: Module, s: SimpleNamespace) -> None:
         """The contributor histograms, the have bits and the missing counts."""

@@ -37,11 +37,11 @@ from types import SimpleNamespace
 
 from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, wiring
-from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from optireduce import ubt
 from optireduce.hw.addresses import plus_base
+from optireduce.hw.block_ram import block_ram, read_port
 from optireduce.hw.streams import element_stream, frame_stream
 from optireduce.params import NicParams
 
@@ -215,7 +215,9 @@ class Packetizer(wiring.Component):
         m = Module()
         sides = []
         for j, src in enumerate(self._sources()):
-            s = SimpleNamespace(src=src, tag="" if self.n_sources == 1 else str(j))
+            s = SimpleNamespace(
+                src=src, tag="" if self.n_sources == 1 else str(j), platform=platform
+            )
             self._op_context(m, s)
             self._setup(m, s)
             self._input_side(m, s)
@@ -316,10 +318,12 @@ class Packetizer(wiring.Component):
         packet_layout, src = self._packet_layout(), s.src
         words = max(1, beats // 2)  # buffer words (2 * lanes elements) per packet
         s.w_word = (words - 1).bit_length()
-        mem = Memory(shape=unsigned(2 * L * p.w_wire), depth=2 * words, init=[])
+        # the output side reads a full half, the input side writes the other: a read that
+        # collides with a write is an idle read, not used
+        mem = block_ram(shape=unsigned(2 * L * p.w_wire), depth=2 * words)
         m.submodules[f"mem{s.tag}"] = mem
         wp = mem.write_port(granularity=L * p.w_wire)
-        s.rp = mem.read_port(transparent_for=())
+        s.rp = read_port(m, mem, (wp,), platform=s.platform)
 
         set_full = Signal(2)
         s.clr_full = Signal(2)

@@ -32,11 +32,11 @@ from types import SimpleNamespace
 
 from amaranth import Cat, Const, Module, Mux, Signal, Value
 from amaranth.lib import data, wiring
-from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from optireduce import ubt
 from optireduce.frame_checks import ADMISSION_REASONS, classify
+from optireduce.hw.block_ram import block_ram, read_port
 from optireduce.hw.streams import element_stream, frame_stream
 from optireduce.hw.ubt_layout import HEADER_LAYOUT, wire_to_header
 from optireduce.params import NicParams
@@ -150,7 +150,7 @@ class Parser(wiring.Component):
 
     def elaborate(self, platform) -> Module:
         m = Module()
-        s = SimpleNamespace()
+        s = SimpleNamespace(platform=platform)
         self._input(m, s)
         self._header_compares(m, s)
         self._header_checks(m, s)
@@ -215,10 +215,13 @@ class Parser(wiring.Component):
         m.d.sync += busy.eq((busy & ~s.clr_busy) | set_busy)
 
         s.mems = []
+        # frames are written into a free bank and read from a busy one: a read that
+        # collides with a write is an idle read, not used
         for j in range(2):
-            mem = Memory(shape=32 * self.lanes, depth=2 * half, init=[])
+            mem = block_ram(shape=32 * self.lanes, depth=2 * half)
             m.submodules[f"mem{j}"] = mem
-            s.mems.append((mem.write_port(), mem.read_port()))
+            wp = mem.write_port()
+            s.mems.append((wp, read_port(m, mem, (wp,), platform=s.platform)))
         # word A's parity is c0's at every beat: A always goes to one memory, B to the other
         for word, w_valid, off, (wp, _) in (
             (wa, va, self.off_a, s.mems[self.c0 & 1]),

@@ -8,10 +8,11 @@ from types import SimpleNamespace
 from amaranth import Module
 
 
-def elaborate_sections(*sections: Callable[[Module, SimpleNamespace], None]) -> Module:
+def elaborate_sections(*sections: Callable[[Module, SimpleNamespace], None],
+                       platform=None) -> Module:  # fmt: skip
     """One Module built by `sections` in turn: each section(m, s) adds its part and leaves
-    in the namespace `s` the signals a later section uses."""
-    m, s = Module(), SimpleNamespace()
+    in the namespace `s` the signals a later section uses (and `s.platform`)."""
+    m, s = Module(), SimpleNamespace(platform=platform)
     for section in sections:
         section(m, s)
     return m

@@ -23,16 +23,24 @@ def _sorted_ports(m: re.Match) -> str:
     return m.group(1) + ", ".join(ports) + m.group(3)
 
 
-def convert(component: wiring.Component, name: str) -> str:
+class SynthesisPlatform:
+    """What a block is elaborated for when its Verilog is for synthesis (kind "synth"), not
+    simulation: hw/block_ram.py then leaves out the check it builds for simulators, as a
+    board's platform does."""
+
+
+def convert(component: wiring.Component, name: str, platform=None) -> str:
     """The Verilog text, the same in every process: Amaranth orders the ports of a design
     with several clock domains by string hashes, which differ from process to process, so
     each module's port list is sorted (every instance connects its ports by name)."""
-    return _MODULE.sub(_sorted_ports, verilog.convert(component, name=name, emit_src=False))
+    text = verilog.convert(component, name=name, platform=platform, emit_src=False)
+    return _MODULE.sub(_sorted_ports, text)
 
 
 def write(component: wiring.Component, name: str, kind: str = "rtl") -> Path:
-    """Write `name`.v under build/<kind>/<name>-<hash of the text>/ and return its path."""
-    text = convert(component, name)
+    """Write `name`.v under build/<kind>/<name>-<hash of the text>/ and return its path
+    (kind "synth": elaborated for SynthesisPlatform)."""
+    text = convert(component, name, SynthesisPlatform() if kind == "synth" else None)
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
     d = BUILD / kind / f"{name}-{digest}"
     d.mkdir(parents=True, exist_ok=True)
