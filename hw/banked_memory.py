@@ -6,8 +6,11 @@ goes through a mux tree straight out of the block RAMs: the RAM's clock-to-out p
 tree is a whole 8 ns cycle at 125 MHz (the host adapter's result buffer, 17 blocks at
 C = 8192). Here each bank's data lands in a register first (zero unless the read was
 for that bank), and the OR of those registers lands in a register of its own: read
-LATENCY 3 (address -> data), one write port, one read port. A read of the address
-written in the same cycle is undefined (hw/block_ram.py): the user never uses one.
+LATENCY 3 (address -> data), one write port, one read port. A write is registered
+before it reaches the banks (WRITE_LATENCY 1: its address decode and data are not in
+front of the block RAMs' pins), so a read sees the writes offered two cycles before it
+and earlier; a read of the address offered for writing the cycle before is undefined
+(hw/block_ram.py): the user never uses one.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ class BankedMemory(wiring.Component):
     r_data LATENCY cycles later."""
 
     LATENCY = 3  # the block RAM, its bank register, the OR's register
+    WRITE_LATENCY = 1  # the write's register
 
     def __init__(self, width: int, depth: int, bank_depth: int = BANK_DEPTH) -> None:
         if depth < 1 or bank_depth < 1 or bank_depth & (bank_depth - 1):
@@ -51,6 +55,8 @@ class BankedMemory(wiring.Component):
         lo = (self.bank_depth - 1).bit_length()  # address bits inside a bank
         sel = Signal(range(self.n_banks))  # the bank of the read on rd.data now
         m.d.sync += sel.eq(self.r_addr >> lo)
+        w_addr, w_data, w_en = Signal.like(self.w_addr), Signal.like(self.w_data), Signal()
+        m.d.sync += [w_addr.eq(self.w_addr), w_data.eq(self.w_data), w_en.eq(self.w_en)]
         outs = []
         for k in range(self.n_banks):
             d = min(self.bank_depth, self.depth - k * self.bank_depth)
@@ -62,9 +68,9 @@ class BankedMemory(wiring.Component):
             # synchronous reset, not a LUT after the block RAM)
             q = Signal(self.width, name=f"bank{k}_q", reset_less=True)
             m.d.comb += [
-                wr.addr.eq(self.w_addr[:lo]),
-                wr.data.eq(self.w_data),
-                wr.en.eq(self.w_en & ((self.w_addr >> lo) == k)),
+                wr.addr.eq(w_addr[:lo]),
+                wr.data.eq(w_data),
+                wr.en.eq(w_en & ((w_addr >> lo) == k)),
                 rd.addr.eq(self.r_addr[:lo]),
             ]
             m.d.sync += q.eq(Mux(sel == k, rd.data, 0))

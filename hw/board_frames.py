@@ -69,31 +69,30 @@ class Narrow(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         n = self.nbytes
+        # the beat shifts down a byte as each goes out: the byte out is data[:8] and
+        # "another follows" is keep[1], flip-flops, not a select by position (125 MHz)
         data = Signal(8 * n)
         keep = Signal(n)
         last = Signal()
-        pos = Signal(range(n))
         held = Signal()
-        more = Signal()  # a kept byte follows pos
-        m.d.comb += more.eq(Mux(pos == n - 1, 0, keep.bit_select(pos + 1, 1)))
+        more = keep[1] if n > 1 else Const(0)  # a kept byte follows this one
         m.d.comb += [
             self.o.valid.eq(held),
-            self.o.payload.data[0].eq(data.word_select(pos, 8)),
+            self.o.payload.data[0].eq(data[:8]),
             self.o.payload.keep.eq(1),
             self.o.payload.last.eq(last & ~more),
             self.i.ready.eq(~held | (self.o.ready & ~more)),
         ]
         with m.If(self.o.valid & self.o.ready):
-            m.d.sync += pos.eq(pos + 1)
+            m.d.sync += [data.eq(data >> 8), keep.eq(keep >> 1)]
             with m.If(~more):
-                m.d.sync += [held.eq(0), pos.eq(0)]
+                m.d.sync += held.eq(0)
         with m.If(self.i.valid & self.i.ready):
             m.d.sync += [
                 data.eq(Cat(*(self.i.payload.data[k] for k in range(n)))),
                 keep.eq(self.i.payload.keep | 1),  # an empty beat still carries one byte
                 last.eq(self.i.payload.last),
                 held.eq(1),
-                pos.eq(0),
             ]
         return m
 

@@ -126,9 +126,12 @@ class _FrameSender(wiring.Component):
         assert not any(const[lo:hi]) and len(head) == HEAD, "the fields are one run of bytes"
         table = Array(Const(b.value if c else 0, 8) for b, c in zip(head, const, strict=True))
         head_sr = Signal(8 * (hi - lo))
-        pos = Signal(range(HEAD))
-        in_fields = Signal()  # pos is in lo..hi-1 (registered with pos)
-        widx = Signal(16)
+        # the byte out is header byte pos; these are registers, loaded with pos + 1's
+        pos1 = Signal(range(HEAD + 1))  # pos + 1
+        in_fields = Signal()  # pos is in lo..hi-1
+        const_byte = Signal(8)  # table[pos]
+        head_end = Signal()  # pos == HEAD - 1
+        words_left = Signal(16)  # words after the one being sent
         byte = Signal(2)
         word = Signal(32)  # the word being sent, loaded from rd_data (BRAM -> FF, no logic)
         hs = Signal()
@@ -139,30 +142,41 @@ class _FrameSender(wiring.Component):
         empty, last_word = Signal(), Signal()
         rd_addr = Signal.like(self.rd_addr)
         m.d.comb += [out.i.payload.keep.eq(1), self.rd_addr.eq(rd_addr)]
-        with m.FSM():
+        with m.FSM() as fsm:
             with m.State("IDLE"):
                 # loaded every idle cycle, so `start` only moves the FSM: it is not the
                 # enable of the 128 field registers (125 MHz)
                 m.d.sync += [head_sr.eq(Cat(*head[lo:hi])), f_count.eq(self.count)]
-                m.d.sync += [pos.eq(0), in_fields.eq(lo == 0), widx.eq(0), byte.eq(0)]
+                m.d.sync += [pos1.eq(1), in_fields.eq(lo == 0)]
+                m.d.sync += const_byte.eq(table[0])
+                m.d.sync += [head_end.eq(0), byte.eq(0)]
                 m.d.sync += rd_addr.eq(self.base)
                 with m.If(self.start):
                     m.next = "HEAD"
             with m.State("HEAD"):
                 # from the loaded count, not the clients' field mux: the first is used 34
                 # header bytes later
-                m.d.sync += [empty.eq(f_count == 0), last_word.eq(f_count == 1)]
+                m.d.sync += [
+                    empty.eq(f_count == 0),
+                    last_word.eq(f_count == 1),
+                    words_left.eq(f_count - 1),
+                ]
                 m.d.comb += [
                     self.busy.eq(1),
                     out.i.valid.eq(1),
-                    out.i.payload.data[0].eq(Mux(in_fields, head_sr[:8], table[pos])),
-                    out.i.payload.last.eq((pos == HEAD - 1) & empty),
+                    out.i.payload.data[0].eq(Mux(in_fields, head_sr[:8], const_byte)),
+                    out.i.payload.last.eq(head_end & empty),
                 ]
                 with m.If(hs):
-                    m.d.sync += [pos.eq(pos + 1), in_fields.eq((pos + 1 >= lo) & (pos + 1 < hi))]
+                    m.d.sync += [
+                        pos1.eq(pos1 + 1),
+                        in_fields.eq((pos1 >= lo) & (pos1 < hi)),
+                        const_byte.eq(table[pos1]),
+                        head_end.eq(pos1 == HEAD - 1),
+                    ]
                     with m.If(in_fields):
                         m.d.sync += head_sr.eq(head_sr >> 8)
-                    with m.If(pos == HEAD - 1):
+                    with m.If(head_end):
                         m.d.sync += [word.eq(self.rd_data), rd_addr.eq(rd_addr + 1)]
                         m.next = "WORDS"
                         with m.If(empty):
@@ -178,14 +192,23 @@ class _FrameSender(wiring.Component):
                     m.d.sync += byte.eq(byte + 1)
                     with m.If(byte == 3):
                         m.d.sync += [
-                            widx.eq(widx + 1),
+                            words_left.eq(words_left - 1),
                             word.eq(self.rd_data),
                             rd_addr.eq(rd_addr + 1),
-                            last_word.eq(widx + 2 == f_count),
+                            last_word.eq(words_left == 1),
                         ]
                         with m.If(last_word):
                             m.next = "IDLE"
+        _one_hot(fsm)
         return m
+
+
+def _one_hot(fsm) -> None:
+    """yosys recodes this FSM's state one-hot: a transition is then a few state bits, not a
+    decode of the whole register (125 MHz on the 25F-6). It leaves Amaranth's FSMs alone
+    by itself (their state register has an init value, which it then ignores: the sync
+    domain is held in reset from power-up until the PLL locks)."""
+    fsm.state.attrs["fsm_encoding"] = "one-hot"  # the state exists once the FSM is closed
 
 
 def _header_fields(hdr: Signal) -> tuple:
@@ -302,9 +325,23 @@ class HostAdapter(wiring.Component):
         # a read collides with a write only while a frame is received (RECV), when the
         # read is the sender's, for a RESULT frame's client: its word is not used
         m.submodules.rx_buf = buf = block_ram(shape=32, depth=self.rx_words)
-        wr = buf.write_port()
-        rd = read_port(m, buf, (wr,), platform=platform)
-        m.d.comb += [sender.rd_data.eq(rd.data)]
+        ram_wr = buf.write_port()
+        rd = read_port(m, buf, (ram_wr,), platform=platform)
+        # writes reach the RAM a cycle late, from registers (the FSM's select of the
+        # word and address is not in front of the block RAM's pins: 125 MHz on the
+        # 25F-6); nothing reads a word within a cycle of its write
+        wr = SimpleNamespace(
+            addr=Signal.like(ram_wr.addr, name="rx_w_addr"),
+            data=Signal(32, name="rx_w_data"),
+            en=Signal(name="rx_w_en"),
+        )
+        m.d.sync += [ram_wr.addr.eq(wr.addr), ram_wr.data.eq(wr.data), ram_wr.en.eq(wr.en)]
+        # the block RAM's data lands in one register, the only load on its pins (its
+        # clock-to-out is 5.8 ns of the 8 on the 25F-6); the emit FIFO, the sender (read
+        # latency 2) and the REG pairs take the word from it
+        rdq = Signal(32, name="rx_rdq", reset_less=True)
+        m.d.sync += rdq.eq(rd.data)
+        m.d.comb += [sender.rd_data.eq(rdq)]
 
         hdr = Signal(8 * HEAD)  # byte k at bits 8k..8k+7 once HEAD bytes are in
         nbytes = Signal(16)  # bytes of the frame so far (saturating)
@@ -322,9 +359,11 @@ class HostAdapter(wiring.Component):
         cur_last = Signal(words)  # cur_n - 1, registered with it
         next_op = Signal(32)  # the core takes ops in order from 0 (NicModel.last_started)
         idx = Signal(range(self.rx_words + 1))  # word of the frame being emitted
+        idx_last = Signal()  # idx == count_m1, a register (the FSM's exit from EMIT)
         pad_left = Signal(words)
+        pad_last = Signal()  # pad_left == 1, a register (the FSM's exit from PAD)
 
-        ef, ridx, inflight, landed, emit_valid, emit_data = self._rx_emit_fifo(m, rd)
+        ef, ridx, inflight, landed, emit_valid, emit_data = self._rx_emit_fifo(m, rdq)
         m.d.comb += [
             self.host_i.payload.first.eq(got == 0),
             self.host_i.payload.last.eq(got == cur_last),
@@ -336,7 +375,10 @@ class HostAdapter(wiring.Component):
             with m.If(got == cur_last):
                 m.d.sync += open_.eq(0)
 
-        payload_bytes = nbytes - HEAD
+        # the payload's bytes so far and "still in the header", registers: no subtract or
+        # compare of nbytes in front of the buffer's address or the length check (125 MHz)
+        payload_bytes = Signal(16)
+        in_header = Signal(init=1)
         fields = (ethertype, version, kind, count, op_id, offset, n, nbytes, payload_bytes)
         seq = (open_, cur_op, cur_n, got, next_op)
         pre_judge, verdicts, chk = self._rx_checks(fields, seq)
@@ -344,9 +386,9 @@ class HostAdapter(wiring.Component):
         reg_i = Signal(range(self.rx_words + 1))  # REG: index of the pair
         reg_phase = Signal(3)
 
-        with m.FSM():
+        with m.FSM() as fsm:
             with m.State("RECV"):
-                self._rx_receive(m, wr, hdr, nbytes, word, payload_bytes)
+                self._rx_receive(m, wr, hdr, (nbytes, payload_bytes, in_header), word)
             with m.State("PRE_JUDGE"):
                 m.d.sync += pre_judge
                 m.next = "JUDGE"
@@ -363,6 +405,8 @@ class HostAdapter(wiring.Component):
                     with m.If(bits[k]):
                         m.d.comb += first_bad.eq(1 << k)
                 m.d.sync += [idx.eq(0), nbytes.eq(0), reg_i.eq(0), reg_phase.eq(0)]
+                m.d.sync += idx_last.eq(count_m1 == 0)  # EMIT's first word is its last
+                m.d.sync += [payload_bytes.eq(0), in_header.eq(1)]
                 with m.If(first_bad != 0):
                     for k, name in enumerate(verdicts):
                         m.d.comb += inc[name].eq(first_bad[k])
@@ -372,7 +416,7 @@ class HostAdapter(wiring.Component):
                     with m.If(is_reg):
                         m.next = "REG"
                     with m.Elif(is_start & open_):
-                        m.d.sync += pad_left.eq(cur_n - got)
+                        m.d.sync += [pad_left.eq(cur_n - got), pad_last.eq(cur_n - got == 1)]
                         m.d.comb += inc["truncated_ops"].eq(1)
                         m.next = "PAD"
                     with m.Elif(is_start):
@@ -382,8 +426,8 @@ class HostAdapter(wiring.Component):
             with m.State("PAD"):
                 m.d.comb += [emit_valid.eq(1), emit_data.eq(0)]
                 with m.If(took):
-                    m.d.sync += pad_left.eq(pad_left - 1)
-                    with m.If(pad_left == 1):
+                    m.d.sync += [pad_left.eq(pad_left - 1), pad_last.eq(pad_left == 2)]
+                    with m.If(pad_last):
                         m.next = "CMD"
             # the command's fields are driven in every state (only `valid` waits for CMD):
             # no FSM decode in front of the crossing's registers (125 MHz)
@@ -427,11 +471,11 @@ class HostAdapter(wiring.Component):
                 with m.If(issue):  # issue as the enable: no carry chain after the compare
                     m.d.sync += ridx.eq(ridx + 1)
                 with m.If(took):
-                    m.d.sync += idx.eq(idx + 1)
-                    with m.If(idx == count_m1):
+                    m.d.sync += [idx.eq(idx + 1), idx_last.eq(idx + 1 == count_m1)]
+                    with m.If(idx_last):
                         m.next = "RECV"
             with m.State("REG"):
-                self._rx_register_pair(m, rd, wr, (reg_i, reg_phase, pairs_m1))
+                self._rx_register_pair(m, (rd, rdq), wr, (reg_i, reg_phase, pairs_m1))
                 with m.If(count_zero):
                     m.next = "REPLY"
             with m.State("REPLY"):
@@ -451,21 +495,27 @@ class HostAdapter(wiring.Component):
                 m.d.comb += rd.addr.eq(sender.rd_addr)
                 with m.If(~sender.busy):
                     m.next = "RECV"
+        _one_hot(fsm)
         # the sender reads the buffer while it sends (the FSM waits in SENDING)
         with m.If(sender.busy):
             m.d.comb += rd.addr.eq(sender.rd_addr)
 
-    def _rx_receive(self, m: Module, wr, hdr, nbytes, word, payload_bytes) -> None:
+    def _rx_receive(self, m: Module, wr, hdr, counts: tuple, word) -> None:
         """RECV: the header's bytes shift into `hdr`, the payload's into buffer words;
-        the frame's last byte goes to PRE_JUDGE."""
+        the frame's last byte goes to PRE_JUDGE. `counts`: the frame's bytes, the
+        payload's, and "in the header" (nbytes < HEAD)."""
+        nbytes, payload_bytes, in_header = counts
         m.d.comb += self.i.ready.eq(1)
         with m.If(self.i.valid):
             b = self.i.payload.data[0]
             m.d.sync += nbytes.eq(nbytes + (nbytes != 0xFFFF))
-            with m.If(nbytes < HEAD):
+            with m.If(in_header):
                 m.d.sync += hdr.eq(Cat(hdr[8:], b))
+                with m.If(nbytes == HEAD - 1):
+                    m.d.sync += in_header.eq(0)
             with m.Else():
                 k = payload_bytes  # byte index in the payload
+                m.d.sync += payload_bytes.eq(payload_bytes + (payload_bytes != 0xFFFF))
                 m.d.sync += word.eq(Cat(b, word[:16]))
                 m.d.comb += [
                     wr.addr.eq(k[2:]),
@@ -475,7 +525,7 @@ class HostAdapter(wiring.Component):
             with m.If(self.i.payload.last):
                 m.next = "PRE_JUDGE"
 
-    def _rx_emit_fifo(self, m: Module, rd) -> tuple:
+    def _rx_emit_fifo(self, m: Module, rdq) -> tuple:
         """The EMIT state's read-ahead onto host_i."""
         # EMIT reads the buffer ahead into a small FIFO: the BRAM output lands in a
         # register, then in the FIFO (a block RAM's clock-to-out and a LUT RAM's write
@@ -483,10 +533,10 @@ class HostAdapter(wiring.Component):
         # FIFO's output register
         m.submodules.emit_fifo = ef = SyncFIFOBuffered(width=32, depth=8)
         ridx = Signal(range(self.rx_words + 1))  # next word to read
-        inflight = Signal()  # a read issued last cycle: its word is on rd.data now
-        landed, landed_data = Signal(), Signal(32)  # ... and in this register a cycle later
-        m.d.sync += [landed.eq(inflight), landed_data.eq(rd.data)]
-        m.d.comb += [ef.w_en.eq(landed), ef.w_data.eq(landed_data)]
+        inflight = Signal()  # a read issued last cycle: its word is on the RAM's pins now
+        landed = Signal()  # ... and in `rdq` a cycle later
+        m.d.sync += landed.eq(inflight)
+        m.d.comb += [ef.w_en.eq(landed), ef.w_data.eq(rdq)]
         emit_valid = Signal()
         emit_data = Signal(32)
         m.d.comb += [
@@ -508,6 +558,7 @@ class HostAdapter(wiring.Component):
         # end early (the rest is a wire's padding)
         len_ok = Signal()
         new_op, other_op, gap = Signal(), Signal(), Signal()
+        n_bad, count_gt_n = Signal(), Signal()
         is_reg, is_start = Signal(), Signal()
         count_m1, pairs_m1, count_zero = Signal(16), Signal(16), Signal()  # for the FSM
         pre_judge = [
@@ -524,6 +575,8 @@ class HostAdapter(wiring.Component):
             new_op.eq(op_id != next_op),
             other_op.eq(op_id != cur_op),
             gap.eq(offset != got),
+            n_bad.eq((n == 0) | (n > p.c)),
+            count_gt_n.eq(count > n),
         ]
         verdicts = {
             "drop_not_host": (nbytes < HEAD) | (ethertype != host_port.ETHERTYPE),
@@ -531,7 +584,7 @@ class HostAdapter(wiring.Component):
             "drop_unsupported": ~word_kind,
             "drop_bad_length": ~len_ok | (is_reg & count[0]),
             "drop_too_long": count > self.rx_words,
-            "drop_bad_op": is_start & ((n == 0) | (n > p.c) | (offset != 0) | (count > n)),
+            "drop_bad_op": is_start & (n_bad | (offset != 0) | count_gt_n),
             "drop_sequence": Mux(
                 is_start,
                 new_op,
@@ -540,10 +593,12 @@ class HostAdapter(wiring.Component):
         }  # first that holds names the drop, in this order
         return pre_judge, verdicts, (count_m1, pairs_m1, count_zero, is_reg, is_start)
 
-    def _rx_register_pair(self, m: Module, rd, wr, pair: tuple) -> None:
+    def _rx_register_pair(self, m: Module, read: tuple, wr, pair: tuple) -> None:
         """REG, one pair at a time: read the address word, then the data word (both land
-        in registers), access the bank, write a read's data back for the reply. `pair`:
-        its index, phase, and the last index."""
+        in registers, two cycles after their reads: `read` is the RAM's port and its data
+        register), access the bank, write a read's data back for the reply. `pair`: its
+        index, phase, and the last index."""
+        rd, rdq = read
         reg_i, reg_phase, pairs_m1 = pair
         addr_w, data_w = Signal(32), Signal(32)
         # the register word as the bank decodes it (bits 1:0 and those above it ignored);
@@ -554,13 +609,13 @@ class HostAdapter(wiring.Component):
         # the words land in their registers by enables registered a cycle ahead, not by a
         # decode of the FSM and the phase (64 clock enables: 125 MHz on the 25F-6)
         take_addr, take_data = Signal(), Signal()
-        m.d.sync += [take_addr.eq(reg_phase == 0), take_data.eq(take_addr)]
-        with m.If(take_addr):  # phase 1: the address word is out, the data word requested
-            m.d.sync += addr_w.eq(rd.data)
-        with m.If(take_data):  # phase 2: the data word is out
-            m.d.sync += data_w.eq(rd.data)
+        m.d.sync += [take_addr.eq(reg_phase == 1), take_data.eq(take_addr)]
+        with m.If(take_addr):  # phase 2: the address word (read in phase 0) is in rdq
+            m.d.sync += addr_w.eq(rdq)
+        with m.If(take_data):  # phase 3: the data word (read in phase 1)
+            m.d.sync += data_w.eq(rdq)
         with m.Switch(reg_phase):
-            with m.Case(3):  # access
+            with m.Case(4):  # access
                 m.d.comb += [
                     self.csr_addr.eq(addr_w),
                     self.csr_w_data.eq(data_w),
@@ -569,8 +624,8 @@ class HostAdapter(wiring.Component):
                 ]
                 with m.If(write & (word == self.world_addr >> 2)):
                     m.d.sync += self.world.eq(data_w)
-            with m.Case(4):  # wait for the access to come back (the core's clock)
-                m.d.sync += reg_phase.eq(4)
+            with m.Case(5):  # wait for the access to come back (the core's clock)
+                m.d.sync += reg_phase.eq(5)
                 with m.If(self.csr_done):
                     m.d.comb += [
                         wr.addr.eq(Cat(1, reg_i)),
@@ -612,29 +667,51 @@ class HostAdapter(wiring.Component):
         rec_idx = Signal(range(len(want) + lat))
         offs = Array(Const(v, 8) for v in [*want.values()] + [0] * (lat + 1))  # rec_idx + 1
 
-        with m.FSM():
+        # nwords < depth and nwords <= depth, and the record's length, as registers: no
+        # compare of nwords in front of its own increment or the FSM (125 MHz)
+        below, at_most = Signal(init=1), Signal(init=1)
+        rlen, ok = Signal(range(RECORD_FIXED + 2 + self.p.n_max)), Signal()
+        m.d.sync += rlen.eq(RECORD_FIXED + 1 + self.world)
+
+        def restart() -> None:
+            """The next message, through CLEAR: nwords' enable is two states' decode."""
+            m.next = "CLEAR"
+
+        with m.FSM() as fsm:
+            with m.State("CLEAR"):
+                m.d.sync += [nwords.eq(0), below.eq(1), at_most.eq(1)]
+                m.next = "FILL"
             with m.State("FILL"):
                 m.d.comb += self.host_o.ready.eq(1)
                 with m.If(self.host_o.valid):
                     m.d.comb += [
                         buf.w_addr.eq(nwords),
                         buf.w_data.eq(self.host_o.payload.data),
-                        buf.w_en.eq(nwords < depth),
+                        buf.w_en.eq(below),
                     ]
-                    m.d.sync += nwords.eq(nwords + (nwords <= depth))
+                    with m.If(at_most):
+                        m.d.sync += [
+                            nwords.eq(nwords + 1),
+                            below.eq(below & (nwords != depth - 1)),
+                            at_most.eq(below),
+                        ]
                     with m.If(self.host_o.payload.last):
                         m.next = "SPLIT"
-            with m.State("SPLIT"):
-                rlen = RECORD_FIXED + 1 + self.world
-                ok = (nwords <= depth) & (nwords >= rlen)
-                m.d.sync += [s.eq(nwords - rlen), raddr.eq(nwords - rlen), rec_idx.eq(0)]
+            with m.State("SPLIT"):  # the record's place, registered
+                m.d.sync += [
+                    ok.eq(at_most & (nwords >= rlen)),
+                    s.eq(nwords - rlen),
+                    raddr.eq(nwords - rlen),
+                    rec_idx.eq(0),
+                ]
+                m.next = "LOCATE"
+            with m.State("LOCATE"):
                 with m.If(ok):
                     m.d.sync += rec_rd.eq(1)
                     m.next = "RECORD"
                 with m.Else():
                     m.d.comb += inc["bad_records"].eq(1)
-                    m.d.sync += nwords.eq(0)
-                    m.next = "FILL"
+                    restart()
             with m.State("RECORD"):
                 # read the four record words the headers need, one per cycle (pipelined)
                 # (the word for rec_idx i is out at i + lat)
@@ -660,8 +737,7 @@ class HostAdapter(wiring.Component):
                     m.next = "CHUNK"
                 with m.Else():
                     m.d.comb += inc["bad_records"].eq(1)
-                    m.d.sync += nwords.eq(0)
-                    m.next = "FILL"
+                    restart()
             # the sender's fields come from registers set the state before its start
             m.d.comb += [
                 sender.op_id.eq(rec["op_id"]),
@@ -700,5 +776,5 @@ class HostAdapter(wiring.Component):
                 m.d.comb += sender.start.eq(1)
                 m.next = "STATS_WAIT"
             with m.State("STATS_WAIT"), m.If(~sender.busy):
-                m.d.sync += nwords.eq(0)
-                m.next = "FILL"
+                restart()
+        _one_hot(fsm)

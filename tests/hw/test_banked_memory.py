@@ -1,7 +1,7 @@
 """BankedMemory (hw/banked_memory.py) against a Python list: random writes and reads over
-several banks (the last one short), each read's data LATENCY cycles after its address;
-a read of the address written in the same cycle is poisoned in simulation
-(hw/block_ram.py)."""
+several banks (the last one short), each read's data LATENCY cycles after its address,
+each write in the banks WRITE_LATENCY cycles after it is offered; a read of the address
+being written is poisoned in simulation (hw/block_ram.py)."""
 
 import random
 
@@ -20,6 +20,7 @@ def test_reads_return_the_last_write_after_latency_cycles():
 
     async def bench(ctx):
         pending = []  # (cycle the data is due, expected)
+        landing = None  # the write offered last cycle, reaching the banks this one
         for cyc in range(600):
             w_addr, w_data, w_en = rng.randrange(50), rng.getrandbits(12), rng.random() < 0.5
             r_addr = rng.randrange(50)
@@ -30,13 +31,15 @@ def test_reads_return_the_last_write_after_latency_cycles():
             if pending and pending[0][0] == cyc:
                 got.append(ctx.get(dut.r_data))
                 want.append(pending.pop(0)[1])
-            # a read sees the memory before this cycle's write; one of the address being
-            # written is undefined, and the simulation gives the old word's complement
-            collides = w_en and w_addr == r_addr
+            # a write reaches the banks a cycle after it is offered: a read sees the
+            # writes offered before the last cycle; one of the address offered then is
+            # undefined, and the simulation gives the old word's complement
+            collides = landing is not None and landing[0] == r_addr
             old = model[r_addr]
             pending.append((cyc + BankedMemory.LATENCY, ~old & 0xFFF if collides else old))
-            if w_en:
-                model[w_addr] = w_data
+            if landing is not None:
+                model[landing[0]] = landing[1]
+            landing = (w_addr, w_data) if w_en else None
             await ctx.tick()
 
     sim = Simulator(dut)
