@@ -43,7 +43,7 @@ NEXTPNR_OPTS = "--report report.json --timing-allow-fail --router router2 --tmg-
 # nextpnr's placement seed per board (default 1): the seed whose whole-NIC build was
 # measured to route and meet its clocks (docs/boards.md, "Seeds of the whole NIC").
 # nextpnr is deterministic for one netlist, seed, option set and tool version.
-SEEDS = {"ecpix5": 2, "butterstick": 6}
+SEEDS = {"ecpix5": 2, "butterstick": 6, "colorlight": 4}
 # Boards built for area (the 25F, whose LUTs are short; docs/boards.md, "Synthesis
 # options" and "Where nextpnr's packing adds LUTs"): compares with a constant in LUTs
 # (-cmp2softlogic); adders with a constant carry-in through sim/ecp5_carry_map.vmap
