@@ -325,8 +325,10 @@ def register(p: NicParams, name: str) -> Reg:
 
 
 class Csr(wiring.Component):
-    """The register bank. Ports: the bus, one output per configuration field, one
-    `inc_<counter>` strobe per counter (see the module docstring)."""
+    """The register bank. Ports: the bus (one access a cycle: `w_en` and `r_en` are never
+    high together; a read in a write's cycle is undefined), one output per
+    configuration field, one `inc_<counter>` strobe per counter (see the module
+    docstring)."""
 
     MODEL = NicModel  # its counters, and NicParams for the configuration
     # r_en to r_valid at most: a counter's read waits for its visit (one per counter)

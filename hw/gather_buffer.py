@@ -132,8 +132,9 @@ class GatherBuffer(wiring.Component):
     def _element_memory(self, m: Module, s: SimpleNamespace) -> None:
         """The slots' elements: one BRAM array."""
         p = self.p
-        # a slot is drained once its packets are in or its deadline has passed, and a
-        # packet for it is not written then: a read never needs a write of its cycle
+        # a drain that overlaps a placed packet's arrival reads each word after its write
+        # (docstring: the writes stay ahead); a read in its word's write cycle had the old
+        # word before, wrong either way: no result needs a colliding read
         m.submodules.mem = mem = block_ram(
             shape=data.ArrayLayout(signed(p.w_wire), p.lanes), depth=self.n_slots * p.c // p.lanes
         )

@@ -322,8 +322,9 @@ class HostAdapter(wiring.Component):
 
     # ---- host -> core ----------------------------------------------------------------
     def _rx(self, m: Module, inc: dict, sender: SimpleNamespace, platform) -> None:
-        # a read collides with a write only while a frame is received (RECV), when the
-        # read is the sender's, for a RESULT frame's client: its word is not used
+        # a read that collides with a write is not used: in RECV and PRE_JUDGE (the last
+        # word lands a cycle late) the read address is idle, and a REG write-back lands
+        # in the next pair's phase 0, which reads the other word of that pair
         m.submodules.rx_buf = buf = block_ram(shape=32, depth=self.rx_words)
         ram_wr = buf.write_port()
         rd = read_port(m, buf, (ram_wr,), platform=platform)
@@ -640,8 +641,9 @@ class HostAdapter(wiring.Component):
     def _results(self, m: Module, inc: dict, sender: SimpleNamespace) -> None:
         depth = self.msg_words
         # banks with registered outputs (BankedMemory.LATENCY): no logic after a block RAM.
-        # A read collides with a write only in FILL, when the sender reads for a REG
-        # reply's client: the result buffer's word is not used
+        # A read collides with a write only in FILL and SPLIT (a write lands a cycle
+        # late), when the address is the sender's, idle or reading for a REG reply:
+        # the result buffer's word is not used there
         m.submodules.res_buf = buf = BankedMemory(32, depth)
         # the record reader or the sender addresses the banks, picked by a flip-flop of
         # its own, not by a decode of the FSM's state (17 banks' address pins: 125 MHz)

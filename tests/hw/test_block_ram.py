@@ -1,7 +1,8 @@
 """hw/block_ram.py: a read port with a synchronous port's timing (data the cycle after
 the address, held while `en` is low), whose read of the address written in the same
-cycle gives the old word's complement in simulation and the old word in a board's
-netlist (where the block RAM leaves it undefined and nothing is built to check)."""
+cycle gives the old word's complement in simulation; elaborated for a platform (as for
+a board) it has no such check, and the simulator then gives the old word (on a DP16KD
+the word is undefined)."""
 
 from __future__ import annotations
 
