@@ -138,7 +138,15 @@ class Aggregator(wiring.Component):
         """Cycles from a phase end's `end_valid` to its first mean (see above)."""
         return Aggregator.LATENCY_BEFORE_DIVIDER + MeanReadout.divider_latency(p)
 
-    def __init__(self, p: NicParams, tick0: int = 0, *, tc_external: bool = False) -> None:
+    def __init__(
+        self,
+        p: NicParams,
+        tick0: int = 0,
+        *,
+        tc_external: bool = False,
+        **more_ports: wiring.Member,
+    ) -> None:
+        """`more_ports`: members a variant adds (its accumulator store's port)."""
         self.p, self.tick0 = p, tick0  # tick0: `now` after reset (a test starts near the wrap)
         self.tc_external = tc_external  # the t_C estimator is a bank of the core's (`tc`)
         self.n_ctx = 1 << _bits(p.rx_window)
@@ -178,6 +186,7 @@ class Aggregator(wiring.Component):
                 "own_tc": Out(tc_bits(p)),
                 **owner_estimator_port(p, tc_external),
                 **event_counts.ports(),  # rx / duplicate / late: counts and strobes
+                **more_ports,
             }
         )
 
@@ -228,13 +237,7 @@ class Aggregator(wiring.Component):
         s.settle = Settle(n_ctx)  # cycles the end evaluation has been stable
 
         # ---- memories ---------------------------------------------------------------
-        # no read sees a write in flight (_accumulate), the readout's included: a read
-        # that collides with a write is undefined (hw/block_ram.py)
-        m.submodules.acc = acc = block_ram(
-            shape=unsigned(lanes * w_acc), depth=n_ctx * (1 << s.rb) * (1 << s.bb)
-        )
-        s.acc_wr = acc.write_port()
-        s.acc_rd = read_port(m, acc, (s.acc_wr,), platform=s.platform)
+        self._accumulator_memory(m, s)
         s.bm_layout = data.StructLayout({"bits": n_max, "count": n_cnt})
         m.submodules.bitmap = bm = Memory(shape=s.bm_layout, depth=n_ctx * (1 << s.rb), init=[])
         s.bm_rd = bm.read_port()
@@ -287,6 +290,18 @@ class Aggregator(wiring.Component):
         s.counts.drive(m, self)
         return s
 
+    def _accumulator_memory(self, m: Module, s: SimpleNamespace) -> None:
+        """The accumulators: one block RAM of `lanes` w_acc-bit lanes per beat. No read
+        sees a write in flight (_accumulate), the readout's included: a read that
+        collides with a write is undefined (hw/block_ram.py)."""
+        m.submodules.acc = acc = block_ram(
+            shape=unsigned(s.lanes * s.w_acc), depth=s.n_ctx * (1 << s.rb) * (1 << s.bb)
+        )
+        s.acc_wr = acc.write_port()
+        s.acc_rd = read_port(m, acc, (s.acc_wr,), platform=s.platform)
+        s.i_room = 1  # a payload beat is taken every cycle (a dropped frame's always)
+        s.mem_open = 1
+
     def _control(self, m: Module, s: SimpleNamespace) -> None:
         """The event FSM, its states in the order an event goes through them."""
         with m.FSM() as fsm:
@@ -296,7 +311,12 @@ class Aggregator(wiring.Component):
             self._slot_states(m, s)  # LATE, ROW_*: the frame's slot; PAYLOAD
             self._end_states(m, s)  # POST, FIRE*, SETTLE: the phases the event made due
         m.d.comb += self.ev.ready.eq(
-            fsm.ongoing("IDLE") & ~(s.pend != 0) & ~s.idle_found & ~s.ro.busy & ~s.ro.pending
+            fsm.ongoing("IDLE")
+            & ~(s.pend != 0)
+            & ~s.idle_found
+            & ~s.ro.busy
+            & ~s.ro.pending
+            & s.mem_open
         )
 
     def _take_states(self, m: Module, s: SimpleNamespace) -> None:
@@ -317,7 +337,7 @@ class Aggregator(wiring.Component):
             with m.Elif(s.idle_found):
                 m.d.sync += [s.fire_c.eq(s.idle_pick), s.ret_post.eq(0)]
                 m.next = "FIRE"
-            with m.Elif(~s.ro.busy & ~s.ro.pending), m.If(self.ev.valid):
+            with m.Elif(~s.ro.busy & ~s.ro.pending & s.mem_open), m.If(self.ev.valid):
                 m.next = "HIT"
 
         with m.State("HIT"):
@@ -500,10 +520,10 @@ class Aggregator(wiring.Component):
             m.next = "PAYLOAD"
 
         with m.State("PAYLOAD"):
-            m.d.comb += [s.in_payload.eq(1), self.i.ready.eq(1)]
+            m.d.comb += [s.in_payload.eq(1), self.i.ready.eq(s.i_room | s.drop)]
             # the context changed before the payload: the end evaluation settles meanwhile
             s.settle.step(m, s.tc)
-            with m.If(self.i.valid):
+            with m.If(self.i.valid & self.i.ready):
                 m.d.sync += s.beat.eq(s.beat + 1)
                 with m.If(s.beat == s.beats - 1):
                     m.next = "POST"
@@ -576,17 +596,22 @@ class Aggregator(wiring.Component):
             ro.head_mine.eq(s.c_mine[ro.head]),
             ro.op.eq(s.c_op[ro.ctx]),
             ro.bm_count.eq(s.bm_rd.data.count),
-            ro.acc_data.eq(s.acc_rd.data),
         ]
         with m.If(ro.bm_read):
             m.d.comb += s.bm_rd.addr.eq(ro.bm_addr)
-        with m.If(~s.in_payload):
-            m.d.comb += s.acc_rd.en.eq(ro.acc_en)
-        with m.If(ro.acc_issue):
-            m.d.comb += s.acc_rd.addr.eq(ro.acc_addr)
+        self._readout_memory(m, s)
         wiring.connect(m, ro.o, wiring.flipped(self.o))
         m.d.comb += [
             self.o_op.eq(ro.o_op),
             self.o_index.eq(ro.o_index),
             self.o_count.eq(ro.o_count),
         ]
+
+    def _readout_memory(self, m: Module, s: SimpleNamespace) -> None:
+        """The readout's accumulator reads: the memory's read port when no payload uses it."""
+        ro = s.ro
+        m.d.comb += ro.acc_data.eq(s.acc_rd.data)
+        with m.If(~s.in_payload):
+            m.d.comb += s.acc_rd.en.eq(ro.acc_en)
+        with m.If(ro.acc_issue):
+            m.d.comb += s.acc_rd.addr.eq(ro.acc_addr)

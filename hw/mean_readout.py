@@ -14,7 +14,9 @@ the slot index (rank + row * world) and the count.
 
 The aggregator owns the memories and muxes their read ports: this block asks for the
 bitmap row (`bm_read`, `bm_addr`) and the accumulator word (`acc_issue`, `acc_addr`,
-`acc_en` = the pipeline moves), and gets their outputs a cycle later. `busy` holds until
+`acc_en` = the pipeline moves), and gets their outputs a cycle later. Accumulators in
+SDRAM fetch a row first: `row_fetch` strobes as a row's count is read, and the row's
+words stream once `acc_ready` says it is in (on chip it is always high). `busy` holds until
 the memory's last output is taken: an event's payload would otherwise drive the read port
 while `o` stalls the readout.
 
@@ -72,6 +74,8 @@ class MeanReadout(wiring.Component):
                 "bm_read": Out(1),
                 "bm_addr": Out(rb + cb),
                 "bm_count": In(n_cnt),
+                "row_fetch": Out(1),
+                "acc_ready": In(1, init=1),
                 "acc_en": Out(1),
                 "acc_issue": Out(1),
                 "acc_addr": Out(bb + rb + cb),
@@ -127,13 +131,17 @@ class MeanReadout(wiring.Component):
                 with m.If(ro_row == ro_mine):
                     m.next = "IDLE"
                 with m.Else():
+                    m.d.comb += self.row_fetch.eq(1)
                     m.next = "COUNT"
             with m.State("COUNT"):
                 m.d.sync += [
                     ro_n.eq(self.bm_count),
                     ro_beat.eq(0),
                 ]
-                m.next = "STREAM"
+                with m.If(self.acc_ready):
+                    m.next = "STREAM"
+                with m.Else():  # the row is on its way: keep its count coming
+                    m.d.comb += [self.bm_read.eq(1), self.bm_addr.eq(Cat(ro_row[:rb], ro_c))]
             with m.State("STREAM"), m.If(adv):
                 m.d.comb += issue.eq(1)
                 m.d.sync += ro_beat.eq(ro_beat + 1)

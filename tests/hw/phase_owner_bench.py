@@ -246,14 +246,23 @@ def scenario_json(name: str, sc: Scenario, exp: Expected, events: list, **more) 
 
 
 def replay_in_cocotb(
-    tmp_path, top: wiring.Component, name: str, layout, scenarios: list, **config
+    tmp_path,
+    top: wiring.Component,
+    name: str,
+    layout,
+    scenarios: list,
+    *,
+    top_name: str | None = None,
+    sources: tuple = (),
+    **config,
 ) -> None:
     """The bench tests/hw/benches/tb_<name>.py replays `scenarios` (scenario_json
-    dicts) on `top` under Verilator."""
+    dicts) on `top` (Verilog module `top_name`, <name>_top unless given; `sources`:
+    Verilog it instantiates) under Verilator."""
     path = tmp_path / "scenarios.json"
     path.write_text(json.dumps(scenarios))
     layout = {n: [f.offset, f.width] for n, f in layout}
     run_bench(
-        top, f"{name}_top", f"tests.hw.benches.tb_{name}",
-        {"scenarios": str(path), "layout": layout, **config},
+        top, top_name or f"{name}_top", f"tests.hw.benches.tb_{name}",
+        {"scenarios": str(path), "layout": layout, **config}, sources=sources,
     )  # fmt: skip

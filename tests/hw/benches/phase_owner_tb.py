@@ -15,6 +15,7 @@ from cocotb.triggers import RisingEdge
 from optireduce.sim.cocotb_run import bench_config
 
 REASONS = {1: "complete", 2: "early", 3: "deadline"}
+EVENT_BOUND_CYCLES = 100_000  # an SDRAM-backed owner's init takes about 21 000
 
 
 def scenarios(dut) -> Iterator[tuple[int, dict, dict]]:
@@ -48,10 +49,12 @@ async def send_event(dut, word: int, at: int) -> None:
     """Offer `word` on the event port until taken; the owner's clock then reads `at`."""
     dut.ev_payload.value = word
     dut.ev_valid.value = 1
-    while True:
+    for _ in range(EVENT_BOUND_CYCLES):
         await RisingEdge(dut.clk)
         if int(dut.ev_ready.value):
             break
+    else:
+        raise AssertionError(f"the event waited {EVENT_BOUND_CYCLES} cycles")
     dut.ev_valid.value = 0
     assert int(dut.now.value) == at, (int(dut.now.value), at)
 

@@ -16,7 +16,9 @@ import numpy as np
 from cocotb.triggers import RisingEdge
 
 from optireduce.sim.axis_tb import AxisTB, pack, unpack
+from optireduce.sim.cocotb_run import bench_config
 from tests.hw.benches import phase_owner_tb as owner
+from tests.hw.benches.sdram_watch import count_refreshes
 
 
 async def run_scenario(dut, tb: AxisTB, sc: dict, layout: dict, lanes: int, seed: int) -> None:
@@ -71,5 +73,13 @@ async def run_scenario(dut, tb: AxisTB, sc: dict, layout: dict, lanes: int, seed
 @cocotb.test()
 async def aggregator_scenarios_match_the_model(dut):
     tb = AxisTB(dut, seed=3, idle=0.3, backpressure=0.3)
+    cfg = bench_config()
+    if "refresh" in cfg:  # accumulators in SDRAM: the controller's refreshes, and those
+        # that came while the store had beats on their way
+        refreshes = count_refreshes(dut, cfg["refresh"], cfg["store_drained"])
     for k, sc, cfg in owner.scenarios(dut):
         await run_scenario(dut, tb, sc, cfg["layout"], cfg["lanes"], seed=k)
+    if "refresh" in cfg:  # accumulators in SDRAM: refreshes came while they were busy
+        dut._log.info("refreshes: %d, %d of them with beats on their way", *refreshes.values())
+        assert refreshes["busy"] >= 2, refreshes
+        assert dut.underrun.value == 0 and dut.error.value == 0

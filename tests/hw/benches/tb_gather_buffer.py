@@ -16,6 +16,7 @@ from optireduce.host.model.gather_buffer import GatherBuffer
 from optireduce.params import NicParams
 from optireduce.sim.axis_tb import AxisTB, pack, pauses, unpack
 from optireduce.sim.cocotb_run import bench_config
+from tests.hw.benches.sdram_watch import count_refreshes, inner
 
 DRAIN, CLEAR = 0, 1
 
@@ -37,13 +38,6 @@ async def until_ready(dut) -> None:
         if dut.cmd_ready.value == 1:
             return
     raise AssertionError(f"cmd_ready stayed low for {BOUND_CYCLES} cycles")
-
-
-def inner(dut, path: list[str]):
-    """A signal inside the design, by instance names (an SDRAM-backed buffer's config)."""
-    for name in path:
-        dut = getattr(dut, name)
-    return dut
 
 
 async def hist_entry(dut, slot: int, addr: int) -> int:
@@ -75,16 +69,8 @@ async def loss_duplicates_two_slots(dut):
             dups["n"] += int(dut.duplicate.value)
 
     cocotb.start_soon(count_dups())
-    refreshes = {"n": 0}
-    if "refresh" in cfg:  # an SDRAM-backed buffer: count the controller's refreshes
-
-        async def count_refreshes():
-            sig = inner(dut, cfg["refresh"])
-            while True:
-                await RisingEdge(dut.clk)
-                refreshes["n"] += int(sig.value)
-
-        cocotb.start_soon(count_refreshes())
+    # an SDRAM-backed buffer: count the controller's refreshes
+    refreshes = count_refreshes(dut, cfg["refresh"]) if "refresh" in cfg else {"n": 0}
     rng = np.random.default_rng(7)
     lim = 1 << 31
     ops = {0: (p.c, GatherBuffer(p, p.packets_for(p.c))), 1: (90, GatherBuffer(p, 2 * p.b // p.p))}

@@ -1,0 +1,133 @@
+"""SdramAggregator on litedram's controller (Verilator, litedram's SDRAM model): the
+aggregator's model replay, the same scenarios and bench, with the memory's latency,
+its refreshes and its port's contract in the way.
+
+Besides the aggregator's scenarios, two that aim at the store's hazards:
+- `back_to_back`: every sender's packet of a slot right after the other (the same tick,
+  no idle): each read-modify-write of a slot follows the previous one's write;
+- `deadline_in_flight`: a packet arrives the tick before the hard deadline, so the
+  phase ends (and its readout fetches the slot) while the packet's beats are on their
+  way to the memory.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from amaranth import Module
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from optireduce.hw.aggregator import event_layout
+from optireduce.hw.axis import AxisWrapper, PlainStreams
+from optireduce.hw.sdram_aggregator import SdramAggregator
+from optireduce.hw.sdram_controller import SdramController, SdramSpec
+from optireduce.params import NicParams
+from optireduce.sim.sdram_gen import generate
+from tests.hw import phase_owner_bench as bench
+from tests.hw.phase_owner_bench import Scenario, deliver
+from tests.hw.test_aggregator import (
+    DIRECTED,
+    P,
+    _scenario_json,
+    one_op,
+    random_scenario,
+    run_model,
+    scatter_frames_to,
+)
+
+
+class AggregatorOnSdram(wiring.Component):
+    """SdramAggregator wired to the simulated controller: the aggregator's ports, plus
+    the controller's `underrun` and `error`."""
+
+    def __init__(self, p: NicParams, base: int) -> None:
+        self.core = generate(SdramSpec(), sim=True)
+        self.agg = SdramAggregator(p, self.core.addr_width, base=base)
+        self.ctrl = SdramController(self.core)
+        ports = {n: mb for n, mb in self.agg.signature.members.items() if n != "mem"}
+        super().__init__({**ports, "underrun": Out(1), "error": Out(1)})
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        m.submodules.agg, m.submodules.ctrl = agg, ctrl = self.agg, self.ctrl
+        for name, mb in self.signature.members.items():
+            if name in ("underrun", "error"):
+                continue
+            if mb.is_signature:
+                wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(agg, name))
+            elif mb.flow == In:
+                m.d.comb += getattr(agg, name).eq(getattr(self, name))
+            else:
+                m.d.comb += getattr(self, name).eq(getattr(agg, name))
+        wiring.connect(m, agg.mem, ctrl.port)
+        m.d.comb += [self.underrun.eq(ctrl.underrun), self.error.eq(ctrl.error)]
+        return m
+
+
+def back_to_back():
+    """Every sender's packets of a slot at the same tick, one behind the other."""
+    sc, frames = one_op(world=4, rank=1, seed=3)
+    by_slot = sorted(frames, key=lambda k: (k[1], k[0]))  # (sender, index): by index first
+    deliver(sc, frames, by_slot, t0=10, dt=0)
+    sc.t_end = 100
+    return sc
+
+
+def streaming(seed: int):
+    """Two ops in flight, every frame of a full world at one tick: the store busy for
+    over a thousand cycles, one refresh interval or more."""
+    rng = np.random.default_rng(seed)
+    sc = Scenario(P, P.n_max, seed % P.n_max)
+    sc.actions += [(2, "start", op, P.c) for op in range(P.ops_in_flight)]
+    for op in range(P.ops_in_flight):
+        for s in range(sc.world):
+            if s != sc.rank:
+                frames = scatter_frames_to(sc, s, op, P.c, P.t_b_us, rng)
+                sc.actions += [(3, "frame", f) for f in frames.values()]
+    sc.t_end = 60
+    return sc
+
+
+def deadline_in_flight():
+    """A packet the tick before the hard deadline (the deadline found without it)."""
+    sc, frames = one_op(world=3, rank=2, seed=4)
+    keys = sorted(frames)
+    last, late = max(frames), keys[0]
+    deliver(sc, frames, [k for k in keys if k not in (last, late)])
+    sc.t_end = 400
+    end = run_model(sc).ends[0][1]
+    sc.actions.append((end - 1, "frame", frames[late]))
+    return sc, end
+
+
+def test_the_hazard_scenarios_do_what_they_say():
+    """The model's view of the two scenarios: the same tick for a slot's packets; the
+    deadline phase end the tick after the extra packet, which is accepted."""
+    sc = back_to_back()
+    assert len({a[0] for a in sc.actions if a[1] == "frame"}) == 1
+    exp = run_model(streaming(1))
+    assert [e[0] for e in exp.ends.values()] == ["complete"] * P.ops_in_flight
+    sc, end = deadline_in_flight()
+    exp = run_model(sc)
+    reason, tick = exp.ends[0][:2]
+    assert (reason, tick) == ("deadline", end)
+    frames = sum(a[1] == "frame" for a in sc.actions)
+    assert exp.counters["rx_scatter"] == frames
+
+
+def test_cocotb_verilator_replays_the_scenarios_on_sdram(tmp_path):
+    p = P
+    index_bits = SdramAggregator(p, 20).index_bits
+    top = AggregatorOnSdram(p, (1 << 20) - (1 << index_bits))  # ends at the last word
+    scenarios = [(name, build()) for name, build in DIRECTED.items()]
+    scenarios += [("back_to_back", back_to_back()), ("deadline_in_flight", deadline_in_flight()[0])]
+    scenarios += [(f"streaming{s}", streaming(s)) for s in (1, 2, 3)]
+    scenarios += [(f"random{s}", random_scenario(s)) for s in (1, 4)]
+    agg_path = ["block", "block", "agg"]
+    bench.replay_in_cocotb(
+        tmp_path, AxisWrapper(PlainStreams(top, ev="whole")), "aggregator", event_layout(p),
+        [_scenario_json(n, sc) for n, sc in scenarios], lanes=p.lanes,
+        refresh=["block", "block", "ctrl", "litedram", top.core.refresh_pulse],
+        store_drained=[*agg_path, "store", "drained"],
+        top_name="sdram_aggregator_top", sources=(top.core.verilog,),
+    )  # fmt: skip
