@@ -12,10 +12,11 @@ per accumulator), so the sums are the on-chip aggregator's to the bit.
   with the top bits (`combine`: one register, the top RAM read beside it) and queued
   in `writes`. A write word goes to litedram's queue (`wdata`) as its command is taken,
   so it is there when litedram asks.
-- The fence: a packet's first beat issues nothing until every earlier beat is a write
-  command (`drained`). A packet's beats are distinct slots, and litedram keeps a read
+- The fence: a packet's first read waits until every earlier beat is a write command
+  (`drained`). A packet's beats are distinct accumulators, and litedram keeps a read
   behind an earlier write to the same word, so a slot's next contribution reads the
-  sum the previous one wrote, however close they come.
+  sum the previous one wrote, however close they come. A fresh packet needs no fence
+  (nothing earlier in the op wrote its slot; the context's previous op was read out).
 - Commands: reads first, writes once their queue is half full.
 - The readout (`fetch` with a row: context and slot bits) waits until `drained` and no
   beat is queued, then reads the row's words into `row` (a block RAM of one slot);
@@ -119,8 +120,8 @@ class SdramAccumulators(wiring.Component):
         back = data.View(self.layout, q.inflight.r_data)
         room = q.writes.level < WRITE_DEPTH - 1  # `r` may hold one more
         q.paired = q.inflight.r_rdy & q.words.r_rdy & room
-        fence_ok = ~q.head.first | self.drained
-        q.fresh_go = q.beats.r_rdy & q.head.fresh & fence_ok & ~q.paired & room
+        # a fresh beat needs no fence: nothing earlier in the op wrote its slot
+        q.fresh_go = q.beats.r_rdy & q.head.fresh & ~q.paired & room
         q.take = q.paired | q.fresh_go
         src = Mux(q.paired, back.as_value(), q.head.as_value())
         srcv = data.View(self.layout, src)
