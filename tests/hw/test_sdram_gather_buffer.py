@@ -19,6 +19,7 @@ from optireduce.params import NicParams
 from optireduce.sim.cocotb_run import run_bench
 from optireduce.sim.sdram_gen import generate
 from optireduce.sim.stream_sim import element_payload, read_element, set_ports, simulate
+from tests.hw.sdram_port_model import PortModel
 
 SMALL = NicParams(p=16, b=64, c=1024, n_max=8)  # long enough for several refreshes
 
@@ -61,45 +62,6 @@ def test_cocotb_verilator_against_the_model():
 
 
 # ---- the fence, with a port that stalls on purpose (Amaranth simulator) -------------------
-class PortModel:
-    """litedram's native port as SdramGatherBuffer sees it: commands executed in order, one
-    per cycle, LATENCY cycles after they were taken; a write takes its word in the cycle it
-    executes (raising wdata_ready, whatever wdata_valid says); a read's word comes CL cycles
-    later. Commands are refused until cycle `open_at`."""
-
-    LATENCY, CL = 3, 2
-
-    def __init__(self, dut: SdramGatherBuffer, open_at: int) -> None:
-        self.dut, self.open_at = dut, open_at
-        self.mem: dict[int, int] = {}
-        self.underruns = 0
-
-    async def run(self, ctx) -> None:
-        d, queue, words = self.dut, [], []
-        self.cycle = cycle = 0
-        ctx.set(d.mem.ready, 1)
-        while True:
-            ctx.set(d.mem.cmd_ready, int(cycle >= self.open_at))
-            if ctx.get(d.mem.cmd_valid) and cycle >= self.open_at:
-                queue.append((cycle + self.LATENCY, ctx.get(d.mem.cmd_we), ctx.get(d.mem.cmd_addr)))
-            wready = 0
-            if queue and queue[0][0] <= cycle:
-                _, we, addr = queue.pop(0)
-                if we:
-                    wready = 1
-                    self.underruns += not ctx.get(d.mem.wdata_valid)
-                    self.mem[addr] = ctx.get(d.mem.wdata_data)
-                else:
-                    words.append((cycle + self.CL, self.mem.get(addr, 0xDEAD_BEEF)))
-            ctx.set(d.mem.wdata_ready, wready)
-            due = words and words[0][0] <= cycle
-            ctx.set(d.mem.rdata_valid, int(bool(due)))
-            if due:
-                ctx.set(d.mem.rdata_data, words.pop(0)[1])
-            await ctx.tick()
-            self.cycle = cycle = cycle + 1
-
-
 def _place_and_drain(
     c: int, open_at: int, drain_at: int, seed: int
 ) -> tuple[list, list, PortModel]:
@@ -108,7 +70,7 @@ def _place_and_drain(
     `o` read with random backpressure. Returns (drained, the model's z, the port)."""
     p = NicParams(p=8, b=32, c=c, n_max=8)
     dut = SdramGatherBuffer(p, 20, base=0x100)
-    port = PortModel(dut, open_at)
+    port = PortModel(dut.mem, open_at)
     rng = np.random.default_rng(seed)
     model = ModelBuffer(p, p.packets_for(p.c))
     taken, got = {"beats": 0}, []
