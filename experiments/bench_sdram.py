@@ -11,6 +11,7 @@ pattern) are given too. The counts are cycles of the simulated controller
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from optireduce.experiments.bench_fpga import payload_share
@@ -23,8 +24,10 @@ PLOT = BUILD / "litedram" / "sdram.png"
 CLOCKS_MHZ = (52.08, 62.5, 100.0)  # the core's clock; its own domain; a faster one
 TARGET_UBT_GBPS = 0.9
 P = PARAMS.p  # elements per UBT packet on the 5A-75B
+AGG_C, AGG_WORLD = 16384, PARAMS.n_max  # the issue's C; every peer's packet a read-modify-write
 LABELS = {"write": "write stream", "read": "read stream",
-          "rmw_ubt_gbps": "UBT that read-modify-write keeps up with"}  # fmt: skip
+          "rmw_ubt_gbps": "UBT that read-modify-write keeps up with",
+          "agg_ubt_gbps": "UBT the SDRAM aggregator keeps up with"}  # fmt: skip
 
 
 def figures(f: dict, mhz: float) -> dict:
@@ -38,16 +41,31 @@ def figures(f: dict, mhz: float) -> dict:
     return out
 
 
+def aggregation_figures(raw: dict, mhz: float) -> dict:
+    """The UBT rate (peers' elements on the wire) SdramAggregator keeps up with at `mhz`,
+    its own packets' sums included in the time; the readout's elements per second."""
+    hz, ing, ro = mhz * 1e6, raw["ingest"], raw["readout"]
+    elems = ing["elements"] / ing["cycles"] * hz
+    gbps = round(elems * 32 / payload_share(P) / 1e9, 3)
+    return {"ubt_gbps": gbps, "keeps_up": gbps >= TARGET_UBT_GBPS,
+            "elements_per_cycle": round(ing["elements"] / ing["cycles"], 4),
+            "readout_elements_per_s": round(ro["elements"] / ro["cycles"] * hz),
+            "raw": raw}  # fmt: skip
+
+
 def bench_sdram(quick: bool = False, progress: Callable[[str], None] | None = None) -> dict:
     say = progress or (lambda s: None)
     n = 2048 if quick else 8192
     clocks = CLOCKS_MHZ[1:2] if quick else CLOCKS_MHZ
+    agg = replace(PARAMS, c=AGG_C)
     out = {}
     for mhz in clocks:
         spec = SdramSpec(clk_mhz=mhz)
         say(f"litedram controller for {spec.module} at {mhz} MHz: {n} words per pattern")
         raw = sdram_sim.throughput(spec, n=n, batch=P)
-        out[f"{mhz:g}"] = {**figures(raw, mhz), "raw": raw}
+        say(f"the aggregator on it: one op of C = {agg.c} from {AGG_WORLD} ranks")
+        ag = aggregation_figures(sdram_sim.aggregation_rate(spec, agg, AGG_WORLD), mhz)
+        out[f"{mhz:g}"] = {**figures(raw, mhz), "aggregator": ag, "raw": raw}
     plot(out, PLOT)
     return {"module": SdramSpec().module, "target_ubt_gbps": TARGET_UBT_GBPS, "clocks_mhz": out,
             "plot": str(PLOT)}  # fmt: skip
@@ -61,16 +79,17 @@ def plot(out: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    kinds = ("write", "read", "rmw_ubt_gbps")
+    rows = [{**r, "agg_ubt_gbps": r["aggregator"]["ubt_gbps"]} for r in out.values()]
+    kinds = ("write", "read", "rmw_ubt_gbps", "agg_ubt_gbps")
     width = 0.8 / len(kinds)
     for j, kind in enumerate(kinds):
         xs = [k + j * width for k in range(len(out))]
-        ax.bar(xs, [r[kind] for r in out.values()], width, label=LABELS[kind])
-    ax.set_xticks([k + width for k in range(len(out))], [f"{c} MHz" for c in out])
+        ax.bar(xs, [r[kind] for r in rows], width, label=LABELS[kind])
+    ax.set_xticks([k + 1.5 * width for k in range(len(out))], [f"{c} MHz" for c in out])
     ax.axhline(TARGET_UBT_GBPS, color="k", lw=0.8, ls="--", label="target (UBT)")
     ax.axhline(1.0, color="k", lw=0.8, label="1 GbE")
     ax.set_ylabel("Gb/s")
-    top = max(r[k] for r in out.values() for k in kinds)
+    top = max(r[k] for r in rows for k in kinds)
     ax.set_ylim(0, 1.6 * top)  # room for the legend above the bars
     ax.set_title("5A-75B SDRAM behind litedram: streams and aggregation")
     ax.legend(fontsize=8)

@@ -138,6 +138,13 @@ class Aggregator(wiring.Component):
         """Cycles from a phase end's `end_valid` to its first mean (see above)."""
         return Aggregator.LATENCY_BEFORE_DIVIDER + MeanReadout.divider_latency(p)
 
+    @staticmethod
+    def sizes(p: NicParams) -> tuple[int, int, int]:
+        """(contexts, owned rows per context, beats per packet): the accumulators are
+        indexed Cat(beat, row, context)."""
+        rows_max = -(-(p.c // p.p) // 2)  # world >= 2
+        return 1 << _bits(p.rx_window), rows_max, p.p // p.lanes
+
     def __init__(
         self,
         p: NicParams,
@@ -149,10 +156,8 @@ class Aggregator(wiring.Component):
         """`more_ports`: members a variant adds (its accumulator store's port)."""
         self.p, self.tick0 = p, tick0  # tick0: `now` after reset (a test starts near the wrap)
         self.tc_external = tc_external  # the t_C estimator is a bank of the core's (`tc`)
-        self.n_ctx = 1 << _bits(p.rx_window)
+        self.n_ctx, self.rows_max, self.beats = self.sizes(p)
         self.npk_max = p.c // p.p
-        self.rows_max = -(-self.npk_max // 2)  # world >= 2
-        self.beats = p.p // p.lanes
         super().__init__(
             {
                 # configuration (static while ops run)

@@ -42,7 +42,7 @@ from optireduce.params import NicParams
 
 WORD = 32  # bits of an SDRAM word (the 5A-75B's bus)
 INFLIGHT_DEPTH = 32  # reads issued and not yet combined (and so read words)
-WRITE_DEPTH = 64  # sums waiting for a write command
+WRITE_DEPTH = 512  # sums waiting for a write command
 WDATA_DEPTH = 64  # write words whose command litedram took, waiting to be asked for
 
 

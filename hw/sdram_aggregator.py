@@ -38,19 +38,21 @@ class SdramAggregator(Aggregator):
         *,
         tc_external: bool = False,
     ) -> None:
-        self.addr_width, self.base = addr_width, base
-        super().__init__(p, tick0, tc_external=tc_external, mem=Out(native_port(addr_width, WORD)))
-        # the accumulator index is Cat(beat, row, context), as on chip
-        self.beat_bits = max(1, (self.beats - 1).bit_length())
-        row_bits = max(1, (self.rows_max - 1).bit_length())
-        ctx_bits = max(1, (self.n_ctx - 1).bit_length())
-        self.index_bits = self.beat_bits + row_bits + ctx_bits
+        self.beat_bits, self.index_bits = self.index_width(p)
         # raises here (not at elaboration) if the parameters do not suit the store
-        SdramAccumulators(p, self.index_bits, self.beat_bits, addr_width, base)
+        self.store = SdramAccumulators(p, self.index_bits, self.beat_bits, addr_width, base)
+        super().__init__(p, tick0, tc_external=tc_external, mem=Out(native_port(addr_width, WORD)))
+
+    @staticmethod
+    def index_width(p: NicParams) -> tuple[int, int]:
+        """(beat bits, index bits) of an accumulator's index Cat(beat, row, context), as on
+        chip: 1 << index bits words of SDRAM from `base`."""
+        n_ctx, rows_max, beats = Aggregator.sizes(p)
+        bits = [max(1, (n - 1).bit_length()) for n in (beats, rows_max, n_ctx)]
+        return bits[0], sum(bits)
 
     def _accumulator_memory(self, m: Module, s: SimpleNamespace) -> None:
-        acc = SdramAccumulators(self.p, self.index_bits, self.beat_bits, self.addr_width, self.base)
-        m.submodules.store = s.store = acc
+        m.submodules.store = s.store = acc = self.store
         wiring.connect(m, acc.mem, wiring.flipped(self.mem))
         s.i_room = acc.i.ready
         s.mem_open = self.mem.ready

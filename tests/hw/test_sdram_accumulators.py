@@ -91,11 +91,13 @@ def _check(got: dict, sums: dict, rows) -> None:
         assert [_signed(w) for w in got[row]] == sums[row], f"row {row}"
 
 
-def test_back_to_back_read_modify_writes_of_one_slot():
-    """Eight contributions to one row with no gap (the first fresh), the port closed
-    until they all queue, then refreshes: each read follows the previous write."""
+@pytest.mark.parametrize(("open_at", "refresh"), [(200, (40, 6)), (0, None)])
+def test_back_to_back_read_modify_writes_of_one_slot(open_at, refresh):
+    """Eight contributions to one row with no gap (the first fresh): the port closed
+    until they all queue, then refreshes; or open, each write going out as it comes.
+    Each read follows the previous write."""
     packets = [(5, True)] + [(5, False)] * 7
-    got, sums, port = _run(packets, open_at=200, refresh=(40, 6))
+    got, sums, port = _run(packets, open_at=open_at, refresh=refresh)
     _check(got, sums, [5])
     assert max(abs(v) for v in sums[5]) >= 1 << 31  # the top bits carried
     assert port.underruns == 0
@@ -119,6 +121,13 @@ def test_a_fetch_reads_the_sums_still_on_their_way(open_at):
     got, sums, port = _run(packets, open_at=open_at, fetch_at={3: n, 7: n}, seed=3)
     _check(got, sums, [3, 7])
     assert port.underruns == 0
+
+
+def test_a_fresh_contribution_overwrites_what_the_row_held():
+    """A row summed, then started again (a context's next op): the old sums are gone."""
+    packets = [(2, True), (2, False), (2, False), (2, True), (2, False)]
+    got, sums, _ = _run(packets, open_at=0, seed=5)
+    _check(got, sums, [2])
 
 
 def test_every_word_lands_at_base_plus_index():

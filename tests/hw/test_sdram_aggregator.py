@@ -12,17 +12,18 @@ Besides the aggregator's scenarios, two that aim at the store's hazards:
 
 from __future__ import annotations
 
-import numpy as np
-from amaranth import Module
-from amaranth.lib import wiring
-from amaranth.lib.wiring import In, Out
+from dataclasses import replace
 
+import numpy as np
+
+from optireduce.experiments.bench_sdram import TARGET_UBT_GBPS, aggregation_figures
 from optireduce.hw.aggregator import event_layout
 from optireduce.hw.axis import AxisWrapper, PlainStreams
+from optireduce.hw.board_colorlight import PARAMS
 from optireduce.hw.sdram_aggregator import SdramAggregator
-from optireduce.hw.sdram_controller import SdramController, SdramSpec
-from optireduce.params import NicParams
-from optireduce.sim.sdram_gen import generate
+from optireduce.hw.sdram_controller import SdramSpec
+from optireduce.sim import sdram_sim
+from optireduce.sim.sdram_sim import AggregatorOnSdram
 from tests.hw import phase_owner_bench as bench
 from tests.hw.phase_owner_bench import Scenario, deliver
 from tests.hw.test_aggregator import (
@@ -34,34 +35,6 @@ from tests.hw.test_aggregator import (
     run_model,
     scatter_frames_to,
 )
-
-
-class AggregatorOnSdram(wiring.Component):
-    """SdramAggregator wired to the simulated controller: the aggregator's ports, plus
-    the controller's `underrun` and `error`."""
-
-    def __init__(self, p: NicParams, base: int) -> None:
-        self.core = generate(SdramSpec(), sim=True)
-        self.agg = SdramAggregator(p, self.core.addr_width, base=base)
-        self.ctrl = SdramController(self.core)
-        ports = {n: mb for n, mb in self.agg.signature.members.items() if n != "mem"}
-        super().__init__({**ports, "underrun": Out(1), "error": Out(1)})
-
-    def elaborate(self, platform) -> Module:
-        m = Module()
-        m.submodules.agg, m.submodules.ctrl = agg, ctrl = self.agg, self.ctrl
-        for name, mb in self.signature.members.items():
-            if name in ("underrun", "error"):
-                continue
-            if mb.is_signature:
-                wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(agg, name))
-            elif mb.flow == In:
-                m.d.comb += getattr(agg, name).eq(getattr(self, name))
-            else:
-                m.d.comb += getattr(self, name).eq(getattr(agg, name))
-        wiring.connect(m, agg.mem, ctrl.port)
-        m.d.comb += [self.underrun.eq(ctrl.underrun), self.error.eq(ctrl.error)]
-        return m
 
 
 def back_to_back():
@@ -117,7 +90,7 @@ def test_the_hazard_scenarios_do_what_they_say():
 
 def test_cocotb_verilator_replays_the_scenarios_on_sdram(tmp_path):
     p = P
-    index_bits = SdramAggregator(p, 20).index_bits
+    _, index_bits = SdramAggregator.index_width(p)
     top = AggregatorOnSdram(p, (1 << 20) - (1 << index_bits))  # ends at the last word
     scenarios = [(name, build()) for name, build in DIRECTED.items()]
     scenarios += [("back_to_back", back_to_back()), ("deadline_in_flight", deadline_in_flight()[0])]
@@ -131,3 +104,17 @@ def test_cocotb_verilator_replays_the_scenarios_on_sdram(tmp_path):
         store_drained=[*agg_path, "store", "drained"],
         top_name="sdram_aggregator_top", sources=(top.core.verilog,),
     )  # fmt: skip
+
+
+def test_at_62_5_mhz_the_store_keeps_up_with_the_port():
+    """The rate figure of `bench sdram` (cycles of the simulated controller, so the same
+    on every machine), on a shorter op: every peer's packet a read-modify-write, the
+    own packets' sums in the time, and still >= 0.9 Gb/s of UBT at 62.5 MHz."""
+    p = replace(PARAMS, c=4096)
+    raw = sdram_sim.aggregation_rate(SdramSpec(clk_mhz=62.5), p, PARAMS.n_max)
+    ingest = raw["ingest"]
+    assert ingest["elements"] == (PARAMS.n_max - 1) * p.c // PARAMS.n_max
+    assert ingest["refreshes"] >= 2
+    f = aggregation_figures(raw, 62.5)
+    assert f["ubt_gbps"] >= TARGET_UBT_GBPS, f
+    assert raw["readout"]["elements"] == p.c // PARAMS.n_max

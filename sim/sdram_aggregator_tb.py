@@ -1,0 +1,114 @@
+"""cocotb bench (run by sim/sdram_sim.py: aggregation_rate): SdramAggregator on litedram's
+controller (simulation variant), fed scatter packets as fast as it takes them.
+
+One op of C elements: the rank under test's own packets (fresh sums), the op's START,
+then every peer of `world` sends it each of its slots (read-modify-writes), payload
+beats back to back, the next event offered as the last beat goes. Measured in cycles
+of the one clock: from the first event taken (the SDRAM's init is done) until the
+store has every sum as a write command (`drained`, nothing queued), and from then
+until the last mean has left (the readout: a fetch per row, then its means).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import cocotb
+from cocotb.clock import Clock
+from cocotb.triggers import ClockCycles, RisingEdge
+
+from optireduce.sim.cocotb_run import bench_config
+
+BOUND_CYCLES = 2_000_000  # any wait here
+T_C_US = 1000  # no tick is given: no deadline fires
+
+
+def _pack(fields: dict, layout: dict) -> int:
+    word = 0
+    for name, (offset, width) in layout.items():
+        word |= (int(fields.get(name, 0)) & ((1 << width) - 1)) << offset
+    return word
+
+
+async def _until(dut, cond, what: str) -> int:
+    """Cycles until `cond()` holds at a rising edge (bounded)."""
+    for n in range(BOUND_CYCLES):
+        await RisingEdge(dut.clk)
+        if cond():
+            return n
+    raise AssertionError(f"{what}: not within {BOUND_CYCLES} cycles")
+
+
+@cocotb.test()
+async def aggregation_rate(dut):
+    cfg = bench_config()
+    layout, world, rank, c, p = cfg["layout"], cfg["world"], 0, cfg["c"], cfg["p"]
+    Clock(dut.clk, 16, unit="ns").start()
+    for name in ("ev_valid", "i_valid", "tick", "i_first", "i_last"):
+        getattr(dut, name).value = 0
+    dut.o_ready.value = 1
+    dut.rank.value, dut.world.value = rank, world
+    dut.t_b.value, dut.t_c_min.value, dut.t_c_init.value = cfg["t_b"], 1, T_C_US
+    dut.alpha_q8.value = 64
+    dut.rst.value = 1
+    await ClockCycles(dut.clk, 4)
+    dut.rst.value = 0
+    store = dut.block.agg.store
+    refresh = dut.block.ctrl.litedram
+    for name in cfg["refresh"]:
+        refresh = getattr(refresh, name)
+    cycle = {"n": 0, "refreshes": 0}
+
+    async def count():
+        while True:
+            await RisingEdge(dut.clk)
+            cycle["n"] += 1
+            cycle["refreshes"] += int(refresh.value)
+
+    cocotb.start_soon(count())
+
+    async def event(fields: dict) -> None:
+        dut.ev_payload.value = _pack(fields, layout)
+        dut.ev_valid.value = 1
+        await _until(dut, lambda: int(dut.ev_ready.value), "event taken")
+        dut.ev_valid.value = 0
+
+    npk = c // p
+    slots = list(range(rank, npk, world))
+    t0 = {}
+
+    async def packet(fields: dict, seed: int) -> None:
+        await event({"op_id": 0, "op_len": c, "pkt_index": fields["idx"], **fields})
+        t0.setdefault("cycle", cycle["n"])  # from the first event taken (after the init)
+        t0.setdefault("refreshes", cycle["refreshes"])
+        dut.i_valid.value = 1
+        for b in range(p):
+            dut.i_data.value = (seed * 104729 + b) & 0xFFFF_FFFF
+            dut.i_first.value, dut.i_last.value = b == 0, b == p - 1
+            await _until(dut, lambda: int(dut.i_ready.value), "payload beat taken")
+        dut.i_valid.value = 0
+
+    # the op's own packets (fresh sums), its START, then every peer's packets (the wire)
+    for idx in slots:
+        await packet({"kind": 2, "sender": rank, "idx": idx}, idx)
+    await event({"kind": 3, "op_id": 0, "op_len": c})
+    elements = 0
+    for k, idx in enumerate(slots):
+        for s in range(1, world):
+            await packet({"kind": 0, "sender": s, "idx": idx, "last": k == len(slots) - 1,
+                          "t_c": T_C_US}, idx * world + s)  # fmt: skip
+            elements += p
+    await ClockCycles(dut.clk, 3)  # the last beat shows in the store's queue
+    await _until(dut, lambda: int(store.drained.value) and not int(store.beats.r_rdy.value),
+                 "store drained")  # fmt: skip
+    ingest = {"elements": elements, "own_elements": len(slots) * p,
+              "cycles": cycle["n"] - t0["cycle"],
+              "refreshes": cycle["refreshes"] - t0["refreshes"]}  # fmt: skip
+    c1, out = cycle["n"], 0
+    while out < len(slots) * p:
+        await _until(dut, lambda: int(dut.o_valid.value), "a mean")
+        out += 1
+    readout = {"elements": out, "cycles": cycle["n"] - c1}
+    path = Path(cfg["out"])
+    path.write_text(json.dumps({"ingest": ingest, "readout": readout}, indent=1))
