@@ -10,14 +10,17 @@ per accumulator), so the sums are the on-chip aggregator's to the bit.
   the beat waits in `inflight` until its word comes back (read words cannot be held
   off: `words` is as deep as `inflight`, so it always has room), then the sum is formed
   with the top bits (`combine`: one register, the top RAM read beside it) and queued
-  in `writes`. A write word goes to litedram's queue (`wdata`) as its command is taken,
-  so it is there when litedram asks.
+  in `writes`. A write word goes to litedram's queue (`wdata`) as its command is taken;
+  the queue shows it 2 cycles later, and litedram asks later than that (the Verilator
+  benches check the controller's `underrun`).
 - The fence: a packet's first read waits until every earlier beat is a write command
   (`drained`). A packet's beats are distinct accumulators, and litedram keeps a read
   behind an earlier write to the same word, so a slot's next contribution reads the
   sum the previous one wrote, however close they come. A fresh packet needs no fence
   (nothing earlier in the op wrote its slot; the context's previous op was read out).
-- Commands: reads first, writes once their queue is half full.
+- Commands: reads first, writes when no read can go (the next packet's fence) or once
+  their queue is half full (a guard: at P = 256 a packet's sums queue to just under
+  half before its successor's fence lets them go).
 - The readout (`fetch` with a row: context and slot bits) queues behind the beats, so
   it comes after every beat taken before it; at the head it waits until `drained`,
   then reads the row's words, with their top bits, into `row` (a block RAM of one

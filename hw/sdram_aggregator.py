@@ -7,7 +7,9 @@ readout, with only the accumulator store changed:
   beats of a late or duplicate frame are taken and dropped, as on chip);
 - the readout fetches each owned row before streaming it (MeanReadout's `row_fetch`,
   `acc_ready`), after every beat queued before the phase ended is written;
-- no event is taken until the controller's init is done (`mem.ready`).
+- no event is taken until the controller's init is done (`mem.ready`);
+- the store and `mem` may run in a clock of their own (`mem_domain`): the aggregator
+  at the core's clock, the store at the memory's (hw/sdram_accumulators.py).
 The results are the on-chip aggregator's, bit for bit; what changes is time: a slot
 costs its read-modify-write at the memory's pace, and a row's fetch before its means.
 """
@@ -37,10 +39,13 @@ class SdramAggregator(Aggregator):
         tick0: int = 0,
         *,
         tc_external: bool = False,
+        mem_domain: str = "sync",
     ) -> None:
         self.beat_bits, self.index_bits = self.index_width(p)
         # raises here (not at elaboration) if the parameters do not suit the store
-        self.store = SdramAccumulators(p, self.index_bits, self.beat_bits, addr_width, base)
+        self.store = SdramAccumulators(
+            p, self.index_bits, self.beat_bits, addr_width, base, domain=mem_domain
+        )
         super().__init__(p, tick0, tc_external=tc_external, mem=Out(native_port(addr_width, WORD)))
 
     @staticmethod
@@ -55,7 +60,7 @@ class SdramAggregator(Aggregator):
         m.submodules.store = s.store = acc = self.store
         wiring.connect(m, acc.mem, wiring.flipped(self.mem))
         s.i_room = acc.i.ready
-        s.mem_open = self.mem.ready
+        s.mem_open = acc.open
 
     def _accumulate(self, m: Module, s: SimpleNamespace) -> None:
         """Each payload beat of an accepted frame into the store's queue."""

@@ -4,7 +4,8 @@ controller (simulation variant), fed scatter packets as fast as it takes them.
 One op of C elements: the rank under test's own packets (fresh sums), the op's START,
 then every peer of `world` sends it each of its slots (read-modify-writes), payload
 beats back to back, the next event offered as the last beat goes. Measured in cycles
-of the one clock: from the first event taken (the SDRAM's init is done) until the
+of `clk` and in simulated time (the store and the controller may have a clock of
+their own, `sdram_clk`): from the first event taken (the SDRAM's init is done) until the
 store has every sum as a write command (`drained`, nothing queued), and from then
 until the last mean has left (the readout: a fetch per row, then its means).
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge
+from cocotb.utils import get_sim_time
 
 from optireduce.sim.cocotb_run import bench_config
 
@@ -44,7 +46,9 @@ async def _until(dut, cond, what: str) -> int:
 async def aggregation_rate(dut):
     cfg = bench_config()
     layout, world, rank, c, p = cfg["layout"], cfg["world"], 0, cfg["c"], cfg["p"]
-    Clock(dut.clk, 16, unit="ns").start()
+    Clock(dut.clk, cfg["clk_ps"], unit="ps").start()
+    if "sdram_clk_ps" in cfg:  # the store and the controller on a clock of their own
+        Clock(dut.sdram_clk, cfg["sdram_clk_ps"], unit="ps").start()
     for name in ("ev_valid", "i_valid", "tick", "i_first", "i_last"):
         getattr(dut, name).value = 0
     dut.o_ready.value = 1
@@ -54,7 +58,7 @@ async def aggregation_rate(dut):
     dut.rst.value = 1
     await ClockCycles(dut.clk, 4)
     dut.rst.value = 0
-    store = dut.block.agg.store
+    store = dut.block.agg.store.store  # the store's logic inside SdramAccumulators
     refresh = dut.block.ctrl.litedram
     for name in cfg["refresh"]:
         refresh = getattr(refresh, name)
@@ -64,9 +68,15 @@ async def aggregation_rate(dut):
         while True:
             await RisingEdge(dut.clk)
             cycle["n"] += 1
+
+    async def count_refreshes():  # a strobe of the controller's clock
+        mem_clk = dut.sdram_clk if "sdram_clk_ps" in cfg else dut.clk
+        while True:
+            await RisingEdge(mem_clk)
             cycle["refreshes"] += int(refresh.value)
 
     cocotb.start_soon(count())
+    cocotb.start_soon(count_refreshes())
 
     async def event(fields: dict) -> None:
         dut.ev_payload.value = _pack(fields, layout)
@@ -81,6 +91,7 @@ async def aggregation_rate(dut):
     async def packet(fields: dict, seed: int) -> None:
         await event({"op_id": 0, "op_len": c, "pkt_index": fields["idx"], **fields})
         t0.setdefault("cycle", cycle["n"])  # from the first event taken (after the init)
+        t0.setdefault("ns", get_sim_time("ns"))
         t0.setdefault("refreshes", cycle["refreshes"])
         dut.i_valid.value = 1
         for b in range(p):
@@ -103,12 +114,12 @@ async def aggregation_rate(dut):
     await _until(dut, lambda: int(store.drained.value) and not int(store.beats.r_rdy.value),
                  "store drained")  # fmt: skip
     ingest = {"elements": elements, "own_elements": len(slots) * p,
-              "cycles": cycle["n"] - t0["cycle"],
+              "cycles": cycle["n"] - t0["cycle"], "ns": get_sim_time("ns") - t0["ns"],
               "refreshes": cycle["refreshes"] - t0["refreshes"]}  # fmt: skip
-    c1, out = cycle["n"], 0
+    c1, ns1, out = cycle["n"], get_sim_time("ns"), 0
     while out < len(slots) * p:
         await _until(dut, lambda: int(dut.o_valid.value), "a mean")
         out += 1
-    readout = {"elements": out, "cycles": cycle["n"] - c1}
+    readout = {"elements": out, "cycles": cycle["n"] - c1, "ns": get_sim_time("ns") - ns1}
     path = Path(cfg["out"])
     path.write_text(json.dumps({"ingest": ingest, "readout": readout}, indent=1))

@@ -11,8 +11,9 @@ import json
 import tempfile
 from pathlib import Path
 
-from amaranth import Module
+from amaranth import ClockDomain, DomainRenamer, Module, ResetSignal
 from amaranth.lib import wiring
+from amaranth.lib.cdc import ResetSynchronizer
 from amaranth.lib.wiring import In, Out
 
 from optireduce.hw.sdram_aggregator import SdramAggregator
@@ -39,21 +40,35 @@ def run(spec: SdramSpec, testcase: str, **config: int) -> dict:
         return json.loads(out.read_text())
 
 
-def aggregation_rate(spec: SdramSpec, p: NicParams, world: int) -> dict:
-    """Cycles of SdramAggregator on the controller (sim/sdram_aggregator_tb.py): one op of
-    p.c elements from a full `world`, ingested as fast as taken, then read out."""
+def _period_ps(mhz: float) -> int:
+    """A clock's period in whole ps, even (cocotb's Clock halves it)."""
+    return 2 * round(1e6 / mhz / 2)
+
+
+def aggregation_rate(
+    spec: SdramSpec, p: NicParams, world: int, core_mhz: float | None = None
+) -> dict:
+    """SdramAggregator on the controller (sim/sdram_aggregator_tb.py): one op of p.c
+    elements from a full `world`, ingested as fast as taken, then read out; cycles of
+    the aggregator's clock and simulated ns. The controller and the store run at
+    `spec.clk_mhz`, the aggregator at `core_mhz` (the same clock if None)."""
     from optireduce.hw.aggregator import event_layout
     from optireduce.hw.axis import PlainStreams
 
-    top = AggregatorOnSdram(p, 0, spec)
+    two = core_mhz is not None and core_mhz != spec.clk_mhz
+    top = AggregatorOnSdram(p, 0, spec, two_clocks=two)
     core = top.core
     layout = {n: [f.offset, f.width] for n, f in event_layout(p)}
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "report.json"
         cfg = {"out": str(out), "refresh": [core.refresh_pulse], "layout": layout,
-               "world": world, "c": p.c, "p": p.p, "t_b": (1 << 31) - 1}  # fmt: skip
+               "world": world, "c": p.c, "p": p.p, "t_b": (1 << 31) - 1,
+               "clk_ps": _period_ps(core_mhz if two else spec.clk_mhz)}  # fmt: skip
+        if two:
+            cfg["sdram_clk_ps"] = _period_ps(spec.clk_mhz)
         log = core.verilog.parents[1] / "aggregation_rate.log"
-        run_bench(PlainStreams(top, ev="whole", i="fields", o="fields"), "sdram_aggregation",
+        name = "sdram_aggregation_2clk" if two else "sdram_aggregation"
+        run_bench(PlainStreams(top, ev="whole", i="fields", o="fields"), name,
                   "optireduce.sim.sdram_aggregator_tb", cfg, sources=(core.verilog,),
                   log_file=log)  # fmt: skip
         if not out.exists():
@@ -69,20 +84,37 @@ def throughput(spec: SdramSpec, *, n: int = 8192, batch: int = 256) -> dict:
 
 class AggregatorOnSdram(wiring.Component):
     """SdramAggregator wired to the simulated controller: the aggregator's ports, plus
-    the controller's `underrun` and `error`."""
+    the controller's `underrun` and `error`. With `two_clocks`, the store and the
+    controller run on `sdram_clk` (an input; their reset follows `sync`'s through a
+    synchronizer), the aggregator on `sync`'s."""
 
-    def __init__(self, p: NicParams, base: int, spec: SdramSpec | None = None) -> None:
+    EXTRA = ("underrun", "error", "sdram_clk")
+
+    def __init__(
+        self, p: NicParams, base: int, spec: SdramSpec | None = None, two_clocks: bool = False
+    ) -> None:
         self.core = generate(spec or SdramSpec(), sim=True)
-        self.agg = SdramAggregator(p, self.core.addr_width, base=base)
+        self.two_clocks = two_clocks
+        domain = "sdram" if two_clocks else "sync"
+        self.agg = SdramAggregator(p, self.core.addr_width, base=base, mem_domain=domain)
         self.ctrl = SdramController(self.core)
         ports = {n: mb for n, mb in self.agg.signature.members.items() if n != "mem"}
-        super().__init__({**ports, "underrun": Out(1), "error": Out(1)})
+        extra = {"sdram_clk": In(1)} if two_clocks else {}
+        super().__init__({**ports, "underrun": Out(1), "error": Out(1), **extra})
 
     def elaborate(self, platform) -> Module:
         m = Module()
-        m.submodules.agg, m.submodules.ctrl = agg, ctrl = self.agg, self.ctrl
+        m.submodules.agg = agg = self.agg
+        ctrl = self.ctrl
+        if self.two_clocks:
+            m.domains.sdram = cd = ClockDomain("sdram", local=True)
+            m.d.comb += cd.clk.eq(self.sdram_clk)
+            m.submodules.sdram_reset = ResetSynchronizer(ResetSignal("sync"), domain="sdram")
+            m.submodules.ctrl = DomainRenamer({"sync": "sdram"})(ctrl)
+        else:
+            m.submodules.ctrl = ctrl
         for name, mb in self.signature.members.items():
-            if name in ("underrun", "error"):
+            if name in self.EXTRA:
                 continue
             if mb.is_signature:
                 wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(agg, name))

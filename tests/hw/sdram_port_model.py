@@ -14,9 +14,19 @@ class PortModel:
 
     LATENCY, CL = 3, 2
 
-    def __init__(self, mem, open_at: int, refresh: tuple[int, int] | None = None) -> None:
-        """`mem`: the user's port (its `native_port` members)."""
+    def __init__(
+        self,
+        mem,
+        open_at: int,
+        refresh: tuple[int, int] | None = None,
+        latency: int | None = None,
+        cl: int | None = None,
+    ) -> None:
+        """`mem`: the user's port (its `native_port` members); `latency`, `cl`: the class's
+        unless given."""
         self.d, self.open_at, self.refresh = mem, open_at, refresh
+        self.LATENCY = latency or self.LATENCY
+        self.CL = cl or self.CL
         self.mem: dict[int, int] = {}
         self.underruns = 0
 

@@ -14,16 +14,19 @@ def inner(dut, path: list[str]):
     return dut
 
 
-def count_refreshes(dut, path: list[str], idle: list[str] | None = None) -> dict[str, int]:
-    """Counts the strobes of the signal at `path` from now on, in the returned dict's "n";
-    with `idle` (a signal's path), those while it was low in "busy"."""
+def count_refreshes(
+    dut, path: list[str], idle: list[str] | None = None, clock: str = "clk"
+) -> dict[str, int]:
+    """Counts the strobes of the signal at `path` (in the clock `clock`) from now on, in
+    the returned dict's "n"; with `idle` (a signal's path), those while it was low in
+    "busy"."""
     refreshes = {"n": 0, "busy": 0}
 
     async def count():
         sig = inner(dut, path)
         quiet = inner(dut, idle) if idle else None
         while True:
-            await RisingEdge(dut.clk)
+            await RisingEdge(getattr(dut, clock))
             if int(sig.value):
                 refreshes["n"] += 1
                 refreshes["busy"] += quiet is not None and not int(quiet.value)

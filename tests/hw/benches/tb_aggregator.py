@@ -13,6 +13,7 @@ import random
 
 import cocotb
 import numpy as np
+from cocotb.clock import Clock
 from cocotb.triggers import RisingEdge
 
 from optireduce.sim.axis_tb import AxisTB, pack, unpack
@@ -74,9 +75,13 @@ async def run_scenario(dut, tb: AxisTB, sc: dict, layout: dict, lanes: int, seed
 async def aggregator_scenarios_match_the_model(dut):
     tb = AxisTB(dut, seed=3, idle=0.3, backpressure=0.3)
     cfg = bench_config()
+    clock = "clk"
+    if "sdram_clk_ps" in cfg:  # the store and the controller on a clock of their own
+        Clock(dut.sdram_clk, cfg["sdram_clk_ps"], unit="ps").start()
+        clock = "sdram_clk"
     if "refresh" in cfg:  # accumulators in SDRAM: the controller's refreshes, and those
         # that came while the store had beats on their way
-        refreshes = count_refreshes(dut, cfg["refresh"], cfg["store_drained"])
+        refreshes = count_refreshes(dut, cfg["refresh"], cfg["store_drained"], clock)
     for k, sc, cfg in owner.scenarios(dut):
         await run_scenario(dut, tb, sc, cfg["layout"], cfg["lanes"], seed=k)
     if "refresh" in cfg:  # accumulators in SDRAM: refreshes came while they were busy
