@@ -6,7 +6,7 @@ readout, with only the accumulator store changed:
 - a payload beat goes to the store's queue (the payload stalls while it is full; the
   beats of a late or duplicate frame are taken and dropped, as on chip);
 - the readout fetches each owned row before streaming it (MeanReadout's `row_fetch`,
-  `acc_ready`), after every beat queued before the phase ended is written;
+  `acc_ready`), once every beat queued before it is a write command;
 - no event is taken until the controller's init is done (`mem.ready`);
 - the store and `mem` may run in a clock of their own (`mem_domain`): the aggregator
   at the core's clock, the store at the memory's (hw/sdram_accumulators.py).
