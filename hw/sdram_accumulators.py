@@ -210,7 +210,6 @@ class SdramAccumulators(wiring.Component):
             r.word.eq(q.words.r_data),
         ]
         m.d.comb += q.inflight.r_en.eq(q.paired)
-        q.combine_v = r.v
         q.top_addr_rmw = srcv.index
         old = Mux(r.fresh, 0, Cat(r.word, q.top_rd.data).as_signed())
         total = Signal(signed(p.w_acc))

@@ -49,6 +49,19 @@ def build(
     return build_dir
 
 
+def field_places(layout) -> dict[str, list[int]]:
+    """{field: [offset, width]} of a StructLayout, as a bench's JSON config carries it."""
+    return {n: [f.offset, f.width] for n, f in layout}
+
+
+def pack_fields(fields: dict, places: dict) -> int:
+    """One word from named fields (missing ones 0) at their `field_places`."""
+    word = 0
+    for name, (offset, width) in places.items():
+        word |= (int(fields.get(name, 0)) & ((1 << width) - 1)) << offset
+    return word
+
+
 def run_bench(
     component: wiring.Component,
     name: str,

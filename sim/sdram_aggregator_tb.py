@@ -20,17 +20,10 @@ from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge
 from cocotb.utils import get_sim_time
 
-from optireduce.sim.cocotb_run import bench_config
+from optireduce.sim.cocotb_run import bench_config, pack_fields
 
 BOUND_CYCLES = 2_000_000  # any wait here
 T_C_US = 1000  # no tick is given: no deadline fires
-
-
-def _pack(fields: dict, layout: dict) -> int:
-    word = 0
-    for name, (offset, width) in layout.items():
-        word |= (int(fields.get(name, 0)) & ((1 << width) - 1)) << offset
-    return word
 
 
 async def _until(dut, cond, what: str) -> int:
@@ -79,7 +72,7 @@ async def aggregation_rate(dut):
     cocotb.start_soon(count_refreshes())
 
     async def event(fields: dict) -> None:
-        dut.ev_payload.value = _pack(fields, layout)
+        dut.ev_payload.value = pack_fields(fields, layout)
         dut.ev_valid.value = 1
         await _until(dut, lambda: int(dut.ev_ready.value), "event taken")
         dut.ev_valid.value = 0

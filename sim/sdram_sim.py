@@ -16,10 +16,12 @@ from amaranth.lib import wiring
 from amaranth.lib.cdc import ResetSynchronizer
 from amaranth.lib.wiring import In, Out
 
+from optireduce.hw.aggregator import event_layout
+from optireduce.hw.axis import PlainStreams
 from optireduce.hw.sdram_aggregator import SdramAggregator
 from optireduce.hw.sdram_controller import SdramController, SdramSpec
 from optireduce.params import NicParams
-from optireduce.sim.cocotb_run import run_bench
+from optireduce.sim.cocotb_run import field_places, run_bench
 from optireduce.sim.sdram_gen import generate
 
 BENCH = "optireduce.sim.sdram_tb"
@@ -52,13 +54,10 @@ def aggregation_rate(
     elements from a full `world`, ingested as fast as taken, then read out; cycles of
     the aggregator's clock and simulated ns. The controller and the store run at
     `spec.clk_mhz`, the aggregator at `core_mhz` (the same clock if None)."""
-    from optireduce.hw.aggregator import event_layout
-    from optireduce.hw.axis import PlainStreams
-
     two = core_mhz is not None and core_mhz != spec.clk_mhz
     top = AggregatorOnSdram(p, 0, spec, two_clocks=two)
     core = top.core
-    layout = {n: [f.offset, f.width] for n, f in event_layout(p)}
+    layout = field_places(event_layout(p))
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "report.json"
         cfg = {"out": str(out), "refresh": [core.refresh_pulse], "layout": layout,

@@ -19,7 +19,7 @@ from amaranth.lib import wiring
 from optireduce.host.model.nic_model import NicModel
 from optireduce.hw.deadline import REASON_NAMES, Reason
 from optireduce.params import NicParams
-from optireduce.sim.cocotb_run import run_bench
+from optireduce.sim.cocotb_run import field_places, run_bench
 from optireduce.sim.stream_sim import simulate as run_sim
 
 
@@ -261,7 +261,7 @@ def replay_in_cocotb(
     Verilog it instantiates) under Verilator."""
     path = tmp_path / "scenarios.json"
     path.write_text(json.dumps(scenarios))
-    layout = {n: [f.offset, f.width] for n, f in layout}
+    layout = field_places(layout)
     run_bench(
         top, top_name or f"{name}_top", f"tests.hw.benches.tb_{name}",
         {"scenarios": str(path), "layout": layout, **config}, sources=sources,

@@ -28,13 +28,6 @@ def scenarios(dut) -> Iterator[tuple[int, dict, dict]]:
         yield k, sc, cfg
 
 
-def pack_event(fields: dict, layout: dict) -> int:
-    word = 0
-    for name, (offset, width) in layout.items():
-        word |= (int(fields.get(name, 0)) & ((1 << width) - 1)) << offset
-    return word
-
-
 def configure(dut, sc: dict) -> None:
     """The owner's static configuration."""
     dut.rank.value = sc["rank"]

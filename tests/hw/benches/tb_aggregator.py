@@ -17,7 +17,7 @@ from cocotb.clock import Clock
 from cocotb.triggers import RisingEdge
 
 from optireduce.sim.axis_tb import AxisTB, pack, unpack
-from optireduce.sim.cocotb_run import bench_config
+from optireduce.sim.cocotb_run import bench_config, pack_fields
 from tests.hw.benches import phase_owner_tb as owner
 from tests.hw.benches.sdram_watch import count_refreshes
 
@@ -52,7 +52,7 @@ async def run_scenario(dut, tb: AxisTB, sc: dict, layout: dict, lanes: int, seed
 
     for t, kind, fields, vals in sc["events"]:
         await tick_to(t)
-        await owner.send_event(dut, owner.pack_event({"kind": kind, **fields}, layout), t)
+        await owner.send_event(dut, pack_fields({"kind": kind, **fields}, layout), t)
         if vals is not None:
             await tb.send(pack(vals, 32, lanes), first=True)
     await tick_to(sc["t_end"])

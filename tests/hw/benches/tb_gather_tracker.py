@@ -15,6 +15,7 @@ import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import RisingEdge
 
+from optireduce.sim.cocotb_run import pack_fields
 from tests.hw.benches import phase_owner_tb as owner
 
 
@@ -50,7 +51,7 @@ async def run_scenario(dut, sc: dict, layout: dict, seed: int) -> None:
     for at, kind, fields in sc["events"]:
         if rng.random() < 0.4:
             await walk_to(at)
-        await owner.send_event(dut, owner.pack_event({**fields, "kind": kind}, layout), at)
+        await owner.send_event(dut, pack_fields({**fields, "kind": kind}, layout), at)
         time = max(time, at)
         dut.time.value = time
     await walk_to(sc["t_end"])
