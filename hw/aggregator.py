@@ -309,6 +309,9 @@ class Aggregator(wiring.Component):
 
     def _control(self, m: Module, s: SimpleNamespace) -> None:
         """The event FSM, its states in the order an event goes through them."""
+        # IDLE takes an event, and `ev.ready` says so, on this one condition
+        s.can_take = Signal()
+        m.d.comb += s.can_take.eq(~s.ro.busy & ~s.ro.pending & s.mem_open)
         with m.FSM() as fsm:
             self._take_states(m, s)  # IDLE: ticks, due phases, the next event; HIT, LOOKUP
             self._claim_states(m, s)  # a new op's context: CLEAR, MINE, MINE_SET
@@ -316,12 +319,7 @@ class Aggregator(wiring.Component):
             self._slot_states(m, s)  # LATE, ROW_*: the frame's slot; PAYLOAD
             self._end_states(m, s)  # POST, FIRE*, SETTLE: the phases the event made due
         m.d.comb += self.ev.ready.eq(
-            fsm.ongoing("IDLE")
-            & ~(s.pend != 0)
-            & ~s.idle_found
-            & ~s.ro.busy
-            & ~s.ro.pending
-            & s.mem_open
+            fsm.ongoing("IDLE") & ~(s.pend != 0) & ~s.idle_found & s.can_take
         )
 
     def _take_states(self, m: Module, s: SimpleNamespace) -> None:
@@ -342,7 +340,7 @@ class Aggregator(wiring.Component):
             with m.Elif(s.idle_found):
                 m.d.sync += [s.fire_c.eq(s.idle_pick), s.ret_post.eq(0)]
                 m.next = "FIRE"
-            with m.Elif(~s.ro.busy & ~s.ro.pending & s.mem_open), m.If(self.ev.valid):
+            with m.Elif(s.can_take), m.If(self.ev.valid):
                 m.next = "HIT"
 
         with m.State("HIT"):
