@@ -36,6 +36,11 @@ In-band exponents (NicParams.exp_inband): the parser's notes fill the proposal t
 (hw/proposal_table.py); a START with `inband` takes its agreed value, or follows the
 context peers ahead made (NicModel.start_op); the op's proposal word rides in `reserved`.
 
+Accumulators in SDRAM (NicParams.sdram_addr_bits): the aggregator is SdramAggregator
+(hw/sdram_aggregator.py), its store on `acc_mem` (litedram's native port) in
+`sdram_domain`; every result is the same, only its timing changes. `idle` waits for the
+controller's init (no event is taken before it).
+
 One FWHT (NicParams.fwht_shared): the encoder's forward and the decoder's inverse
 transform take turns in one SharedFwht, a whole block at a time (hw/shared_fwht.py):
 an encode block once all of it is buffered, a decode block once there is room after it
@@ -73,6 +78,8 @@ from optireduce.hw.op_records import OpRecords
 from optireduce.hw.packetizer import Packetizer
 from optireduce.hw.parser import PARSER_CODES, PARSER_REASONS, Parser
 from optireduce.hw.proposal_table import ProposalTable
+from optireduce.hw.sdram_aggregator import SdramAggregator
+from optireduce.hw.sdram_controller import native_port
 from optireduce.hw.shared_fwht import SharedFwht
 from optireduce.hw.streams import float_stream, frame_stream
 from optireduce.hw.tc_estimator import TcEstimator, changed, saturated_tc, tc_bits
@@ -127,7 +134,12 @@ class NicCore(wiring.Component):
     MODEL = NicModel
 
     def __init__(
-        self, p: NicParams, addressing: ubt.Addressing = ubt.DEFAULT_ADDRESSING, tick0: int = 0
+        self,
+        p: NicParams,
+        addressing: ubt.Addressing = ubt.DEFAULT_ADDRESSING,
+        tick0: int = 0,
+        *,
+        sdram_domain: str = "sync",
     ) -> None:
         if p.lanes != 1:
             raise ValueError(f"NicCore: lanes={p.lanes}; the core runs one element per cycle")
@@ -135,6 +147,9 @@ class NicCore(wiring.Component):
         self.tick0 = tick0  # `now` after reset (a test starts the clock near its wrap)
         self.n_ctx = 1 << _bits(p.rx_window)
         self.csr = Csr(p, addressing)
+        self.sdram_domain = sdram_domain  # the accumulator store's and acc_mem's clock
+        # the SDRAM's port (sdram_addr_bits): the accumulators' reads and writes
+        mem = {"acc_mem": Out(native_port(p.sdram_addr_bits))} if p.sdram_addr_bits else {}
         super().__init__(
             {
                 "tick": In(1),
@@ -154,6 +169,7 @@ class NicCore(wiring.Component):
                 # a board's host adapter's events, a strobe per ADAPTER_COUNTERS name
                 # (its shell brings them into this domain), counted in the host block
                 "adapter_counts": In(len(host_port.ADAPTER_COUNTERS)),
+                **mem,
             }
         )
 
@@ -193,7 +209,13 @@ class NicCore(wiring.Component):
         # ---- blocks ------------------------------------------------------------------------
         m.submodules.csr = csr = self.csr
         m.submodules.parser = parser = Parser(p)
-        m.submodules.aggregator = agg = Aggregator(p, self.tick0, tc_external=True)
+        if p.sdram_addr_bits:
+            agg = SdramAggregator(p, p.sdram_addr_bits, 0, self.tick0, tc_external=True,
+                                  mem_domain=self.sdram_domain)  # fmt: skip
+            wiring.connect(m, agg.mem, wiring.flipped(self.acc_mem))
+        else:
+            agg = Aggregator(p, self.tick0, tc_external=True)
+        m.submodules.aggregator = agg
         m.submodules.tracker = trk = GatherTracker(p, self.tick0, tc_external=True)
         # one t_C estimator: bank 0 is phase 1's (the aggregator's), bank 1 phase 2's
         m.submodules.tc = tce = TcEstimator(p, banks=2)

@@ -67,6 +67,9 @@ class NicParams:
     # Gateware only: bits of the NIC's wrapping microsecond clock; t_b_us < 2^(tick_bits - 4)
     # (docs/deadlines.md, "The tick clock's width"). The model's ticks do not wrap.
     tick_bits: int = 32
+    # Gateware only: the phase-1 accumulators in SDRAM behind a native port of this many
+    # address bits (hw/sdram_aggregator.py; docs/boards.md); 0: in block RAM
+    sdram_addr_bits: int = 0
 
     def __post_init__(self) -> None:
         def need(cond: bool, name: str, msg: str) -> None:
@@ -76,7 +79,7 @@ class NicParams:
 
         for name in (
             "n_max", "p", "b", "c", "lanes", "ops_in_flight", "w_wire", "seed", "t_b_us",
-            "t_c_min_us", "tick_bits",
+            "t_c_min_us", "tick_bits", "sdram_addr_bits",
             "alpha_q8", "last_percent", "tc_gain_shift", "tc_dev_shift", "tc_dev_mult",
             "udp_port", "job_id",
         ):  # fmt: skip
@@ -120,6 +123,10 @@ class NicParams:
             f"must be in K={self.ops_in_flight}..256 (an op is proposed for before it starts)",
         )
         need(10 <= self.tick_bits <= 32, "tick_bits", "must be in 10..32")
+        need(
+            self.sdram_addr_bits == 0 or 8 <= self.sdram_addr_bits <= 32, "sdram_addr_bits",
+            "must be 0 (accumulators on chip) or the SDRAM port's 8..32 address bits",
+        )  # fmt: skip
         need(
             1 <= self.t_b_us < 1 << self.t_b_bits, "t_b_us",
             f"must be in 1..2^{self.t_b_bits}-1 microseconds (tick_bits={self.tick_bits}: the "

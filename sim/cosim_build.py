@@ -32,14 +32,20 @@ BUILD_TIMEOUT_S = 1800
 _BUILT: dict[tuple[str, NicParams], Path] = {}
 
 
-def _top(top: str, p: NicParams) -> wiring.Component:
+def _top(top: str, p: NicParams) -> tuple[wiring.Component, tuple[Path, ...]]:
+    """The top for `p` and the Verilog it needs besides its own."""
     if top == BOARD_TOP:
         from optireduce.hw.virtual_board import VirtualBoard
 
-        return VirtualBoard(p)
+        return VirtualBoard(p), ()
+    if p.sdram_addr_bits:  # the accumulators on litedram's simulated controller
+        from optireduce.sim.sdram_sim import NicOnSdram
+
+        nic = NicOnSdram(p)
+        return nic, (nic.core.verilog,)
     from optireduce.hw.nic_core import NicCore
 
-    return NicCore(p)
+    return NicCore(p), ()
 
 
 def harness_path(p: NicParams, component: wiring.Component | None = None) -> Path:
@@ -70,17 +76,20 @@ def _harness(top: str, p: NicParams, component: wiring.Component | None) -> Path
     if component is None and (top, p) in _BUILT and _BUILT[top, p].exists():
         return _BUILT[top, p]  # elaborating the core takes seconds: once per process
     root = use_verilator()
-    vpath = verilog.write(component if component is not None else _top(top, p), top,
-                          kind="cosim")  # fmt: skip
+    if component is None:
+        component, more = _top(top, p)
+    else:
+        more = ()
+    vpath = verilog.write(component, top, kind="cosim")
     h = hashlib.sha256(vpath.read_bytes())
-    for name in (*SOURCES[top], *SHARED):
-        h.update((HARNESS_DIR / name).read_bytes())
+    for path in (*(HARNESS_DIR / n for n in (*SOURCES[top], *SHARED)), *more):
+        h.update(path.read_bytes())
     h.update(Path(ico_gate.__file__).read_bytes())
     out = vpath.parent / f"harness-{h.hexdigest()[:12]}"
     exe = out / Path(SOURCES[top][0]).stem
     with FileLock(str(vpath.parent / ".lock"), timeout=BUILD_TIMEOUT_S):
         if not exe.exists():
-            _build(root, vpath, top, out, exe)
+            _build(root, (vpath, *more), top, out, exe)
     if component is None:
         _BUILT[top, p] = exe
     return exe
@@ -99,7 +108,7 @@ def _run(cmd: list[str], what: str) -> None:
         raise RuntimeError(f"the harness {what} failed ({' '.join(cmd)}):\n{tail}")
 
 
-def _build(root: Path, vpath: Path, top: str, out: Path, exe: Path) -> None:
+def _build(root: Path, verilog_files: tuple[Path, ...], top: str, out: Path, exe: Path) -> None:
     """Verilate, gate the input-combinational region (sim/ico_gate.py), compile."""
     if not (root / "include" / "verilated.h").exists():
         raise ToolchainError(f"{root}/include/verilated.h is missing: {FIX}")
@@ -110,7 +119,7 @@ def _build(root: Path, vpath: Path, top: str, out: Path, exe: Path) -> None:
     _run([
         str(root / "bin" / "verilator"), "--cc", "--exe", "-O3", "-Wno-fatal", "-Wno-lint",
         "-Wno-style", "--top-module", top, "-CFLAGS", "-std=c++17", "--Mdir", str(mdir),
-        "-o", str(exe), str(vpath), *(str(HARNESS_DIR / n) for n in SOURCES[top]),
+        "-o", str(exe), *map(str, verilog_files), *(str(HARNESS_DIR / n) for n in SOURCES[top]),
     ], "verilation")  # fmt: skip
     ico_gate.gate_ico(mdir, prefix)
     _run(["make", "-C", str(mdir), "-f", f"{prefix}.mk", "-j", "2", "OPT_FAST=-O2",

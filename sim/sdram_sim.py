@@ -18,6 +18,7 @@ from amaranth.lib.wiring import In, Out
 
 from optireduce.hw.aggregator import event_layout
 from optireduce.hw.axis import PlainStreams
+from optireduce.hw.nic_core import NicCore
 from optireduce.hw.sdram_aggregator import SdramAggregator
 from optireduce.hw.sdram_controller import SdramController, SdramSpec
 from optireduce.params import NicParams
@@ -112,15 +113,47 @@ class AggregatorOnSdram(wiring.Component):
             m.submodules.ctrl = DomainRenamer({"sync": "sdram"})(ctrl)
         else:
             m.submodules.ctrl = ctrl
-        for name, mb in self.signature.members.items():
-            if name in self.EXTRA:
-                continue
-            if mb.is_signature:
-                wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(agg, name))
-            elif mb.flow == In:
-                m.d.comb += getattr(agg, name).eq(getattr(self, name))
-            else:
-                m.d.comb += getattr(self, name).eq(getattr(agg, name))
+        _pass_through(m, self, agg, skip=self.EXTRA)
         wiring.connect(m, agg.mem, ctrl.port)
         m.d.comb += [self.underrun.eq(ctrl.underrun), self.error.eq(ctrl.error)]
+        return m
+
+
+def _pass_through(m: Module, outer: wiring.Component, inner: wiring.Component, skip=()) -> None:
+    """Connect each of `outer`'s ports (but `skip`) to `inner`'s of the same name."""
+    for name, mb in outer.signature.members.items():
+        if name in skip:
+            continue
+        if mb.is_signature:
+            wiring.connect(m, wiring.flipped(getattr(outer, name)), getattr(inner, name))
+        elif mb.flow == In:
+            m.d.comb += getattr(inner, name).eq(getattr(outer, name))
+        else:
+            m.d.comb += getattr(outer, name).eq(getattr(inner, name))
+
+
+class NicOnSdram(wiring.Component):
+    """NicCore(p) with its accumulators on the simulated controller, in one clock: the
+    core's ports, so that the co-simulation harness drives it as it drives NicCore.
+    A controller fault (its init unanswered, a write word it took before it was there)
+    holds `idle` low: the harness stops with a bounded wait's error rather than give
+    results the SDRAM did not hold."""
+
+    def __init__(self, p: NicParams, spec: SdramSpec | None = None) -> None:
+        self.core = generate(spec or SdramSpec(), sim=True)
+        if p.sdram_addr_bits != self.core.addr_width:
+            raise ValueError(f"NicOnSdram: sdram_addr_bits={p.sdram_addr_bits}, the "
+                             f"controller's port has {self.core.addr_width}")  # fmt: skip
+        self.nic = NicCore(p)
+        self.ctrl = SdramController(self.core)
+        ports = {n: mb for n, mb in self.nic.signature.members.items() if n != "acc_mem"}
+        super().__init__(ports)
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        m.submodules.nic = nic = self.nic
+        m.submodules.ctrl = ctrl = self.ctrl
+        _pass_through(m, self, nic, skip=("idle",))
+        wiring.connect(m, nic.acc_mem, ctrl.port)
+        m.d.comb += self.idle.eq(nic.idle & ~ctrl.underrun & ~ctrl.error)
         return m

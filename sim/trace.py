@@ -30,6 +30,9 @@ INBAND_OPS = 5
 # The 25F's choices (hw/board_colorlight.py; tests/test_cosim_replay.py checks they are
 # its) at trace sizes: one op in flight, one FWHT, its narrower clock
 SLIM_PARAMS = TRACE_PARAMS.replace(ops_in_flight=1, fwht_shared=True, tick_bits=24)
+# ... and its accumulators in the 5A-75B's SDRAM (1M words: sim/sdram_sim.py's NicOnSdram
+# checks the generated controller's port has these address bits)
+SDRAM_PARAMS = SLIM_PARAMS.replace(sdram_addr_bits=20)
 
 Frame = tuple[int, bytes]  # (tick in microseconds, frame bytes)
 

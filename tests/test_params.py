@@ -38,6 +38,8 @@ def test_defaults_and_derived_widths():
         ("t_b_us", 1 << 28),  # the wrapping tick clock needs phases under 2^29 us
         ("tick_bits", 9),
         ("tick_bits", 33),
+        ("sdram_addr_bits", 7),
+        ("sdram_addr_bits", 33),
         ("t_c_init_us", 10**9),
         ("alpha_q8", 0),
         ("alpha_q8", 300),
