@@ -14,6 +14,7 @@ from amaranth.build import Attrs, Pins, Resource, Subsignal
 from amaranth_boards.colorlight_5a75b_r7_0 import Colorlight_5A75B_R70Platform
 
 from optireduce.hw.board_top import Board, NoProgrammer
+from optireduce.hw.sdram_controller import SdramSpec
 from optireduce.params import NicParams
 
 # one op in flight, one FWHT and a 24-bit clock (t_B < 2^20 us): the 25F's LUTs
@@ -61,4 +62,5 @@ BOARD = Board(
     eth=(0, 1),
     leds=_leds,
     description="Colorlight 5A-75B r7.0, LFE5U-25F-6, two GbE ports (host, network)",
+    sdram=SdramSpec(),  # 2 x M12L16161A, one 32-bit bus, at 62.5 MHz (VCO / 10)
 )

@@ -4,6 +4,8 @@
                      -> core (the board's core clock: the NIC core); both reset until lock
   eth port 0 (host)    <-> RgmiiMac <-> NicShell host_rx/host_tx (HostAdapter, crossings)
   eth port 1 (network) <-> RgmiiMac <-> NicShell net_rx/net_tx (Widen / Narrow, crossings)
+                     -> sdram (the SDRAM's clock, boards with `sdram`, when the core keeps
+                        its accumulators there): NicShell acc_mem <-> SdramController
 
 On a board with one Ethernet port both share it: received frames are split by EtherType
 (host-port frames, 0x88B5, to the adapter; the rest to the core) and the two senders
@@ -22,13 +24,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from amaranth import ClockDomain, Elaboratable, Instance, Module, Signal
+from amaranth import ClockDomain, DomainRenamer, Elaboratable, Instance, Module, Signal
 from amaranth.lib import io, wiring
 from amaranth.lib.cdc import AsyncFFSynchronizer, FFSynchronizer, ResetSynchronizer
 
 from optireduce.hw.board_frames import EtherTypeDemux, FrameMux
-from optireduce.hw.nic_shell import NicShell
+from optireduce.hw.nic_shell import SDRAM_DOMAIN, NicShell
 from optireduce.hw.rgmii_mac import RgmiiMac
+from optireduce.hw.sdram_controller import SdramController, SdramCore, SdramSpec
 from optireduce.params import NicParams
 
 SYNC_MHZ = 125  # one byte per cycle on the RGMII side is 1 Gb/s
@@ -66,6 +69,14 @@ class Board:
     description: str = ""
     core_div: int = 12  # 52.08 MHz
     reset_dccs: tuple[tuple[str, str], ...] = ()
+    # the board's SDRAM as litedram's generator is told it, and the PLL's CLKOS2 divider
+    # for its clock (VCO / sdram_div = sdram.clk_mhz); None: no SDRAM
+    sdram: SdramSpec | None = None
+    sdram_div: int = 10  # 62.5 MHz
+
+    @property
+    def sdram_mhz(self) -> float:
+        return SYNC_MHZ * self.pll[2] / self.sdram_div
 
     @property
     def core_mhz(self) -> float:
@@ -84,11 +95,27 @@ def rgmii_pads(pads) -> SimpleNamespace:
 
 
 class BoardTop(Elaboratable):
-    """The top of `board`; `core` builds the core from NicParams (default: NicCore)."""
+    """The top of `board`; `core` builds the core from NicParams (default: NicCore).
+    `sdram`: the board variant of the board's SDRAM controller, generated (its Verilog
+    goes into the build), for a core with its accumulators there (the params'
+    sdram_addr_bits)."""
 
-    def __init__(self, board: Board, core: Callable[[NicParams], wiring.Component] | None = None):
+    def __init__(
+        self,
+        board: Board,
+        core: Callable[[NicParams], wiring.Component] | None = None,
+        sdram: SdramCore | None = None,
+    ):
         self.board = board
         self.core = core  # None: NicCore (NicShell)
+        p = board.params
+        if p.sdram_addr_bits and (sdram is None or board.sdram is None):
+            raise ValueError(f"{board.name}: a core with its accumulators in SDRAM needs the "
+                             "board's SDRAM and its generated controller")  # fmt: skip
+        if sdram is not None and (sdram.sim or sdram.addr_width != p.sdram_addr_bits):
+            raise ValueError(f"{board.name}: the controller is not the board's for "
+                             f"sdram_addr_bits={p.sdram_addr_bits}")  # fmt: skip
+        self.sdram = sdram if p.sdram_addr_bits else None
 
     @staticmethod
     def _global_reset(m: Module, cd: ClockDomain, arst, bel: str | None = None) -> None:
@@ -118,6 +145,17 @@ class BoardTop(Elaboratable):
         locked = Signal()
         m.domains.sync = cd_sync = ClockDomain("sync")
         m.domains.core = cd_core = ClockDomain("core")
+        cd_sdram = None
+        if self.sdram is not None:
+            if abs(b.sdram_mhz - b.sdram.clk_mhz) > 1e-3:
+                raise ValueError(f"{b.name}: sdram_div gives {b.sdram_mhz} MHz, the "
+                                 f"controller was generated for {b.sdram.clk_mhz}")  # fmt: skip
+            m.domains.sdram = cd_sdram = ClockDomain(SDRAM_DOMAIN)
+        sdram_out = {} if cd_sdram is None else {
+            "a_FREQUENCY_PIN_CLKOS2": f"{b.sdram_mhz:.4f}", "p_CLKOS2_ENABLE": "ENABLED",
+            "p_CLKOS2_DIV": b.sdram_div, "p_CLKOS2_CPHASE": 2, "p_CLKOS2_FPHASE": 0,
+            "p_OUTDIVIDER_MUXC": "DIVC", "o_CLKOS2": cd_sdram.clk,
+        }  # fmt: skip
         clk_pll = cd_sync.clk
         m.submodules.pll = Instance(
             "EHXPLLL",
@@ -134,7 +172,6 @@ class BoardTop(Elaboratable):
             p_DPHASE_SOURCE="DISABLED",
             p_OUTDIVIDER_MUXA="DIVA",
             p_OUTDIVIDER_MUXB="DIVB",
-            p_OUTDIVIDER_MUXC="DIVC",
             p_OUTDIVIDER_MUXD="DIVD",
             p_CLKI_DIV=clki_div,
             p_CLKOP_ENABLE="ENABLED",
@@ -161,11 +198,14 @@ class BoardTop(Elaboratable):
             i_PLLWAKESYNC=0,
             i_ENCLKOP=0,
             o_LOCK=locked,
+            **({"p_OUTDIVIDER_MUXC": "DIVC"} | sdram_out),
         )
         # nextpnr derives the constraints of both outputs from the PLL; the PHY clocks:
         # lpf_preferences
         for cd in (cd_sync, cd_core):
             self._global_reset(m, cd, ~locked, dict(b.reset_dccs).get(cd.name))
+        if cd_sdram is not None:  # the controller and the store: a few hundred registers
+            m.submodules.rst_sdram = ResetSynchronizer(~locked, domain=SDRAM_DOMAIN)
 
         # ---- the microsecond tick ---------------------------------------------------------
         tick = Signal()
@@ -204,6 +244,11 @@ class BoardTop(Elaboratable):
         # ---- the shell: host adapter, crossings, the core in `core` ------------------------
         m.submodules.shell = shell = NicShell(p, self.core)
         m.d.comb += shell.tick.eq(tick)
+        if self.sdram is not None:
+            pads = platform.request("sdram", 0, dir="-")
+            ctrl = SdramController(self.sdram, pads)
+            m.submodules.sdram = DomainRenamer({"sync": SDRAM_DOMAIN})(ctrl)
+            wiring.connect(m, shell.acc_mem, ctrl.port)
         if len(macs) == 2:
             (host_rx, host_tx), (net_rx, net_tx) = macs
             wiring.connect(m, host_rx, shell.host_rx)

@@ -11,6 +11,10 @@ the core (domain `core`, the board's core clock; docs/boards.md, "Clocks"):
   tick (sync)     --PulseSynchronizer--> core tick
   the adapter's counter strobes --PulseSynchronizer--> the core's bank (host block)
 
+With its accumulators in SDRAM (NicParams.sdram_addr_bits) the core's store runs in
+`sdram` (the memory's clock) and its `acc_mem` port is the shell's, for the board's
+controller.
+
 The host adapter stays at 125 MHz so that the host port takes a byte per cycle, line rate;
 the core's network port (8 bytes a beat) and host words (4) are line rate at
 31.25 MHz and up.
@@ -18,6 +22,7 @@ the core's network port (8 bytes a beat) and host words (4) are line rate at
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from amaranth import DomainRenamer, Module
@@ -33,6 +38,7 @@ from optireduce.hw.streams import float_layout, frame_layout, frame_stream
 from optireduce.params import NicParams
 
 NET_BYTES = 8  # the core's network port: 8 bytes per beat
+SDRAM_DOMAIN = "sdram"  # the accumulator store's and the SDRAM controller's clock
 
 
 class NicShell(wiring.Component):
@@ -45,25 +51,29 @@ class NicShell(wiring.Component):
         if core is None:
             from optireduce.hw.nic_core import NicCore
 
-            core = NicCore
+            core = functools.partial(NicCore, sdram_domain=SDRAM_DOMAIN)
         self.p, self.core_domain = p, core_domain
         self.core = core(p)
         self.host = HostAdapter(p, **adapter_args)
         super().__init__(self.ports())
 
     def ports(self) -> dict:
+        mem = dict(self.core.signature.members).get("acc_mem")  # in SDRAM_DOMAIN
         return {
             "host_rx": In(frame_stream(1)),
             "host_tx": Out(frame_stream(1)),
             "net_rx": In(frame_stream(1)),
             "net_tx": Out(frame_stream(1)),
             "tick": In(1),
+            **({"acc_mem": mem} if mem is not None else {}),
         }
 
     def elaborate(self, platform):
         m = Module()
         c = self.core_domain
         m.submodules.core = core = DomainRenamer(c)(self.core)
+        if hasattr(self, "acc_mem"):
+            wiring.connect(m, core.acc_mem, wiring.flipped(self.acc_mem))
         m.submodules.host = host = self.host
         m.submodules.widen = widen = Widen(NET_BYTES)
         m.submodules.narrow = narrow = Narrow(NET_BYTES)

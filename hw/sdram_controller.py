@@ -10,6 +10,13 @@ litedram's native port, as its crossbar implements it:
 - `rdata`: one word per read command, in order, in the cycle `rdata_valid` is high; it
   cannot be held off (litedram ignores a ready).
 The port is closed until `ready`; `error` says the init program got no answer.
+
+Two variants of the same controller: the simulation's (litedram's PHY model holds the
+memory) and the board's (GENSDRPHY on the pins: `pads`, the platform's `sdram` resource
+requested raw). On the board, litedram drives the data pins through its own
+TRELLIS_IO cells and I/O registers; the SDRAM's clock is ours, the controller's clock
+inverted (an ODDRX1F: the chips sample mid-cycle, as litex's targets for this board do
+with a clock shifted by 180 degrees).
 """
 
 from __future__ import annotations
@@ -17,8 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from amaranth import ClockSignal, Instance, Module
-from amaranth.lib import wiring
+from amaranth import Cat, ClockSignal, Const, Instance, Module, ResetSignal
+from amaranth.lib import io, wiring
 from amaranth.lib.wiring import In, Out
 
 from optireduce.hw.sdram_init import SdramInit, program
@@ -65,13 +72,21 @@ class SdramCore:
                         "init": tuple(tuple(s) for s in d["init"])})  # fmt: skip
 
 
-class SdramController(wiring.Component):
-    """litedram's controller (the simulation variant: its PHY model holds the memory)."""
+# the board variant's pins: litedram's port name -> the amaranth-boards subsignal (the
+# 5A-75B r7.0 ties CS, CKE and DQM on the board: they have no pins)
+OUTPUT_PINS = {"sdram_a": "a", "sdram_ba": "ba", "sdram_ras_n": "ras", "sdram_cas_n": "cas",
+               "sdram_we_n": "we"}  # fmt: skip
 
-    def __init__(self, core: SdramCore) -> None:
-        if not core.sim:
-            raise ValueError("SdramController instantiates the simulation variant only")
-        self.core = core
+
+class SdramController(wiring.Component):
+    """litedram's controller: the simulation variant (no `pads`), or the board's on the
+    raw `pads` of the platform's `sdram` resource."""
+
+    def __init__(self, core: SdramCore, pads: object | None = None) -> None:
+        if core.sim != (pads is None):
+            raise ValueError("SdramController: the simulation variant has no pins, the "
+                             "board's needs the platform's sdram pads")  # fmt: skip
+        self.core, self.pads = core, pads
         super().__init__({
             "port": In(native_port(core.addr_width, core.data_width)),
             "error": Out(1), "underrun": Out(1),
@@ -83,10 +98,12 @@ class SdramController(wiring.Component):
         m.submodules.init = init = SdramInit(program(core.csr, core.init))
         p, u = f"user_port_{core.spec.port}", self.port
         all_bytes = (1 << core.data_width // 8) - 1  # every write is a whole word
+        pins = {} if self.pads is None else self._pins(m)
         m.submodules.litedram = Instance(
             "litedram_core",
             i_clk=ClockSignal("sync"),
-            i_sim_trace=0,
+            **({"i_sim_trace": 0} if core.sim else {"i_rst": ResetSignal("sync")}),
+            **pins,
             i_wb_ctrl_adr=init.adr, i_wb_ctrl_dat_w=init.dat_w, i_wb_ctrl_sel=init.sel,
             i_wb_ctrl_cyc=init.cyc, i_wb_ctrl_stb=init.stb, i_wb_ctrl_we=init.we,
             i_wb_ctrl_cti=0, i_wb_ctrl_bte=0, o_wb_ctrl_ack=init.ack,
@@ -101,3 +118,17 @@ class SdramController(wiring.Component):
         with m.If(u.wdata_ready & ~u.wdata_valid):
             m.d.sync += self.underrun.eq(1)
         return m
+
+    def _pins(self, m: Module) -> dict:
+        """The board variant's pin connections, and the SDRAM's clock."""
+        pads, pins = self.pads, {}
+        for port, sub in OUTPUT_PINS.items():
+            pin = getattr(pads, sub)
+            # the raw pin (litedram's *_n are the pin's level: no inversion here), through
+            # a plain output buffer that litedram's I/O register packs into
+            m.submodules[f"pin_{sub}"] = buf = io.Buffer("o", io.SingleEndedPort(pin.io))
+            pins[f"o_{port}"] = buf.o
+        pins["io_sdram_dq"] = pads.dq.io  # litedram's own TRELLIS_IO cells drive them
+        m.submodules.pin_clk = clk = io.DDRBuffer("o", io.SingleEndedPort(pads.clk.io))
+        m.d.comb += clk.o.eq(Cat(Const(0, 1), Const(1, 1)))  # low, then high: inverted
+        return pins

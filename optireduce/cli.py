@@ -600,7 +600,8 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     err = Console(stderr=True)
     with err.status(f"bitstream {args.board}") as status:
-        res = build_bitstream(args.board, core=core_by_name(args.core), progress=status.update)
+        res = build_bitstream(args.board, core=core_by_name(args.core), sdram=args.sdram,
+                              progress=status.update)  # fmt: skip
     if args.json:
         print(json.dumps(res, indent=2))
     else:
@@ -882,6 +883,9 @@ def build_parser() -> argparse.ArgumentParser:
     bb.add_argument("--core", choices=CORES, default="nic",
                     help="loopback: the shell alone around a stand-in core (the 125 MHz side, "
                          "routed in minutes)")  # fmt: skip
+    bb.add_argument("--sdram", action="store_true",
+                    help="the aggregator's accumulators in the board's SDRAM, behind "
+                         "litedram's controller (boards with SDRAM: colorlight)")  # fmt: skip
     bb.set_defaults(func=cmd_build)
 
     bo = sub.add_parser("board", help="FPGA NICs: find them, load them, or run a virtual one")

@@ -14,6 +14,7 @@ files>/, so a second call with the same design reads the reports of the first.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import json
@@ -237,15 +238,30 @@ def _nextpnr_opts(name: str) -> str:
     return NEXTPNR_OPTS.replace(" --tmg-ripup", "") if name in NO_TMG_RIPUP else NEXTPNR_OPTS
 
 
-def _plan(name: str, core: Callable | None):
-    """The board's build plan (amaranth-boards, not run) and its directory, keyed by the
-    hash of every file of the plan."""
-    from optireduce.hw.board_top import BoardTop
+def with_sdram(name: str):
+    """Board `name` with its core's accumulators in its SDRAM, and the board variant of
+    the SDRAM controller (generated; sim/sdram_gen.py)."""
+    from optireduce.sim.sdram_gen import generate
 
     b = board(name)
+    if b.sdram is None:
+        raise ValueError(f"{name} has no SDRAM: boards with one: "
+                         f"{', '.join(n for n in BOARDS if board(n).sdram)}")  # fmt: skip
+    ctrl = generate(b.sdram, sim=False)
+    return dataclasses.replace(b, params=b.params.replace(sdram_addr_bits=ctrl.addr_width)), ctrl
+
+
+def _plan(name: str, core: Callable | None, sdram: bool = False):
+    """The board's build plan (amaranth-boards, not run) and its directory, keyed by the
+    hash of every file of the plan. `sdram`: the accumulators in the board's SDRAM."""
+    from optireduce.hw.board_top import BoardTop
+
+    b, ctrl = with_sdram(name) if sdram else (board(name), None)
     os.environ.setdefault("AMARANTH_USE_YOSYS", "builtin")
     plat = b.platform()
-    top = BoardTop(b, core)
+    if ctrl is not None:
+        plat.add_file(ctrl.verilog.name, ctrl.verilog.read_text())
+    top = BoardTop(b, core, ctrl)
     area = name in AREA_BOARDS
     plan = plat.build(
         top,
@@ -262,7 +278,8 @@ def _plan(name: str, core: Callable | None):
         content = plan.files[fname]
         digest.update(fname.encode())
         digest.update(content if isinstance(content, bytes) else content.encode())
-    return b, plat, plan, BUILD / "bitstream" / f"{name}-{digest.hexdigest()[:12]}"
+    tag = f"{name}-sdram" if sdram else name
+    return b, plat, plan, BUILD / "bitstream" / f"{tag}-{digest.hexdigest()[:12]}"
 
 
 def board_netlist(name: str, core: Callable | None = None, timeout_s: int = 1800) -> Path:
@@ -293,17 +310,19 @@ def build_bitstream(
     name: str,
     *,
     core: Callable | None = None,
+    sdram: bool = False,
     timeout_s: int = 3600,
     progress: Callable[[str], None] | None = None,
 ) -> dict:
     """Build the bitstream of board `name` (cached by content) and return its figures.
 
-    `core` replaces NicCore (for experiments); raises ToolchainError when a tool is
-    missing or the build fails (with the end of its log)."""
+    `core` replaces NicCore (for experiments); `sdram`: the core's accumulators in the
+    board's SDRAM; raises ToolchainError when a tool is missing or the build fails (with
+    the end of its log)."""
     say = progress or (lambda s: None)
     env = _tool_env()
     say(f"{name}: elaborating")
-    b, plat, plan, root = _plan(name, core)
+    b, plat, plan, root = _plan(name, core, sdram)
     report_path, bit_path = root / "report.json", root / "top.bit"
     overfull, unrouted = root / "overfull.json", root / "unrouted.json"
     cached = (report_path.exists() and bit_path.exists()) or overfull.exists() or unrouted.exists()
@@ -335,7 +354,8 @@ def build_bitstream(
         raise ToolchainError(f"{name}: {root} holds neither a report nor a bitstream")
     p = b.params
     out["params"] = {"p": p.p, "b": p.b, "c": p.c, "n_max": p.n_max, "lanes": p.lanes,
-                     "ops_in_flight": p.ops_in_flight}  # fmt: skip
+                     "ops_in_flight": p.ops_in_flight,
+                     "sdram_addr_bits": p.sdram_addr_bits}  # fmt: skip
     out["bitstream"] = str(bit_path) if bit_path.exists() else None
     out["build_s"] = float((root / "build_s.txt").read_text())
     out["cached"] = cached

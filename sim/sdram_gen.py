@@ -31,6 +31,9 @@ GEN_TIMEOUT_S = 600
 # LiteX stamps its header with the date and the working directory's git revision; they
 # are dropped so that one configuration always gives the same text (and one Verilator build)
 STAMP = re.compile(r"^// (LiteX sha1|Date)\s*:.*\n", re.M)
+# litedram drives the board's data pins through its own TRELLIS_IO cells but declares
+# the port an input: it is made the inout it is, so the top's pins reach those cells
+DQ_PORT = re.compile(r"^(\s*)input(\s+wire\s+\[\d+:0\]\s+sdram_dq,)", re.M)
 
 
 def _key(spec: SdramSpec, sim: bool) -> str:
@@ -106,6 +109,10 @@ def _worker(spec: SdramSpec, sim: bool, out: Path) -> None:
             csr[f[1]] = int(f[2], 16)
     vpath = out / "gateware" / f"{CORE_NAME}.v"
     verilog = STAMP.sub("", vpath.read_text())
+    if not sim:
+        verilog, n = DQ_PORT.subn(r"\1inout \2", verilog)
+        if n != 1:
+            raise SystemExit("the generated controller has no sdram_dq input port to correct")
     vpath.write_text(verilog)
     refresh = re.search(r"^reg\s+(\w+_sequencer_done1)\b", verilog, re.M)  # the refresher's
     if refresh is None:

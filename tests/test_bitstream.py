@@ -13,6 +13,7 @@ hw/board_fit.py is checked against hand-computed values and against the build.
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -209,6 +210,41 @@ def test_every_board_top_elaborates_on_its_platform(name):
     # where the board pins them (Board.reset_dccs), the DCCAs carry the BEL
     pinned = dict(b.reset_dccs)
     assert dccs["rst"] == pinned.get("sync") and dccs["core_rst"] == pinned.get("core")
+
+
+def test_the_colorlight_top_with_its_accumulators_in_sdram():
+    """`build bitstream --sdram`: the PLL's third output is the SDRAM's 62.5 MHz clock,
+    every SDRAM pin of the board reaches litedram's board variant (outputs through
+    plain buffers, the data pins to its own TRELLIS_IO cells, declared inout), the
+    SDRAM's clock leaves through an ODDRX1F in that clock, and the controller runs in
+    it."""
+    from amaranth.hdl import Fragment, Instance
+
+    from optireduce.hw.board_top import BoardTop
+    from optireduce.hw.sdram_controller import OUTPUT_PINS
+
+    b, ctrl = bitstream.with_sdram("colorlight")
+    assert b.params.sdram_addr_bits == ctrl.addr_width == 20 and not ctrl.sim
+    assert re.search(r"^\s*inout\s+wire\s+\[31:0\]\s+sdram_dq,", ctrl.verilog.read_text(), re.M)
+    plat = b.platform()
+    frag = Fragment.get(BoardTop(b, sdram=ctrl), plat)
+    assert ("sdram", 0) in set(plat._requested)
+    insts = [f for f in _walk(frag) if isinstance(f, Instance)]
+    pll = next(f for f in insts if f.type == "EHXPLLL")
+    assert pll.parameters["CLKOS2_ENABLE"] == "ENABLED" and pll.parameters["CLKOS2_DIV"] == 10
+    assert pll.ports["CLKOS2"][0].name == "sdram_clk"
+    assert 125 * pll.parameters["CLKOP_DIV"] / 10 == b.sdram.clk_mhz == 62.5
+    (ld,) = (f for f in insts if f.type == "litedram_core")
+    assert ld.ports["clk"][0].domain == "sdram"
+    for port, sub in OUTPUT_PINS.items():
+        assert ld.ports[port][1] == "o", port
+    assert ld.ports["sdram_dq"][1] == "io" and len(ld.ports["sdram_dq"][0]) == 32
+    (oddr,) = (f for f in insts if f.type == "ODDRX1F"
+               and getattr(f.ports["SCLK"][0], "domain", None) == "sdram")  # fmt: skip
+    with pytest.raises(ValueError, match="needs the board's SDRAM"):
+        BoardTop(b)
+    with pytest.raises(ValueError, match="has no SDRAM"):
+        bitstream.with_sdram("ecpix5")
 
 
 @pytest.mark.timeout(1800)
