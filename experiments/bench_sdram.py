@@ -55,6 +55,21 @@ def aggregation_figures(raw: dict) -> dict:
             "raw": raw}  # fmt: skip
 
 
+def nic_figures(raw: dict) -> dict:
+    """The UBT rate (peers' elements on the wire) the whole NIC takes on its network port
+    (`port`: the last peer beat taken) and sums in SDRAM (`summed`: the store has every
+    sum as a write command), from simulated time; and whether the core sent the model's
+    frames, bit for bit."""
+
+    def gbps(ns: float) -> float:
+        return round(raw["peer_elements"] * 32 / payload_share(P) / ns, 3)  # bits/ns = Gb/s
+
+    port, summed = gbps(raw["taken"]["ns"]), gbps(raw["summed"]["ns"])
+    return {"port_ubt_gbps": port, "summed_ubt_gbps": summed,
+            "keeps_up": min(port, summed) >= TARGET_UBT_GBPS and raw["same_as_model"],
+            "same_as_model": raw["same_as_model"], "raw": raw}  # fmt: skip
+
+
 def bench_sdram(quick: bool = False, progress: Callable[[str], None] | None = None) -> dict:
     say = progress or (lambda s: None)
     n = 2048 if quick else 8192
@@ -73,15 +88,22 @@ def bench_sdram(quick: bool = False, progress: Callable[[str], None] | None = No
     say(f"the aggregator at {SPLIT_MHZ[0]} MHz, its store and the SDRAM at {SPLIT_MHZ[1]}")
     split = aggregation_figures(sdram_sim.aggregation_rate(spec, agg, AGG_WORLD, SPLIT_MHZ[0]))
     split = {"core_mhz": SPLIT_MHZ[0], "sdram_mhz": SPLIT_MHZ[1], **split}
-    plot(out, PLOT, split)
+    # the whole NIC core on the same clocks: its network port, frames in, frames out
+    say(f"the whole NIC core, its accumulators in SDRAM: one op of C = {agg.c} from "
+        f"{AGG_WORLD} ranks, peers' frames back to back")  # fmt: skip
+    nic_p = replace(agg, sdram_addr_bits=spec.addr_bits)
+    nic = nic_figures(sdram_sim.nic_aggregation_rate(spec, nic_p, AGG_WORLD, SPLIT_MHZ[0]))
+    nic = {"core_mhz": SPLIT_MHZ[0], "sdram_mhz": SPLIT_MHZ[1], **nic}
+    plot(out, PLOT, split, nic)
     return {"module": SdramSpec().module, "target_ubt_gbps": TARGET_UBT_GBPS, "clocks_mhz": out,
-            "aggregator_25f_clocks": split,
+            "aggregator_25f_clocks": split, "nic_25f_clocks": nic,
             "plot": str(PLOT)}  # fmt: skip
 
 
-def plot(out: dict, path: Path, split: dict | None = None) -> None:
-    """Gb/s per pattern and clock, and the aggregator on the 25F's two clocks (`split`),
-    against the 1 GbE port and the target."""
+def plot(out: dict, path: Path, split: dict | None = None, nic: dict | None = None) -> None:
+    """Gb/s per pattern and clock, and the aggregator (`split`) and the whole NIC core
+    (`nic`, its summed rate) on the 25F's two clocks, against the 1 GbE port and the
+    target."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -98,6 +120,9 @@ def plot(out: dict, path: Path, split: dict | None = None) -> None:
     if split:  # one bar: the aggregator at the core's clock, its store at the SDRAM's
         ax.bar([len(out) + 1.5 * width], [split["ubt_gbps"]], width, color="C3")
         ticks.append(f"{split['core_mhz']:g} + {split['sdram_mhz']:g} MHz\n(core + SDRAM)")
+    if nic:  # beside it: the whole NIC core on the same clocks
+        x = len(out) + 2.5 * width
+        ax.bar([x], [nic["summed_ubt_gbps"]], width, color="C4", label="the whole NIC core")
     ax.set_xticks([k + 1.5 * width for k in range(len(ticks))], ticks)
     ax.axhline(TARGET_UBT_GBPS, color="k", lw=0.8, ls="--", label="target (UBT)")
     ax.axhline(1.0, color="k", lw=0.8, label="1 GbE")

@@ -50,6 +50,7 @@ class SdramSpec:
     device: str = "LFE5U-25F-6BG256C"
     clk_mhz: float = 62.5
     port: str = "nic"
+    addr_bits: int = 20  # the native port's: the module's 4 MiB in data_width words
 
 
 @dataclass(frozen=True)

@@ -106,7 +106,10 @@ def _tool_env() -> dict[str, str]:
 
 def _domain(net: str) -> str:
     """nextpnr clock net name -> Amaranth domain name (`clk` is sync's, `<d>_clk` is d's)."""
-    net = net.removeprefix("$glbnet$").split(".")[-1]  # eth0_mac.eth0_rx_clk: a MAC's port
+    net = net.removeprefix("$glbnet$")
+    if m := re.fullmatch(r"(?:.*\.)?rst_(\w+)\.async_ff_clk", net):  # its reset's synchronizer
+        return m.group(1)
+    net = net.split(".")[-1]  # eth0_mac.eth0_rx_clk: a MAC's port
     if net in ("clk", "sync_clk"):
         return "sync"
     m = re.fullmatch(r"(.+?)_clk(?:\$.*)?", net)

@@ -48,7 +48,13 @@ class CoreSimError(RuntimeError):
     """The core did not do what the protocol requires within its bounds (a hang)."""
 
 
-def _beats(frame: bytes) -> list[int]:
+def beat_bytes(v: int) -> tuple[bytes, bool]:
+    """A net_tx payload word's bytes (as many as `keep` marks) and whether it is `last`."""
+    keep = (v >> 64) & 0xFF
+    return (v & ((1 << 64) - 1)).to_bytes(8, "little")[: keep.bit_length()], bool(v >> 72 & 1)
+
+
+def frame_beats(frame: bytes) -> list[int]:
     """net_rx payload words: 8 bytes (byte 0 at bits 7:0), keep at 64, last at 72."""
     out = []
     for off in range(0, len(frame), 8):
@@ -149,7 +155,7 @@ def replay_traces(
                 await ctx.tick().repeat(3)  # the host feeder presents it
                 await wait_idle(ctx, "a START")
                 continue
-            for beat in _beats(what):
+            for beat in frame_beats(what):
                 ctx.set(dut.net_rx.payload.as_value(), beat)
                 ctx.set(dut.net_rx.valid, 1)
                 for _ in range(bound):
@@ -231,10 +237,9 @@ def replay_traces(
             ctx.set(dut.net_tx.ready, tx_ready)
             ctx.set(dut.host_o.ready, o_ready)
             if cur and tx_ready and ctx.get(dut.net_tx.valid):
-                v = ctx.get(dut.net_tx.payload.as_value())
-                keep = (v >> 64) & 0xFF
-                frame += (v & ((1 << 64) - 1)).to_bytes(8, "little")[: keep.bit_length()]
-                if (v >> 72) & 1:
+                chunk, last = beat_bytes(ctx.get(dut.net_tx.payload.as_value()))
+                frame += chunk
+                if last:
                     cur["res"].frames.append((cur["now"], bytes(frame)))
                     frame = bytearray()
             if cur and o_ready and ctx.get(dut.host_o.valid):

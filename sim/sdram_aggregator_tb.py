@@ -104,7 +104,7 @@ async def aggregation_rate(dut):
                           "t_c": T_C_US}, idx * world + s)  # fmt: skip
             elements += p
     await ClockCycles(dut.clk, 3)  # the last beat shows in the store's queue
-    await _until(dut, lambda: int(store.drained.value) and not int(store.beats.r_rdy.value),
+    await _until(dut, lambda: int(store.drained.value) and not int(store.queued.value),
                  "store drained")  # fmt: skip
     ingest = {"elements": elements, "own_elements": len(slots) * p,
               "cycles": cycle["n"] - t0["cycle"], "ns": get_sim_time("ns") - t0["ns"],

@@ -65,7 +65,11 @@ def generate(spec: SdramSpec, *, sim: bool) -> SdramCore:
             if res.returncode != 0 or not info.exists():
                 tail = "\n".join((res.stdout + res.stderr).splitlines()[-15:])
                 raise ToolchainError(f"litedram's generator failed ({' '.join(cmd)}):\n{tail}")
-    return SdramCore.from_json(json.loads(info.read_text()), out)
+    core = SdramCore.from_json(json.loads(info.read_text()), out)
+    if core.addr_width != spec.addr_bits:
+        raise ToolchainError(f"litedram's port for {spec.module} has {core.addr_width} address "
+                             f"bits, SdramSpec.addr_bits says {spec.addr_bits}")  # fmt: skip
+    return core
 
 
 def _init_program(settings) -> list[list[int]]:

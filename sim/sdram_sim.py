@@ -11,11 +11,14 @@ import json
 import tempfile
 from pathlib import Path
 
-from amaranth import ClockDomain, DomainRenamer, Module, ResetSignal
+import numpy as np
+from amaranth import ClockDomain, DomainRenamer, Module, ResetSignal, Signal
 from amaranth.lib import wiring
 from amaranth.lib.cdc import ResetSynchronizer
 from amaranth.lib.wiring import In, Out
 
+from optireduce import host_port, ubt
+from optireduce.host.model.virtual_cluster import _run as run_cluster
 from optireduce.hw.aggregator import event_layout
 from optireduce.hw.axis import PlainStreams
 from optireduce.hw.nic_core import NicCore
@@ -23,9 +26,11 @@ from optireduce.hw.sdram_aggregator import SdramAggregator
 from optireduce.hw.sdram_controller import SdramController, SdramSpec
 from optireduce.params import NicParams
 from optireduce.sim.cocotb_run import field_places, run_bench
+from optireduce.sim.replay import cmd_bits, config_writes, replay
 from optireduce.sim.sdram_gen import generate
 
 BENCH = "optireduce.sim.sdram_tb"
+HOST_GBPS = 1.0  # the host port's link: START words come no faster (headers not counted)
 
 
 def run(spec: SdramSpec, testcase: str, **config: int) -> dict:
@@ -76,6 +81,73 @@ def aggregation_rate(
         return json.loads(out.read_text())
 
 
+def nic_rate_inputs(p: NicParams, world: int, seed: int = 0) -> dict:
+    """Rank 0's inputs for one op of p.c elements in a lossless run of `world` ranks (the
+    model's virtual cluster): its CSR writes, its START (the command word and the chunk's
+    float32 bits), the peers' scatter frames to it in the order they came, and what the
+    model sends for them all at one tick (its own scatter frames and its means)."""
+    rng = np.random.default_rng(seed)
+    xs = [rng.standard_normal(p.c).astype(np.float32) for _ in range(world)]
+    got: dict = {"peers": []}
+
+    def tap(kind: str, tick: int, rank: int, what: object) -> None:
+        if rank != 0:
+            return
+        if kind == "start":
+            got["start"] = what  # (op_id, chunk, exponent)
+        elif ubt.UbtHeader.unpack(what, ubt.L2_L4_LEN).msg_type == ubt.MSG_SCATTER:
+            got["peers"].append(bytes(what))
+
+    run_cluster(xs, p.c, p, 0.0, seed, set(), 5, 10.0, tap=tap)
+    op_id, chunk, exp = got["start"]
+    host = [host_port.config_frame(p, 0, world),
+            *host_port.chunk_frames(host_port.START, op_id, chunk, exp)]  # fmt: skip
+    model = replay([(0, f) for f in (*host, *got["peers"])], backend="model")
+    words = np.asarray(chunk, dtype=np.float32).view(np.uint32)
+    return {
+        "csr": config_writes(p, 0, world),
+        "start": op_id | len(chunk) << 32 | cmd_bits(exp) << 64,
+        "words": [int(w) for w in words],
+        "peer_frames": [f.hex() for f in got["peers"]],
+        # what it sends before any time passes (replay then runs the op to its deadlines)
+        "model_frames": sorted(
+            f.hex() for t, f in model.frames if t == 0 and not host_port.is_host_frame(f)
+        ),
+    }
+
+
+def nic_aggregation_rate(
+    spec: SdramSpec, p: NicParams, world: int, core_mhz: float, seed: int = 0
+) -> dict:
+    """The NIC core on the controller (sim/nic_rate_tb.py), the core at `core_mhz`, the
+    store and the controller at spec.clk_mhz: one op of rank 0's, its peers' scatter
+    frames offered back to back. Returns the bench's report (`taken`, `phase1`: cycles
+    and ns from the first peer beat; `beats`), the peers' frames and elements, and
+    whether the frames the core sent are the model's."""
+    ins = nic_rate_inputs(p, world, seed)
+    top = NicOnSdram(p, spec, two_clocks=True)
+    with tempfile.TemporaryDirectory() as d:
+        out, bulk = Path(d) / "report.json", Path(d) / "inputs.json"  # too big for the env
+        bulk.write_text(json.dumps({k: ins[k] for k in ("csr", "words", "peer_frames")}))
+        cfg = {"out": str(out), "inputs": str(bulk), "clk_ps": _period_ps(core_mhz),
+               "sdram_clk_ps": _period_ps(spec.clk_mhz), "start": ins["start"],
+               "host_rate": min(1.0, HOST_GBPS * 1e3 / 32 / core_mhz),
+               "frames_out": len(ins["model_frames"])}  # fmt: skip
+        log = top.core.verilog.parents[1] / "nic_aggregation_rate.log"
+        run_bench(top, "nic_on_sdram", "optireduce.sim.nic_rate_tb", cfg,
+                  sources=(top.core.verilog,), log_file=log)  # fmt: skip
+        if not out.exists():
+            raise RuntimeError(f"the NIC rate bench reported nothing (log: {log})")
+        rep = json.loads(out.read_text())
+    sent = rep.pop("sent")
+    rep["frames_sent"] = len(sent)
+    rep["same_as_model"] = sorted(sent) == ins["model_frames"]
+    rep["peer_frames"] = len(ins["peer_frames"])
+    rep["peer_elements"] = sum(ubt.UbtHeader.unpack(bytes.fromhex(f), ubt.L2_L4_LEN).count
+                               for f in ins["peer_frames"])  # fmt: skip
+    return rep
+
+
 def throughput(spec: SdramSpec, *, n: int = 8192, batch: int = 256) -> dict:
     """Cycles, words and refreshes of a write stream, a read stream and read-modify-write
     in batches of `batch` words."""
@@ -106,17 +178,23 @@ class AggregatorOnSdram(wiring.Component):
         m = Module()
         m.submodules.agg = agg = self.agg
         ctrl = self.ctrl
-        if self.two_clocks:
-            m.domains.sdram = cd = ClockDomain("sdram", local=True)
-            m.d.comb += cd.clk.eq(self.sdram_clk)
-            m.submodules.sdram_reset = ResetSynchronizer(ResetSignal("sync"), domain="sdram")
-            m.submodules.ctrl = DomainRenamer({"sync": "sdram"})(ctrl)
-        else:
-            m.submodules.ctrl = ctrl
+        _controller(m, ctrl, self.sdram_clk if self.two_clocks else None)
         _pass_through(m, self, agg, skip=self.EXTRA)
         wiring.connect(m, agg.mem, ctrl.port)
         m.d.comb += [self.underrun.eq(ctrl.underrun), self.error.eq(ctrl.error)]
         return m
+
+
+def _controller(m: Module, ctrl: SdramController, sdram_clk: Signal | None) -> None:
+    """`ctrl` in `sync`, or (`sdram_clk` given) in a domain `sdram` of that clock, reset
+    from `sync`'s reset through a synchronizer."""
+    if sdram_clk is None:
+        m.submodules.ctrl = ctrl
+        return
+    m.domains.sdram = cd = ClockDomain("sdram", local=True)
+    m.d.comb += cd.clk.eq(sdram_clk)
+    m.submodules.sdram_reset = ResetSynchronizer(ResetSignal("sync"), domain="sdram")
+    m.submodules.ctrl = DomainRenamer({"sync": "sdram"})(ctrl)
 
 
 def _pass_through(m: Module, outer: wiring.Component, inner: wiring.Component, skip=()) -> None:
@@ -133,27 +211,33 @@ def _pass_through(m: Module, outer: wiring.Component, inner: wiring.Component, s
 
 
 class NicOnSdram(wiring.Component):
-    """NicCore(p) with its accumulators on the simulated controller, in one clock: the
-    core's ports, so that the co-simulation harness drives it as it drives NicCore.
+    """NicCore(p) with its accumulators on the simulated controller: the core's ports, so
+    that the co-simulation harness drives it as it drives NicCore. With `two_clocks`,
+    the store and the controller run on `sdram_clk` (an input), as on the 25F.
     A controller fault (its init unanswered, a write word it took before it was there)
     holds `idle` low: the harness stops with a bounded wait's error rather than give
     results the SDRAM did not hold."""
 
-    def __init__(self, p: NicParams, spec: SdramSpec | None = None) -> None:
+    def __init__(
+        self, p: NicParams, spec: SdramSpec | None = None, two_clocks: bool = False
+    ) -> None:
         self.core = generate(spec or SdramSpec(), sim=True)
         if p.sdram_addr_bits != self.core.addr_width:
             raise ValueError(f"NicOnSdram: sdram_addr_bits={p.sdram_addr_bits}, the "
                              f"controller's port has {self.core.addr_width}")  # fmt: skip
-        self.nic = NicCore(p)
+        self.two_clocks = two_clocks
+        self.nic = NicCore(p, sdram_domain="sdram" if two_clocks else "sync")
         self.ctrl = SdramController(self.core)
         ports = {n: mb for n, mb in self.nic.signature.members.items() if n != "acc_mem"}
-        super().__init__(ports)
+        extra = {"sdram_clk": In(1)} if two_clocks else {}
+        super().__init__({**ports, **extra})
 
     def elaborate(self, platform) -> Module:
         m = Module()
         m.submodules.nic = nic = self.nic
-        m.submodules.ctrl = ctrl = self.ctrl
-        _pass_through(m, self, nic, skip=("idle",))
+        ctrl = self.ctrl
+        _controller(m, ctrl, self.sdram_clk if self.two_clocks else None)
+        _pass_through(m, self, nic, skip=("idle", "sdram_clk"))
         wiring.connect(m, nic.acc_mem, ctrl.port)
         m.d.comb += self.idle.eq(nic.idle & ~ctrl.underrun & ~ctrl.error)
         return m

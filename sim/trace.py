@@ -18,6 +18,7 @@ from optireduce import host_port, ubt
 from optireduce.frame_checks import default_peers
 from optireduce.host.model.quantize import propose_exponent
 from optireduce.host.model.virtual_cluster import _run
+from optireduce.hw.sdram_controller import SdramSpec
 from optireduce.params import NicParams
 
 TRACE_PARAMS = NicParams(p=16, b=64, c=256, n_max=8, t_b_us=400, t_c_min_us=50)
@@ -30,9 +31,8 @@ INBAND_OPS = 5
 # The 25F's choices (hw/board_colorlight.py; tests/test_cosim_replay.py checks they are
 # its) at trace sizes: one op in flight, one FWHT, its narrower clock
 SLIM_PARAMS = TRACE_PARAMS.replace(ops_in_flight=1, fwht_shared=True, tick_bits=24)
-# ... and its accumulators in the 5A-75B's SDRAM (1M words: sim/sdram_sim.py's NicOnSdram
-# checks the generated controller's port has these address bits)
-SDRAM_PARAMS = SLIM_PARAMS.replace(sdram_addr_bits=20)
+# ... and its accumulators in the 5A-75B's SDRAM
+SDRAM_PARAMS = SLIM_PARAMS.replace(sdram_addr_bits=SdramSpec().addr_bits)
 
 Frame = tuple[int, bytes]  # (tick in microseconds, frame bytes)
 
