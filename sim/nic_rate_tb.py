@@ -76,13 +76,11 @@ async def nic_aggregation_rate(dut):
     async def offer(valid, ready, payload, words, rate: float = 1.0) -> None:
         """`words` on a stream, each held until taken; at most `rate` words a cycle on
         average (a slower link's pace)."""
-        credit = 0.0
-        for w in words:
-            while credit < 1.0:
+        start = cycle["n"]
+        for k, w in enumerate(words):
+            while cycle["n"] - start < k / rate:  # word k not before cycle k / rate
                 valid.value = 0
                 await RisingEdge(dut.clk)
-                credit = min(credit + rate, 1.0)
-            credit -= 1.0
             valid.value, payload.value = 1, w
             await until(lambda: int(ready.value), "a word taken")
         valid.value = 0

@@ -122,3 +122,19 @@ def test_on_the_25f_clocks_the_store_keeps_up_with_the_port():
     assert raw["ingest"]["refreshes"] >= 2
     f = aggregation_figures(raw)
     assert f["ubt_gbps"] >= TARGET_UBT_GBPS, f
+
+
+@pytest.mark.deep
+def test_the_whole_nic_core_on_the_25f_clocks_sends_the_models_frames():
+    """`bench sdram`'s whole-NIC figure at the issue's size (C = 16K from 8 ranks; the
+    core at 52.08 MHz, its store and the controller at 62.5): while the core takes its
+    START's words at the host link's pace, encodes, sends and sums them, every peer's
+    scatter frame comes back to back; the frames it sends (its own 56 scatter frames
+    and its 56 means' frames) are the model's, byte for byte, and the times come in
+    their order."""
+    p = replace(PARAMS, c=16384, sdram_addr_bits=SdramSpec().addr_bits)
+    raw = sdram_sim.nic_aggregation_rate(SdramSpec(), p, PARAMS.n_max, core_mhz=52.08)
+    assert raw["same_as_model"] and raw["frames_sent"] == 112 and raw["peer_frames"] == 56
+    assert raw["peer_elements"] == 7 * 2048
+    assert raw["taken"]["ns"] <= raw["summed"]["ns"] <= raw["phase1"]["ns"]
+    assert raw["beats"] > raw["peer_elements"] // 2  # 8-byte beats: every payload byte
