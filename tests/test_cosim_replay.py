@@ -118,36 +118,28 @@ def test_rtl_equals_model_with_output_backpressure():
     assert_same(replay(frames, backend="rtl", backpressure=3), model)
 
 
-# The 25F's build (SLIM_PARAMS: one op in flight and one FWHT for the encode and the
-# decode; a third build): traces of runs at those params give the same bits, with outputs
-# stalled too
+# The 25F's builds (SLIM_PARAMS: one op in flight and one FWHT for the encode and the
+# decode; SDRAM_PARAMS: the same with the aggregator's accumulators in SDRAM, the core's
+# SdramAggregator on litedram's simulated controller, refreshes and bank timing
+# included): traces of runs at those params give the same bits, with outputs stalled too
+# build: (params, mutated traces' seeds, their first scenario, the mutations' first seed)
+THE_25F = {"slim": (SLIM_PARAMS, range(4), 3, 400), "sdram": (SDRAM_PARAMS, range(3), 5, 500)}
+
+
+@pytest.mark.parametrize("build", THE_25F)
 @pytest.mark.parametrize("scenario", (*SCENARIOS, *ADMISSION_SCENARIOS))
-def test_rtl_equals_model_slim(scenario):
-    model = check(make_trace(scenario, 1, params=SLIM_PARAMS))
+def test_rtl_equals_model_25f(scenario, build):
+    model = check(make_trace(scenario, 1, params=THE_25F[build][0]))
     assert model.counters["ops_completed"] == OPS
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_rtl_equals_model_slim_mutated_and_stalled(seed):
-    frames = make_trace(SCENARIOS[(seed + 3) % len(SCENARIOS)], seed, params=SLIM_PARAMS)
-    frames = mutate(frames, seed=400 + seed, rate=0.15)
-    model = replay(frames, backend="model")
-    assert_same(replay(frames, backend="rtl", backpressure=3), model)
-
-
-# The 25F's build with its accumulators in SDRAM (SDRAM_PARAMS: the core's aggregator is
-# SdramAggregator on litedram's simulated controller, refreshes and bank timing included;
-# a fourth build): the same bits
-@pytest.mark.parametrize("scenario", (*SCENARIOS, *ADMISSION_SCENARIOS))
-def test_rtl_equals_model_on_sdram(scenario):
-    model = check(make_trace(scenario, 1, params=SDRAM_PARAMS))
-    assert model.counters["ops_completed"] == OPS
-
-
-@pytest.mark.parametrize("seed", range(3))
-def test_rtl_equals_model_on_sdram_mutated_and_stalled(seed):
-    frames = make_trace(SCENARIOS[(seed + 5) % len(SCENARIOS)], seed, params=SDRAM_PARAMS)
-    frames = mutate(frames, seed=500 + seed, rate=0.15)
+@pytest.mark.parametrize(
+    ("build", "seed"), [(b, s) for b, (_, seeds, _, _) in THE_25F.items() for s in seeds]
+)
+def test_rtl_equals_model_25f_mutated_and_stalled(build, seed):
+    params, _, first, mutations = THE_25F[build]
+    frames = make_trace(SCENARIOS[(seed + first) % len(SCENARIOS)], seed, params=params)
+    frames = mutate(frames, seed=mutations + seed, rate=0.15)
     model = replay(frames, backend="model")
     assert_same(replay(frames, backend="rtl", backpressure=3), model)
 
