@@ -3,13 +3,14 @@
 Port 0 (the RJ45 next to the power jack, eth_rgmii 0) goes to the host, port 1 to the
 network: a bump-in-the-wire NIC. The two PHYs share one reset, MDC and MDIO pin, so the
 second port's resource here lists only its data and clock pins. The one LED is on while
-both PHYs deliver an RX clock and blinks with traffic. Params: see docs/boards.md (the
+both PHYs deliver an RX clock and blinks with traffic (slowly: the SDRAM controller
+reports a fault). Params: see docs/boards.md (the
 25F's 56 DP16KD hold C = 2048 elements, not 16K).
 """
 
 from __future__ import annotations
 
-from amaranth import Module, Signal
+from amaranth import Module, Mux, Signal
 from amaranth.build import Attrs, Pins, Resource, Subsignal
 from amaranth_boards.colorlight_5a75b_r7_0 import Colorlight_5A75B_R70Platform
 
@@ -46,9 +47,9 @@ def _leds(platform, m: Module, status: dict) -> None:
     led = platform.request("led", 0)
     links = status["link"][0] & status["link"][1]
     busy = status["activity"][0] | status["activity"][1]
-    phase = Signal(23)  # blinks at 125 MHz / 2^23 = 15 Hz
+    phase = Signal(26)  # traffic blinks it at 125 MHz / 2^23 = 15 Hz, an SDRAM fault at 1.9
     m.d.sync += phase.eq(phase + 1)
-    m.d.comb += led.o.eq(links & ~(busy & phase[-1]))
+    m.d.comb += led.o.eq(Mux(status["fault"], phase[-1], links & ~(busy & phase[22])))
 
 
 BOARD = Board(

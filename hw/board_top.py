@@ -54,7 +54,7 @@ class Board:
     `yowasp-ecppll -i <clk MHz> -o 125 --clkout1 <core MHz>`; `eth` = eth_rgmii resource
     numbers, host port first (one entry: host and network share it);
     `leds(platform, m, status)` drives the LEDs from status = {"link": [per port],
-    "activity": [per port], "locked": Signal}.
+    "activity": [per port], "locked": Signal, "fault": the SDRAM controller's error}.
     `core_div`: the PLL's CLKOS divider, core clock = VCO / core_div (VCO = 125 MHz x
     CLKOP_DIV), chosen below the core's measured Fmax (docs/boards.md, "Clocks").
     `reset_dccs`: (domain, the nextpnr BEL of its reset's DCCA) pairs, where the placer's
@@ -115,7 +115,7 @@ class BoardTop(Elaboratable):
         if sdram is not None and (sdram.sim or sdram.addr_width != p.sdram_addr_bits):
             raise ValueError(f"{board.name}: the controller is not the board's for "
                              f"sdram_addr_bits={p.sdram_addr_bits}")  # fmt: skip
-        self.sdram = sdram if p.sdram_addr_bits else None
+        self.sdram = sdram
 
     @staticmethod
     def _global_reset(m: Module, cd: ClockDomain, arst, bel: str | None = None) -> None:
@@ -138,7 +138,7 @@ class BoardTop(Elaboratable):
         clk_in = platform.request(platform.default_clk, dir="i").i
         f_in = platform.default_clk_frequency
         clki_div, clkfb_div, clkop_div = b.pll
-        cphase = 2  # phase 0 for both outputs (yowasp-ecppll); sync and core are unrelated
+        cphase = 2  # phase 0 for every output (yowasp-ecppll); the domains are unrelated
         f_out = f_in * clkfb_div / clki_div
         if abs(f_out - SYNC_MHZ * 1e6) > 1e3:
             raise ValueError(f"{b.name}: PLL gives {f_out / 1e6:.3f} MHz, not {SYNC_MHZ}")
@@ -153,8 +153,8 @@ class BoardTop(Elaboratable):
             m.domains.sdram = cd_sdram = ClockDomain(SDRAM_DOMAIN)
         sdram_out = {} if cd_sdram is None else {
             "a_FREQUENCY_PIN_CLKOS2": f"{b.sdram_mhz:.4f}", "p_CLKOS2_ENABLE": "ENABLED",
-            "p_CLKOS2_DIV": b.sdram_div, "p_CLKOS2_CPHASE": 2, "p_CLKOS2_FPHASE": 0,
-            "p_OUTDIVIDER_MUXC": "DIVC", "o_CLKOS2": cd_sdram.clk,
+            "p_CLKOS2_DIV": b.sdram_div, "p_CLKOS2_CPHASE": cphase, "p_CLKOS2_FPHASE": 0,
+            "o_CLKOS2": cd_sdram.clk,
         }  # fmt: skip
         clk_pll = cd_sync.clk
         m.submodules.pll = Instance(
@@ -197,8 +197,9 @@ class BoardTop(Elaboratable):
             i_PHASELOADREG=1,
             i_PLLWAKESYNC=0,
             i_ENCLKOP=0,
+            p_OUTDIVIDER_MUXC="DIVC",
             o_LOCK=locked,
-            **({"p_OUTDIVIDER_MUXC": "DIVC"} | sdram_out),
+            **sdram_out,
         )
         # nextpnr derives the constraints of both outputs from the PLL; the PHY clocks:
         # lpf_preferences
@@ -244,11 +245,13 @@ class BoardTop(Elaboratable):
         # ---- the shell: host adapter, crossings, the core in `core` ------------------------
         m.submodules.shell = shell = NicShell(p, self.core)
         m.d.comb += shell.tick.eq(tick)
+        fault = Signal()  # the SDRAM's init unanswered, or a write word missing
         if self.sdram is not None:
             pads = platform.request("sdram", 0, dir="-")
             ctrl = SdramController(self.sdram, pads)
             m.submodules.sdram = DomainRenamer({"sync": SDRAM_DOMAIN})(ctrl)
             wiring.connect(m, shell.acc_mem, ctrl.port)
+            m.submodules.sdram_fault = FFSynchronizer(ctrl.error | ctrl.underrun, fault)
         if len(macs) == 2:
             (host_rx, host_tx), (net_rx, net_tx) = macs
             wiring.connect(m, host_rx, shell.host_rx)
@@ -266,7 +269,7 @@ class BoardTop(Elaboratable):
             wiring.connect(m, shell.net_tx, tx_mux.b)
             wiring.connect(m, tx_mux.o, mac_tx)
 
-        b.leds(platform, m, {"link": links, "activity": acts, "locked": locked})
+        b.leds(platform, m, {"link": links, "activity": acts, "locked": locked, "fault": fault})
         return m
 
     def lpf_preferences(self) -> str:

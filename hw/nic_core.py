@@ -515,7 +515,6 @@ class NicCore(wiring.Component):
         # own packets -> aggregator OWN events (+ payload)
         s.own_lock = Signal()
         s.h_start_ev = Signal()
-        s.host_ctx = Signal()  # the host makes or clears its op's context (rx waits)
 
         with m.FSM(name="host"):
             with m.State("IDLE"), m.If(s.h_accept):
@@ -534,7 +533,7 @@ class NicCore(wiring.Component):
                 ]
                 m.next = "CTX"
             with m.State("CTX"):
-                m.d.comb += [s.host_busy.eq(1), s.host_ctx.eq(1)]
+                m.d.comb += s.host_busy.eq(1)
                 with m.If(~s.clr_req):
                     m.d.comb += s.ctx_step.eq(1)
                     with m.If(~s.holds(s.h_op)):
@@ -544,17 +543,11 @@ class NicCore(wiring.Component):
                         ]  # fmt: skip
                     m.next = "CLEAR"
             with m.State("CLEAR"):
-                m.d.comb += [s.host_busy.eq(1), s.host_ctx.eq(1)]
+                m.d.comb += s.host_busy.eq(1)
                 with m.If(~s.clr_req):
                     m.next = "ENCODE"
             with m.State("ENCODE"):
-                # the aggregator's event port is the host's only for an own packet's
-                # event: the peers' packets go on being summed while the op encodes
-                m.d.comb += [
-                    s.host_busy.eq(1),
-                    s.enc_in_en.eq(1),
-                    s.ev_sel_host.eq(pks.own.valid & pks.own.payload.first & ~s.own_lock),
-                ]
+                m.d.comb += [s.host_busy.eq(1), s.enc_in_en.eq(1), s.ev_sel_host.eq(1)]
                 with m.If(s.enc_done & ~pks.own.valid & ~s.own_lock):
                     s.rec.write(m, "encode", s.hs, s.rec_words["encode"])
                     m.d.comb += s.enc_step.eq(1)
@@ -626,10 +619,9 @@ class NicCore(wiring.Component):
         with m.FSM(name="rx"):
             with m.State("IDLE"):
                 m.d.comb += s.rx_idle.eq(1)
-                with m.If(parser.o.valid & ~s.host_ctx & ~s.h_accept):
+                with m.If(parser.o.valid & ~s.host_busy & ~s.h_accept):
                     # the op's context against the header, registered with it (125 MHz;
-                    # no maker writes now or before CHECK: the host makes contexts only
-                    # from an accepted command, and a command waits for rx to be idle)
+                    # no maker writes now or before CHECK: the host is idle, rx is busy)
                     ph = parser.header
                     ps = slot_of(ph.op_id)
                     m.d.sync += [
@@ -661,7 +653,7 @@ class NicCore(wiring.Component):
                 m.next = "EVENT"
             with m.State("EVENT"):
                 m.d.comb += s.ev_r_valid.eq(1)
-                with m.If(s.ev_taken & ~s.ev_sel_host):  # ours, not an own packet's
+                with m.If(s.ev_taken):
                     with m.If(is_gather):
                         m.next = "VERDICT"
                     with m.Else():

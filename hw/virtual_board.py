@@ -18,6 +18,9 @@ class VirtualBoard(NicShell):
     """NicShell(p) around the NIC core (domains `sync` and `core`), plus `idle`."""
 
     def ports(self) -> dict:
+        if self.p.sdram_addr_bits:
+            raise ValueError("VirtualBoard has no SDRAM: sdram_addr_bits must be 0 (the "
+                             "NIC core on SDRAM replays on the rtl backend)")  # fmt: skip
         return {**super().ports(), "idle": Out(1)}
 
     def elaborate(self, platform):

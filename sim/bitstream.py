@@ -26,9 +26,14 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from optireduce.sim.toolchain import FIX, ToolchainError
 from optireduce.sim.verilog import BUILD
+
+if TYPE_CHECKING:
+    from optireduce.hw.board_top import Board
+    from optireduce.hw.sdram_controller import SdramCore
 
 BOARDS = ("colorlight", "ecpix5", "butterstick")  # smallest device first
 TOOLS = {
@@ -241,7 +246,7 @@ def _nextpnr_opts(name: str) -> str:
     return NEXTPNR_OPTS.replace(" --tmg-ripup", "") if name in NO_TMG_RIPUP else NEXTPNR_OPTS
 
 
-def with_sdram(name: str):
+def with_sdram(name: str) -> tuple[Board, SdramCore]:
     """Board `name` with its core's accumulators in its SDRAM, and the board variant of
     the SDRAM controller (generated; sim/sdram_gen.py)."""
     from optireduce.sim.sdram_gen import generate
@@ -259,6 +264,9 @@ def _plan(name: str, core: Callable | None, sdram: bool = False):
     hash of every file of the plan. `sdram`: the accumulators in the board's SDRAM."""
     from optireduce.hw.board_top import BoardTop
 
+    if sdram and core is not None:
+        raise ValueError("--sdram puts the NIC core's accumulators in SDRAM: not with "
+                         "another core (--core loopback)")  # fmt: skip
     b, ctrl = with_sdram(name) if sdram else (board(name), None)
     os.environ.setdefault("AMARANTH_USE_YOSYS", "builtin")
     plat = b.platform()

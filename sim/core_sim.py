@@ -93,6 +93,9 @@ def replay_traces(
     p = evs[0].params
     if any(ev.params != p for ev in evs):
         raise ReplayError("replay_traces: every trace must have the same CONFIG params")
+    if p.sdram_addr_bits:
+        raise ReplayError("replay_traces: amaranth's simulator has no SDRAM; params with "
+                          "sdram_addr_bits replay on the rtl backend (Verilator)")  # fmt: skip
     dut = NicCore(p, tick0=tick0 % (1 << p.tick_bits))
     soft_rst = Signal()
     top = Module()

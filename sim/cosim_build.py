@@ -76,11 +76,9 @@ def _harness(top: str, p: NicParams, component: wiring.Component | None) -> Path
     if component is None and (top, p) in _BUILT and _BUILT[top, p].exists():
         return _BUILT[top, p]  # elaborating the core takes seconds: once per process
     root = use_verilator()
-    if component is None:
-        component, more = _top(top, p)
-    else:
-        more = ()
-    vpath = verilog.write(component, top, kind="cosim")
+    own = component is None  # the top for p: the executable is kept for this process
+    top_component, more = _top(top, p) if own else (component, ())
+    vpath = verilog.write(top_component, top, kind="cosim")
     h = hashlib.sha256(vpath.read_bytes())
     for path in (*(HARNESS_DIR / n for n in (*SOURCES[top], *SHARED)), *more):
         h.update(path.read_bytes())
@@ -90,7 +88,7 @@ def _harness(top: str, p: NicParams, component: wiring.Component | None) -> Path
     with FileLock(str(vpath.parent / ".lock"), timeout=BUILD_TIMEOUT_S):
         if not exe.exists():
             _build(root, (vpath, *more), top, out, exe)
-    if component is None:
+    if own:
         _BUILT[top, p] = exe
     return exe
 

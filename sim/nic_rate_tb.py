@@ -93,8 +93,15 @@ async def nic_aggregation_rate(dut):
     # the START, then its words while the peers' frames come: every peer beat offered
     # as soon as the last is taken
     await offer(dut.host_cmd__valid, dut.host_cmd__ready, dut.host_cmd__payload, [cfg["start"]])
-    # the store's logic inside SdramAccumulators (none: the accumulators on chip)
-    store = None if cfg.get("no_store") else dut.nic.aggregator.store.store
+    port, store = dut.nic.aggregator.store, dut.nic.aggregator.store.store  # its logic
+    beats_in = {"n": 0}
+
+    async def count_in() -> None:  # beats into the store's port (the core's clock)
+        while True:
+            await RisingEdge(dut.clk)
+            beats_in["n"] += int(port.i__valid.value) & int(port.i__ready.value)
+
+    cocotb.start_soon(count_in())
     beats = [b for f in cfg["peer_frames"] for b in frame_beats(bytes.fromhex(f))]
     c0, ns0 = cycle["n"], get_sim_time("ns")
     taken, summed = {}, {}
@@ -102,10 +109,11 @@ async def nic_aggregation_rate(dut):
     async def peers_in() -> None:
         await offer(dut.net_rx__valid, dut.net_rx__ready, dut.net_rx__payload, beats)
         taken.update(cycles=cycle["n"] - c0, ns=get_sim_time("ns") - ns0)
-        await ClockCycles(dut.clk, 3)  # the last beat shows in the store's queue
-        if store is not None:  # (on chip a beat is summed as it is taken)
-            await until(lambda: int(store.drained.value) and not int(store.queued.value),
-                        "the store drained")  # fmt: skip
+        # every element (the op's own and its peers') through the parser and into the
+        # store's port, then every sum a write command
+        await until(lambda: beats_in["n"] >= cfg["store_beats"], "every beat into the store")
+        await until(lambda: int(store.drained.value) and not int(store.queued.value),
+                    "the store drained")  # fmt: skip
         summed.update(cycles=cycle["n"] - c0, ns=get_sim_time("ns") - ns0)
 
     peers = cocotb.start_soon(peers_in())

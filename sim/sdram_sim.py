@@ -98,7 +98,8 @@ def nic_rate_inputs(p: NicParams, world: int, seed: int = 0) -> dict:
         elif ubt.UbtHeader.unpack(what, ubt.L2_L4_LEN).msg_type == ubt.MSG_SCATTER:
             got["peers"].append(bytes(what))
 
-    run_cluster(xs, p.c, p, 0.0, seed, set(), 5, 10.0, tap=tap)
+    run_cluster(xs, p.c, p, drop_rate=0.0, seed=seed, lost_set=set(), latency_us=5,
+                link_gbps=10.0, tap=tap)  # fmt: skip
     op_id, chunk, exp = got["start"]
     host = [host_port.config_frame(p, 0, world),
             *host_port.chunk_frames(host_port.START, op_id, chunk, exp)]  # fmt: skip
@@ -132,7 +133,9 @@ def nic_aggregation_rate(
         cfg = {"out": str(out), "inputs": str(bulk), "clk_ps": _period_ps(core_mhz),
                "sdram_clk_ps": _period_ps(spec.clk_mhz), "start": ins["start"],
                "host_rate": min(1.0, HOST_GBPS * 1e3 / 32 / core_mhz),
-               "frames_out": len(ins["model_frames"])}  # fmt: skip
+               "frames_out": len(ins["model_frames"]),
+               # rank 0's slots (0, world, 2 world, ...) from every rank
+               "store_beats": len(range(0, p.c // p.p, world)) * p.p * world}  # fmt: skip
         log = top.core.verilog.parents[1] / "nic_aggregation_rate.log"
         run_bench(top, "nic_on_sdram", "optireduce.sim.nic_rate_tb", cfg,
                   sources=(top.core.verilog,), log_file=log)  # fmt: skip
@@ -197,7 +200,9 @@ def _controller(m: Module, ctrl: SdramController, sdram_clk: Signal | None) -> N
     m.submodules.ctrl = DomainRenamer({"sync": "sdram"})(ctrl)
 
 
-def _pass_through(m: Module, outer: wiring.Component, inner: wiring.Component, skip=()) -> None:
+def _pass_through(
+    m: Module, outer: wiring.Component, inner: wiring.Component, skip: tuple[str, ...] = ()
+) -> None:
     """Connect each of `outer`'s ports (but `skip`) to `inner`'s of the same name."""
     for name, mb in outer.signature.members.items():
         if name in skip:

@@ -248,6 +248,9 @@ def test_the_colorlight_top_with_its_accumulators_in_sdram():
         BoardTop(b)
     with pytest.raises(ValueError, match="has no SDRAM"):
         bitstream.with_sdram("ecpix5")
+    with pytest.raises(ValueError, match="not with another core"):
+        bitstream.build_bitstream("colorlight", core=bitstream.core_by_name("loopback"),
+                                  sdram=True)  # fmt: skip
 
 
 @pytest.mark.timeout(1800)
