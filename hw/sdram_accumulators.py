@@ -5,8 +5,10 @@ An accumulator is w_acc bits (35 at n_max = 8) and an SDRAM word 32: the low 32 
 live in the word at `base + index`, the top w_acc - 32 in a block RAM beside it (3 bits
 per accumulator), so the sums are the on-chip aggregator's to the bit.
 
-- Beats (`i`: index, value, fresh, first) queue in `beats`. A fresh beat (the slot's
-  first contribution) is written without a read. Any other beat's read is a command;
+- Beats (`i`: index, value, fresh, first) queue in `beats`, whose head passes a
+  registered skid (the choices below read flip-flops, not a block RAM's output, at the
+  SDRAM's 62.5 MHz on the 25F). A fresh beat (the slot's first contribution) is
+  written without a read. Any other beat's read is a command;
   the beat waits in `inflight` until its word comes back (read words cannot be held
   off: `words` is as deep as `inflight`, so it always has room), then the sum is formed
   with the top bits (`combine`: one register, the top RAM read beside it) and queued
@@ -179,8 +181,8 @@ class SdramAccumulators(wiring.Component):
             q.words.w_en.eq(self.mem.rdata_valid),
             q.words.w_data.eq(self.mem.rdata_data),
         ]
-        # the head through registers: every choice below reads it, and a block RAM's
-        # output (5.6 ns on the 25F-6) in front of them missed the SDRAM's 62.5 MHz
+        # the head through registers (module docstring): a block RAM's output, 5.6 ns on
+        # the 25F-6, in front of the choices missed 62.5 MHz
         m.submodules.head = h = Skid(self.entry, registered=True)
         m.d.comb += [
             h.i.valid.eq(q.beats.r_rdy),
