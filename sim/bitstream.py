@@ -51,6 +51,11 @@ NEXTPNR_OPTS = "--report report.json --timing-allow-fail --router router2 --tmg-
 # there) without ending; without the option it stops at the last overused wire, with a
 # report (docs/boards.md, "The whole NIC routed")
 NO_TMG_RIPUP = {"colorlight"}
+# ... and on the 25F router1: at 85.6 % of its LUTs router2's overused wires fell to a few
+# thousand and then grew again on every seed tried since 6d36c3b's netlist, while router1
+# routed the same placement in 6 min with better timing (docs/boards.md, "The whole NIC
+# routed")
+ROUTER1 = {"colorlight"}
 # nextpnr's placement seed per board (default 1): the seed whose whole-NIC build was
 # measured to route and meet its clocks (docs/boards.md, "Seeds of the whole NIC"); on the
 # Colorlight, the seed whose shell meets its clocks (docs/boards.md, "The 125 MHz side
@@ -243,7 +248,8 @@ def _with_carry_ends(plan) -> None:
 
 
 def _nextpnr_opts(name: str) -> str:
-    return NEXTPNR_OPTS.replace(" --tmg-ripup", "") if name in NO_TMG_RIPUP else NEXTPNR_OPTS
+    opts = NEXTPNR_OPTS.replace(" --tmg-ripup", "") if name in NO_TMG_RIPUP else NEXTPNR_OPTS
+    return opts.replace("router2", "router1") if name in ROUTER1 else opts
 
 
 def with_sdram(name: str) -> tuple[Board, SdramCore]:
