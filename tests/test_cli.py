@@ -223,7 +223,7 @@ NIC_VALUES = {
     "tc_gain_shift": 4, "tc_dev_shift": 3, "tc_dev_mult": 2, "tc_sample": "last_arrival",
     "udp_port": 4000, "job_id": 9,
     "exp_inband": True, "exp_lead": 5, "progress_ahead": True, "fwht_shared": True,
-    "tick_bits": 24,
+    "tick_bits": 24, "sdram_addr_bits": 20,
 }  # fmt: skip
 
 
