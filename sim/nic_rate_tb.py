@@ -10,9 +10,10 @@ soon as the last one is taken: the core encodes, sends and sums its own op while
 takes its peers'. No tick is given, so no deadline fires. Measured in simulated time (the
 core on `clk`, the store and the controller on `sdram_clk`) from the first peer beat
 offered: until the last host word is taken (`host`), until the last peer beat is
-taken (`taken`: the port's rate), until then the store has every sum as a write
-command (`summed`), and until every frame the model sends for these inputs has left
-on net_tx (`phase1`: its own scatter frames and the means). Every frame sent is
+taken (`taken`: the port's rate), until every element (the op's own and its peers')
+is in the store and every sum a write command (`summed`), and until every frame the
+model sends for these inputs has left on net_tx (`phase1`: its own scatter frames and
+the means). Every frame sent is
 reported, for the comparison with the model.
 """
 
