@@ -122,7 +122,13 @@ def plot(out: dict, path: Path, split: dict | None = None, nic: dict | None = No
         ticks.append(f"{split['core_mhz']:g} + {split['sdram_mhz']:g} MHz\n(core + SDRAM)")
     if nic:  # beside it: the whole NIC core on the same clocks
         x = len(out) + 2.5 * width
-        ax.bar([x], [nic["summed_ubt_gbps"]], width, color="C4", label="the whole NIC core")
+        ax.bar(
+            [x],
+            [nic["summed_ubt_gbps"]],
+            width,
+            color="C4",
+            label="UBT the whole NIC core sums (while its op encodes)",
+        )
     ax.set_xticks([k + 1.5 * width for k in range(len(ticks))], ticks)
     ax.axhline(TARGET_UBT_GBPS, color="k", lw=0.8, ls="--", label="target (UBT)")
     ax.axhline(1.0, color="k", lw=0.8, label="1 GbE")
