@@ -93,6 +93,18 @@ def run_bench(
         raise RuntimeError(f"{bench}: {failed} of {tests} cocotb tests failed{where}")
 
 
+async def until(clk, cond, what: str, bound: int) -> int:
+    """Inside a bench: rising edges of `clk` until `cond()` holds at one (at most
+    `bound`); returns how many came first. Fails the test with `what` if it never holds."""
+    from cocotb.triggers import RisingEdge
+
+    for n in range(bound):
+        await RisingEdge(clk)
+        if cond():
+            return n
+    raise AssertionError(f"{what}: not within {bound} cycles")
+
+
 def bench_config() -> dict:
     """Inside a bench: the config the pytest side passed."""
     import os

@@ -13,8 +13,7 @@ offered: until the last host word is taken (`host`), until the last peer beat is
 taken (`taken`: the port's rate), until every element (the op's own and its peers')
 is in the store and every sum a write command (`summed`), and until every frame the
 model sends for these inputs has left on net_tx (`phase1`: its own scatter frames and
-the means). Every frame sent is
-reported, for the comparison with the model.
+the means). Every frame sent is reported, for the comparison with the model.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge
 from cocotb.utils import get_sim_time
 
-from optireduce.sim.cocotb_run import bench_config
+from optireduce.sim.cocotb_run import bench_config, until
 from optireduce.sim.core_sim import beat_bytes, frame_beats
 
 BOUND_CYCLES = 1_000_000  # any wait here
@@ -64,12 +63,8 @@ async def nic_aggregation_rate(dut):
 
     cocotb.start_soon(collect())
 
-    async def until(cond, what: str) -> None:
-        for _ in range(BOUND_CYCLES):
-            await RisingEdge(dut.clk)
-            if cond():
-                return
-        raise AssertionError(f"{what}: not within {BOUND_CYCLES} cycles")
+    async def wait(cond, what: str) -> None:
+        await until(dut.clk, cond, what, BOUND_CYCLES)
 
     def idle() -> bool:
         return bool(int(dut.idle.value))
@@ -83,10 +78,10 @@ async def nic_aggregation_rate(dut):
                 valid.value = 0
                 await RisingEdge(dut.clk)
             valid.value, payload.value = 1, w
-            await until(lambda: int(ready.value), "a word taken")
+            await wait(lambda: int(ready.value), "a word taken")
         valid.value = 0
 
-    await until(idle, "idle after reset (the SDRAM's init)")
+    await wait(idle, "idle after reset (the SDRAM's init)")
     for addr, value in cfg["csr"]:
         dut.csr_addr.value, dut.csr_w_data.value, dut.csr_w_en.value = addr, value, 1
         await RisingEdge(dut.clk)
@@ -105,32 +100,37 @@ async def nic_aggregation_rate(dut):
     cocotb.start_soon(count_in())
     beats = [b for f in cfg["peer_frames"] for b in frame_beats(bytes.fromhex(f))]
     c0, ns0 = cycle["n"], get_sim_time("ns")
+
+    def since() -> dict:
+        """Cycles of `clk` and simulated ns from the first peer beat offered."""
+        return {"cycles": cycle["n"] - c0, "ns": get_sim_time("ns") - ns0}
+
     taken, summed = {}, {}
 
     async def peers_in() -> None:
         await offer(dut.net_rx__valid, dut.net_rx__ready, dut.net_rx__payload, beats)
-        taken.update(cycles=cycle["n"] - c0, ns=get_sim_time("ns") - ns0)
+        taken.update(since())
         # every element (the op's own and its peers') through the parser and into the
         # store's port, then every sum a write command
-        await until(lambda: beats_in["n"] >= cfg["store_beats"], "every beat into the store")
-        await until(lambda: int(store.drained.value) and not int(store.queued.value),
+        await wait(lambda: beats_in["n"] >= cfg["store_beats"], "every beat into the store")
+        await wait(lambda: int(store.drained.value) and not int(store.queued.value),
                     "the store drained")  # fmt: skip
-        summed.update(cycles=cycle["n"] - c0, ns=get_sim_time("ns") - ns0)
+        summed.update(since())
 
     peers = cocotb.start_soon(peers_in())
     words = cfg["words"]
     await offer(dut.host_i__valid, dut.host_i__ready, dut.host_i__payload,
                 [w | (k == 0) << 32 | (k == len(words) - 1) << 33
                  for k, w in enumerate(words)], cfg["host_rate"])  # fmt: skip
-    host = {"cycles": cycle["n"] - c0, "ns": get_sim_time("ns") - ns0}
+    host = since()
     await peers
-    await until(
+    await wait(
         lambda: len(sent) >= cfg["frames_out"],
         f"the model's {cfg['frames_out']} frames sent (sent: {len(sent)})",
     )
-    done = {"cycles": cycle["n"] - c0, "ns": get_sim_time("ns") - ns0}
+    done = since()
     await ClockCycles(dut.clk, 8)
-    await until(idle, "idle after phase 1")
+    await wait(idle, "idle after phase 1")
     report = {
         "host": host,
         "taken": taken,

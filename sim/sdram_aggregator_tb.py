@@ -20,19 +20,14 @@ from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge
 from cocotb.utils import get_sim_time
 
-from optireduce.sim.cocotb_run import bench_config, pack_fields
+from optireduce.sim.cocotb_run import bench_config, pack_fields, until
 
 BOUND_CYCLES = 2_000_000  # any wait here
 T_C_US = 1000  # no tick is given: no deadline fires
 
 
 async def _until(dut, cond, what: str) -> int:
-    """Cycles until `cond()` holds at a rising edge (bounded)."""
-    for n in range(BOUND_CYCLES):
-        await RisingEdge(dut.clk)
-        if cond():
-            return n
-    raise AssertionError(f"{what}: not within {BOUND_CYCLES} cycles")
+    return await until(dut.clk, cond, what, BOUND_CYCLES)
 
 
 @cocotb.test()
