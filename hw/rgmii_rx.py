@@ -26,8 +26,8 @@ from amaranth import Cat, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from optireduce.hw.block_ram import block_ram, read_port
 from optireduce.hw.crc32 import CRC_INIT, CRC_RESIDUE, crc32_next
+from optireduce.hw.registered_ram import RegisteredRam
 from optireduce.hw.streams import frame_stream
 
 PREAMBLE = 0x55
@@ -67,9 +67,7 @@ class FrameFifo(wiring.Component):
         aw = self.depth.bit_length()
         # a read that collides with a write is of an empty FIFO's slot (rp == wp: the
         # byte is not held) or of a full one's (no write then): never used
-        m.submodules.mem = mem = block_ram(shape=9, depth=self.depth)
-        wr = mem.write_port()
-        rd = read_port(m, mem, (wr,), platform=platform)
+        m.submodules.mem = mem = RegisteredRam(9, self.depth)
         wp, cp, rp = Signal(aw), Signal(aw), Signal(aw)
 
         # `room` is a register: a write this cycle always fits (the level rises by at most
@@ -82,9 +80,9 @@ class FrameFifo(wiring.Component):
         m.d.comb += [
             self.level.eq(wp - rp),
             self.room.eq(room),
-            wr.addr.eq(wp[: aw - 1]),
-            wr.data.eq(Cat(self.w_data, self.w_last)),
-            wr.en.eq(wrote),
+            mem.w_addr.eq(wp[: aw - 1]),
+            mem.w_data.eq(Cat(self.w_data, self.w_last)),
+            mem.w_en.eq(wrote),
         ]
         wp_next = Signal(aw)  # the carry chain from wp alone, the write only picks
         m.d.comb += wp_next.eq(Mux(wrote, wp + 1, wp))
@@ -95,24 +93,27 @@ class FrameFifo(wiring.Component):
             with m.If(self.commit):
                 m.d.sync += cp.eq(wp_next)
 
-        # Two stages: the block RAM's read (it holds its data while en is low), then the
-        # output register, which takes the RAM's data with no logic between (a DP16KD's
-        # clock-to-out is 5.8 ns of the 8 on the 25F-6); valid never looks at ready
-        # combinationally.
-        held = Signal()  # the RAM's output holds a committed byte not yet in `o`
+        # Two stages: the block RAM's read, then its output register, which is `o`'s
+        # payload (hw/registered_ram.py: on the ECP5 the block's own register, since a
+        # DP16KD's clock-to-out without it is 5.8 ns of the 8 on the 25F-6); valid never
+        # looks at ready combinationally.
+        held = Signal()  # the RAM's read register holds a committed byte not yet in `o`
         out_en = ~self.o.valid | self.o.ready
         ram_en = ~held | out_en
-        m.d.comb += [rd.addr.eq(rp[: aw - 1]), rd.en.eq(ram_en), self.o.payload.keep.eq(1)]
+        m.d.comb += [
+            mem.r_addr.eq(rp[: aw - 1]),
+            mem.r_en.eq(ram_en),
+            mem.o_en.eq(out_en),
+            self.o.payload.keep.eq(1),
+            self.o.payload.data[0].eq(mem.r_data[:8]),
+            self.o.payload.last.eq(mem.r_data[8]),
+        ]
         with m.If(ram_en):
             m.d.sync += held.eq(rp != cp)
             with m.If(rp != cp):
                 m.d.sync += rp.eq(rp + 1)
         with m.If(out_en):
-            m.d.sync += [
-                self.o.valid.eq(held),
-                self.o.payload.data[0].eq(rd.data[:8]),
-                self.o.payload.last.eq(rd.data[8]),
-            ]
+            m.d.sync += self.o.valid.eq(held)
         return m
 
 

@@ -1,0 +1,165 @@
+"""A block RAM read through the block's own output register: read LATENCY 2, and the
+first flip-flop after the RAM is inside it.
+
+A DP16KD read into a register in the fabric costs the RAM's clock-to-out (5.8 ns on
+the ECP5-6) plus the route to that register: at 125 MHz on the 25F the route decided
+whether the clock was met (the MAC's frame FIFO, the host adapter's result buffer).
+With the block's output register (REGMODE OUTREG) the clock-to-out is the register's,
+about 1 ns. yosys does not infer that register, so on an ECP5 platform this module
+instantiates the DP16KD itself, wired as yosys's own mapping wires it
+(share/lattice/brams_map_16kd.v; tests/hw/test_registered_ram.py compares the two
+netlists). Anywhere else (Amaranth's simulator, Verilator, other vendors) it is the
+two registers in the fabric, the first folded into the RAM by the tools; so is a
+memory of LUT_RAM_DEPTH words or fewer, which yosys builds of LUTs.
+
+One write port and one read port in one clock domain; no initial contents. A read of
+the address written in the same cycle is undefined (hw/block_ram.py): the simulation
+poisons it. `r_en` is the RAM's read enable (its register holds while low), `o_en` the
+output register's (it holds while low): `r_data` takes the word read two cycles after
+`r_addr`, when both stages moved.
+"""
+
+from __future__ import annotations
+
+from amaranth import ClockSignal, Const, Instance, Module, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from optireduce.hw.block_ram import block_ram, read_port
+
+# A DP16KD's shapes: data width -> words. 36 is the pseudo-dual-port mode (write on
+# port A, read on port B, each 36 wide); the rest are true dual port, written on A.
+DP16KD_SHAPES = {1: 16384, 2: 8192, 4: 4096, 9: 2048, 18: 1024, 36: 512}
+# The 14 address pins count bits: a word's address sits above the pins under it (the
+# lowest of those carry a write's byte enables at 18 and 36 wide).
+ADDR_PINS = 14
+PINS_UNDER_A_WORD = {1: 0, 2: 1, 4: 2, 9: 3, 18: 4, 36: 5}
+# As shallow as this, yosys makes the memory of LUTs (TRELLIS_DPR16X4, 16 words a cell),
+# not of a block: no block RAM's clock-to-out, so it stays the fabric's two registers
+# and takes no DP16KD (the host adapter's result buffer's last, short bank).
+LUT_RAM_DEPTH = 32
+
+
+def dp16kd_width(width: int, depth: int) -> int | None:
+    """The narrowest DP16KD data width that holds `depth` words of `width` bits, or None."""
+    for w, words in DP16KD_SHAPES.items():
+        if w >= width and words >= depth:
+            return w
+    return None
+
+
+def is_ecp5(platform) -> bool:
+    return getattr(platform, "family", None) == "ecp5"
+
+
+class RegisteredRam(wiring.Component):
+    """`depth` words of `width` bits: write w_addr/w_data/w_en; read r_addr with r_en,
+    then o_en a cycle later; r_data LATENCY cycles after the address."""
+
+    LATENCY = 2  # the RAM's read register, then its output register
+
+    def __init__(self, width: int, depth: int, *, domain: str = "sync") -> None:
+        if width < 1 or depth < 1:
+            raise ValueError("RegisteredRam: width and depth >= 1")
+        self.width, self.depth, self.domain = width, depth, domain
+        addr = range(max(2, depth))
+        super().__init__(
+            {
+                "w_addr": In(addr),
+                "w_data": In(width),
+                "w_en": In(1),
+                "r_addr": In(addr),
+                "r_en": In(1, init=1),
+                "o_en": In(1, init=1),
+                "r_data": Out(width),
+            }
+        )
+
+    def elaborate(self, platform):
+        if is_ecp5(platform) and self.depth > LUT_RAM_DEPTH:
+            return self._dp16kd(self._block_width())
+        m = Module()
+        m.submodules.mem = mem = block_ram(shape=self.width, depth=self.depth)
+        wr = mem.write_port(domain=self.domain)
+        rd = read_port(m, mem, (wr,), platform=platform, domain=self.domain)
+        m.d.comb += [
+            wr.addr.eq(self.w_addr),
+            wr.data.eq(self.w_data),
+            wr.en.eq(self.w_en),
+            rd.addr.eq(self.r_addr),
+            rd.en.eq(self.r_en),
+        ]
+        with m.If(self.o_en):
+            m.d[self.domain] += self.r_data.eq(rd.data)
+        return m
+
+    def _block_width(self) -> int:
+        w = dp16kd_width(self.width, self.depth)
+        if w is None:
+            raise ValueError(
+                f"RegisteredRam({self.width}, {self.depth}) on the ECP5: one DP16KD holds "
+                f"at most {DP16KD_SHAPES} (width: words); split the memory into banks"
+            )
+        return w
+
+    def _dp16kd(self, w: int) -> Module:
+        m = Module()
+        low = PINS_UNDER_A_WORD[w]
+        pdp = w == 36
+        di, do = Signal(36), Signal(36)
+        m.d.comb += [di.eq(self.w_data), self.r_data.eq(do[: self.width])]
+        clk = ClockSignal(self.domain)
+
+        def addr(a: Signal, byte_enables: list) -> list:
+            bits = byte_enables + [Const(0, 1)] * (low - len(byte_enables))
+            bits += [a[k] for k in range(len(a))]
+            return (bits + [Const(0, 1)] * ADDR_PINS)[:ADDR_PINS]
+
+        # 18 wide and narrower: port A writes, port B reads (each w wide); at 18 the
+        # write enable is on A's two byte enables too. 36 wide: port A writes all 36
+        # (its data pins, then B's), B reads them (A's outputs, then B's), and the
+        # write's enable is its four byte enables, with WEA on.
+        byte_enables = [self.w_en] * {36: 4, 18: 2}.get(w, 0)
+        write_enable = Const(1, 1) if pdp else self.w_en
+        a_addr = addr(self.w_addr, byte_enables)
+        b_addr = addr(self.r_addr, [])
+        pins = {}
+        for k in range(ADDR_PINS):
+            pins[f"i_ADA{k}"] = a_addr[k]
+            pins[f"i_ADB{k}"] = b_addr[k]
+        for k in range(18):
+            pins[f"i_DIA{k}"] = di[k]
+            pins[f"i_DIB{k}"] = di[18 + k] if pdp else Const(0, 1)
+            pins[f"o_DOB{k}"] = do[18 + k] if pdp else do[k]
+            if pdp:
+                pins[f"o_DOA{k}"] = do[k]
+        for k in range(3):
+            pins[f"i_CSA{k}"] = pins[f"i_CSB{k}"] = Const(0, 1)
+        m.submodules.dp16kd = Instance(
+            "DP16KD",
+            p_DATA_WIDTH_A=w,
+            p_DATA_WIDTH_B=w,
+            p_REGMODE_A="OUTREG" if pdp else "NOREG",
+            p_REGMODE_B="OUTREG",
+            p_RESETMODE="SYNC",
+            p_ASYNC_RESET_RELEASE="SYNC",
+            p_CSDECODE_A="0b000",
+            p_CSDECODE_B="0b000",
+            p_WRITEMODE_A="NORMAL",
+            p_WRITEMODE_B="NORMAL",
+            p_GSR="AUTO",
+            p_CLKAMUX="CLKA",
+            p_CLKBMUX="CLKB",
+            i_CLKA=clk,
+            i_CEA=Const(1, 1),
+            i_WEA=write_enable,
+            i_OCEA=self.o_en if pdp else Const(1, 1),
+            i_RSTA=Const(0, 1),
+            i_CLKB=clk,
+            i_CEB=self.r_en,
+            i_WEB=Const(0, 1),
+            i_OCEB=self.o_en,
+            i_RSTB=Const(0, 1),
+            **pins,
+        )
+        return m
