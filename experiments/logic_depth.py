@@ -24,6 +24,7 @@ from pathlib import Path
 
 NET_NS = 0.9  # a routed net, on average (nextpnr: 0.5-1.5 ns inside a block)
 CLK_TO_Q = {"TRELLIS_FF": 0.52, "DP16KD": 5.61, "TRELLIS_DPR16X4": 0.0, "MULT18X18D": 2.5}
+OUTREG_CLK_TO_Q = 0.96  # a DP16KD output through its own register (REGMODE OUTREG)
 # combinational cells: (input port prefix, output port) -> ns inside the cell
 _LUT = 0.24
 _CARRY_IN = 0.45  # a CCU2C's A/B/C/D to its carry out
@@ -98,7 +99,15 @@ def analyse(netlist: Path, top: str) -> tuple[list[Endpoint], dict]:
         c = cells[name]
         typ, conn = c["type"], c["connections"]
         if typ in CLK_TO_Q and typ != "TRELLIS_DPR16X4":
-            memo[key] = (CLK_TO_Q[typ], _base(name), 0, None)
+            t = CLK_TO_Q[typ]
+            side = re.fullmatch(r"DO([AB])\d+", port)  # hw/registered_ram.py's reads
+            if (
+                typ == "DP16KD"
+                and side
+                and c.get("parameters", {}).get(f"REGMODE_{side[1]}") == "OUTREG"
+            ):
+                t = OUTREG_CLK_TO_Q
+            memo[key] = (t, _base(name), 0, None)
             return memo[key]
         memo[key] = (0.0, "(loop)", 0, None)  # combinational loops do not recurse forever
         if typ == "TRELLIS_DPR16X4":  # LUT RAM: the read is combinational from RAD

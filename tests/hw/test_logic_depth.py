@@ -10,7 +10,15 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from optireduce.experiments.fmax import ecp5_netlist
-from optireduce.experiments.logic_depth import CLK_TO_Q, NET_NS, Endpoint, analyse, by_source, path
+from optireduce.experiments.logic_depth import (
+    CLK_TO_Q,
+    NET_NS,
+    OUTREG_CLK_TO_Q,
+    Endpoint,
+    analyse,
+    by_source,
+    path,
+)
 
 LUT = 0.24
 
@@ -61,6 +69,20 @@ def test_each_endpoint_names_its_clock(tmp_path):
     eps, _ = analyse(_netlist(tmp_path, cells, names), "top")
     clocks = {e.sink: _domain(e.clock) for e in eps}
     assert clocks == {"a": "sync", "b": "core", "m": "core"}
+
+
+def test_a_block_ram_read_through_its_output_register_starts_late_no_more(tmp_path):
+    # two block RAMs, each into a flip-flop: one plain, one with REGMODE_B OUTREG
+    # (hw/registered_ram.py); only the second's clock-to-out is its register's
+    cells = {}
+    for name, mode, q in (("plain", "NOREG", 2), ("outreg", "OUTREG", 3)):
+        cells[name] = _cell("DP16KD", {"CLKB": [1]}, {"DOB0": [q]})
+        cells[name]["parameters"] = {"REGMODE_B": mode}
+        cells[f"{name}_q_TRELLIS_FF_Q"] = _cell("TRELLIS_FF", {"CLK": [1], "DI": [q]}, {"Q": [9]})
+    eps, _ = analyse(_netlist(tmp_path, cells), "top")
+    ns = {e.sink: e.ns for e in eps if e.sink.endswith("_q")}
+    assert ns["plain_q"] == pytest.approx(CLK_TO_Q["DP16KD"] + NET_NS)
+    assert ns["outreg_q"] == pytest.approx(OUTREG_CLK_TO_Q + NET_NS)
 
 
 def test_a_carry_chain_has_no_net_between_its_cells(tmp_path):
