@@ -383,7 +383,7 @@ class HostAdapter(wiring.Component):
         fields = (ethertype, version, kind, count, op_id, offset, n, nbytes, payload_bytes)
         seq = (open_, cur_op, cur_n, got, next_op)
         pre_judge, verdicts, chk = self._rx_checks(fields, seq)
-        count_m1, pairs_m1, count_zero, is_reg, is_start = chk
+        count_m1, count_m2, pairs_m1, count_zero, is_reg, is_start = chk
         reg_i = Signal(range(self.rx_words + 1))  # REG: index of the pair
         reg_phase = Signal(3)
 
@@ -472,7 +472,7 @@ class HostAdapter(wiring.Component):
                 with m.If(issue):  # issue as the enable: no carry chain after the compare
                     m.d.sync += ridx.eq(ridx + 1)
                 with m.If(took):
-                    m.d.sync += [idx.eq(idx + 1), idx_last.eq(idx + 1 == count_m1)]
+                    m.d.sync += [idx.eq(idx + 1), idx_last.eq(idx == count_m2)]
                     with m.If(idx_last):
                         m.next = "RECV"
             with m.State("REG"):
@@ -562,8 +562,10 @@ class HostAdapter(wiring.Component):
         n_bad, count_gt_n = Signal(), Signal()
         is_reg, is_start = Signal(), Signal()
         count_m1, pairs_m1, count_zero = Signal(16), Signal(16), Signal()  # for the FSM
+        count_m2 = Signal(16)  # EMIT's idx_last without an adder in front of its compare
         pre_judge = [
             count_m1.eq(count - 1),
+            count_m2.eq(count - 2),
             pairs_m1.eq((count >> 1) - 1),
             count_zero.eq(count == 0),
             is_reg.eq(kind == REG),
@@ -592,7 +594,7 @@ class HostAdapter(wiring.Component):
                 (kind == host_port.DATA) & (~open_ | other_op | gap | (cur_n < end)),
             ),
         }  # first that holds names the drop, in this order
-        return pre_judge, verdicts, (count_m1, pairs_m1, count_zero, is_reg, is_start)
+        return pre_judge, verdicts, (count_m1, count_m2, pairs_m1, count_zero, is_reg, is_start)
 
     def _rx_register_pair(self, m: Module, read: tuple, wr, pair: tuple) -> None:
         """REG, one pair at a time: read the address word, then the data word (both land
