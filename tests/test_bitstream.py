@@ -212,6 +212,12 @@ def test_every_board_top_elaborates_on_its_platform(name):
     # where the board pins them (Board.reset_dccs), the DCCAs carry the BEL
     pinned = dict(b.reset_dccs)
     assert dccs["rst"] == pinned.get("sync") and dccs["core_rst"] == pinned.get("core")
+    # the block RAMs read at 125 MHz through their own output registers
+    # (hw/registered_ram.py): each MAC's two frame FIFOs and the result buffer's banks
+    # of 512 words (its short last bank, the record's words, is LUT RAM)
+    brams = [f for f in insts if f.type == "DP16KD"]
+    assert len(brams) == 2 * len(b.eth) + b.params.c // 512
+    assert all(f.parameters["REGMODE_B"] == "OUTREG" for f in brams)
 
 
 def test_the_colorlight_top_with_its_accumulators_in_sdram():
