@@ -21,9 +21,8 @@ from functools import reduce
 
 from amaranth import Module, Mux, Signal
 from amaranth.lib import wiring
-from amaranth.lib.wiring import In, Out
 
-from optireduce.hw.registered_ram import RegisteredRam
+from optireduce.hw.registered_ram import RegisteredRam, memory_ports
 
 BANK_DEPTH = 512  # one DP16KD at 36 bits wide
 
@@ -40,16 +39,7 @@ class BankedMemory(wiring.Component):
             raise ValueError("BankedMemory: depth >= 1, bank_depth a power of two")
         self.width, self.depth, self.bank_depth = width, depth, bank_depth
         self.n_banks = -(-depth // bank_depth)
-        addr = range(max(2, depth))
-        super().__init__(
-            {
-                "w_addr": In(addr),
-                "w_data": In(width),
-                "w_en": In(1),
-                "r_addr": In(addr),
-                "r_data": Out(width),
-            }
-        )
+        super().__init__(memory_ports(width, depth))
 
     def elaborate(self, platform):
         m = Module()

@@ -16,7 +16,9 @@ One write port and one read port in one clock domain; no initial contents. A rea
 the address written in the same cycle is undefined (hw/block_ram.py): the simulation
 poisons it. `r_en` is the RAM's read enable (its register holds while low), `o_en` the
 output register's (it holds while low): `r_data` takes the word read two cycles after
-`r_addr`, when both stages moved.
+`r_addr`, when both stages moved. Users raise `o_en` only with `r_en` (a FIFO's output
+stage moves only when its RAM stage may): whether a DP16KD's CE also gates its output
+register is then never asked.
 """
 
 from __future__ import annotations
@@ -48,6 +50,18 @@ def dp16kd_width(width: int, depth: int) -> int | None:
     return None
 
 
+def memory_ports(width: int, depth: int) -> dict:
+    """The members of a memory with one write port and one read port."""
+    addr = range(max(2, depth))
+    return {
+        "w_addr": In(addr),
+        "w_data": In(width),
+        "w_en": In(1),
+        "r_addr": In(addr),
+        "r_data": Out(width),
+    }
+
+
 def is_ecp5(platform) -> bool:
     return getattr(platform, "family", None) == "ecp5"
 
@@ -62,18 +76,8 @@ class RegisteredRam(wiring.Component):
         if width < 1 or depth < 1:
             raise ValueError("RegisteredRam: width and depth >= 1")
         self.width, self.depth, self.domain = width, depth, domain
-        addr = range(max(2, depth))
-        super().__init__(
-            {
-                "w_addr": In(addr),
-                "w_data": In(width),
-                "w_en": In(1),
-                "r_addr": In(addr),
-                "r_en": In(1, init=1),
-                "o_en": In(1, init=1),
-                "r_data": Out(width),
-            }
-        )
+        enables = {"r_en": In(1, init=1), "o_en": In(1, init=1)}
+        super().__init__(memory_ports(width, depth) | enables)
 
     def elaborate(self, platform):
         if is_ecp5(platform) and self.depth > LUT_RAM_DEPTH:

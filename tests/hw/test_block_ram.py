@@ -10,9 +10,9 @@ import random
 
 import pytest
 from amaranth import Elaboratable, Module, Signal
-from amaranth.sim import Simulator
 
 from optireduce.hw.block_ram import block_ram, read_port
+from optireduce.sim.stream_sim import simulate
 
 
 class _Ram(Elaboratable):
@@ -64,8 +64,5 @@ def test_reads_against_a_list(board):
                 model[w_addr] = w_data
             await ctx.tick()
 
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(bench)
-    sim.run()
+    simulate(dut, bench)
     assert checked["reads"] > 700 and checked["collisions"] > 10 and checked["held"] > 50

@@ -16,11 +16,11 @@ import subprocess
 import pytest
 from amaranth import Elaboratable, Module, Signal
 from amaranth.back import rtlil
-from amaranth.sim import Simulator
 
 from optireduce.hw.block_ram import block_ram, read_port
 from optireduce.hw.board_colorlight import ColorlightPlatform
 from optireduce.hw.registered_ram import RegisteredRam
+from optireduce.sim.stream_sim import simulate
 from optireduce.sim.toolchain import yosys
 
 
@@ -56,10 +56,7 @@ def test_reads_against_a_list():
                 model[w_addr] = w_data
             await ctx.tick()
 
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(bench)
-    sim.run()
+    simulate(dut, bench)
     assert seen["reads"] > 1400 and seen["collisions"] > 20
     assert seen["ram_held"] > 300 and seen["out_held"] > 300
 
