@@ -5,7 +5,7 @@ A memory deeper than one DP16KD (512 x 36) is built by yosys as a cascade whose 
 goes through a mux tree straight out of the block RAMs: the RAM's clock-to-out plus the
 tree is a whole 8 ns cycle at 125 MHz (the host adapter's result buffer, 17 blocks at
 C = 8192). Here each bank is a RegisteredRam (hw/registered_ram.py: on the ECP5 the
-block's own output register, about 1 ns clock-to-out instead of 5.8), and the banks'
+block's own output register, about 1 ns clock-to-out instead of 5.6), and the banks'
 words, each masked by a registered one-hot pick, are ORed into a register: read
 LATENCY 3 (address -> data), one write port, one read port. A write is registered
 before it reaches the banks (WRITE_LATENCY 1: its address decode and data are not in

@@ -1,12 +1,13 @@
 """A block RAM read through the block's own output register: read LATENCY 2, and the
 first flip-flop after the RAM is inside it.
 
-A DP16KD read into a register in the fabric costs the RAM's clock-to-out (5.8 ns on
-the ECP5-6) plus the route to that register: at 125 MHz on the 25F the route decided
-whether the clock was met (the MAC's frame FIFO, the host adapter's result buffer).
-With the block's output register (REGMODE OUTREG) the clock-to-out is the register's,
-about 1 ns. yosys does not infer that register, so on an ECP5 platform this module
-instantiates the DP16KD itself, wired as yosys's own mapping wires it
+A DP16KD read into a register in the fabric costs the RAM's clock-to-out (5.6–5.8 ns
+on the ECP5-6 in nextpnr's model) plus the route to that register: at 125 MHz on the
+25F the route decided whether the clock was met (the MACs' frame FIFOs, the host
+adapter's result buffer). With the block's output register (REGMODE OUTREG) the
+clock-to-out is the register's, about 1 ns. yosys does not infer that register, so on
+an ECP5 platform this module instantiates the DP16KD itself, wired as yosys's own
+mapping wires it
 (share/lattice/brams_map_16kd.v; tests/hw/test_registered_ram.py compares the two
 netlists). Anywhere else (Amaranth's simulator, Verilator, other vendors) it is the
 two registers in the fabric, the first folded into the RAM by the tools; so is a
@@ -18,7 +19,7 @@ poisons it. `r_en` is the RAM's read enable (its register holds while low), `o_e
 output register's (it holds while low): `r_data` takes the word read two cycles after
 `r_addr`, when both stages moved. Users raise `o_en` only with `r_en` (a FIFO's output
 stage moves only when its RAM stage may): whether a DP16KD's CE also gates its output
-register is then never asked.
+register is then never asked. Neither register is reset (the block's RST is tied low).
 """
 
 from __future__ import annotations
@@ -93,8 +94,11 @@ class RegisteredRam(wiring.Component):
             rd.addr.eq(self.r_addr),
             rd.en.eq(self.r_en),
         ]
+        # no reset, as the block's output register has none (its RST is tied low)
+        out = Signal.like(self.r_data, reset_less=True)
+        m.d.comb += self.r_data.eq(out)
         with m.If(self.o_en):
-            m.d[self.domain] += self.r_data.eq(rd.data)
+            m.d[self.domain] += out.eq(rd.data)
         return m
 
     def _block_width(self) -> int:
@@ -139,18 +143,21 @@ class RegisteredRam(wiring.Component):
                 pins[f"o_DOA{k}"] = do[k]
         for k in range(3):
             pins[f"i_CSA{k}"] = pins[f"i_CSB{k}"] = Const(0, 1)
+        # yosys's modes: read-before-write on both ports of a true dual port block (no
+        # port here reads what it writes), the default in the 36-bit mode
+        write_modes = {} if pdp else dict.fromkeys(("p_WRITEMODE_A", "p_WRITEMODE_B"),
+                                                   "READBEFOREWRITE")  # fmt: skip
         m.submodules.dp16kd = Instance(
             "DP16KD",
             p_DATA_WIDTH_A=w,
             p_DATA_WIDTH_B=w,
             p_REGMODE_A="OUTREG" if pdp else "NOREG",
             p_REGMODE_B="OUTREG",
-            p_RESETMODE="SYNC",
-            p_ASYNC_RESET_RELEASE="SYNC",
+            p_RESETMODE="ASYNC",  # as yosys sets them; RST is tied low
+            p_ASYNC_RESET_RELEASE="ASYNC",
             p_CSDECODE_A="0b000",
             p_CSDECODE_B="0b000",
-            p_WRITEMODE_A="NORMAL",
-            p_WRITEMODE_B="NORMAL",
+            **write_modes,
             p_GSR="AUTO",
             p_CLKAMUX="CLKA",
             p_CLKBMUX="CLKB",

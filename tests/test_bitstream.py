@@ -218,6 +218,8 @@ def test_every_board_top_elaborates_on_its_platform(name):
     brams = [f for f in insts if f.type == "DP16KD"]
     assert len(brams) == 2 * len(b.eth) + b.params.c // 512
     assert all(f.parameters["REGMODE_B"] == "OUTREG" for f in brams)
+    wide = [f for f in brams if f.parameters["DATA_WIDTH_B"] == 36]  # half the word is DOA
+    assert wide and all(f.parameters["REGMODE_A"] == "OUTREG" for f in wide)
 
 
 def test_the_colorlight_top_with_its_accumulators_in_sdram():
