@@ -7,9 +7,8 @@ on the ECP5-6 in nextpnr's model) plus the route to that register: at 125 MHz on
 adapter's result buffer). With the block's output register (REGMODE OUTREG) the
 clock-to-out is the register's, about 1 ns. yosys does not infer that register, so on
 an ECP5 platform this module instantiates the DP16KD itself, wired as yosys's own
-mapping wires it
-(share/lattice/brams_map_16kd.v; tests/hw/test_registered_ram.py compares the two
-netlists). Anywhere else (Amaranth's simulator, Verilator, other vendors) it is the
+mapping wires it (share/lattice/brams_map_16kd.v; tests/hw/test_registered_ram.py
+compares the two netlists). Anywhere else (Amaranth's simulator, Verilator, other vendors) it is the
 two registers in the fabric, the first folded into the RAM by the tools; so is a
 memory of LUT_RAM_DEPTH words or fewer, which yosys builds of LUTs.
 
