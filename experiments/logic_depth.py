@@ -100,12 +100,9 @@ def analyse(netlist: Path, top: str) -> tuple[list[Endpoint], dict]:
         typ, conn = c["type"], c["connections"]
         if typ in CLK_TO_Q and typ != "TRELLIS_DPR16X4":
             t = CLK_TO_Q[typ]
-            side = re.fullmatch(r"DO([AB])\d+", port)  # hw/registered_ram.py's reads
-            if (
-                typ == "DP16KD"
-                and side
-                and c.get("parameters", {}).get(f"REGMODE_{side[1]}") == "OUTREG"
-            ):
+            # a block RAM's side read through its output register (hw/registered_ram.py)
+            side = re.fullmatch(r"DO([AB])\d+", port) if typ == "DP16KD" else None
+            if side and c.get("parameters", {}).get(f"REGMODE_{side[1]}") == "OUTREG":
                 t = OUTREG_CLK_TO_Q
             memo[key] = (t, _base(name), 0, None)
             return memo[key]

@@ -10,7 +10,8 @@ an ECP5 platform this module instantiates the DP16KD itself, wired as yosys's ow
 mapping wires it (share/lattice/brams_map_16kd.v; tests/hw/test_registered_ram.py
 compares the two netlists). Anywhere else (Amaranth's simulator, Verilator, other vendors) it is the
 two registers in the fabric, the first folded into the RAM by the tools; so is a
-memory of LUT_RAM_DEPTH words or fewer, which yosys builds of LUTs.
+memory shallower than hw/board_fit.py's LUTRAM_DEPTH, which the block RAM budget
+counts as LUTs (the result buffer's short last bank).
 
 One write port and one read port in one clock domain; no initial contents. A read of
 the address written in the same cycle is undefined (hw/block_ram.py): the simulation
@@ -28,26 +29,19 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from optireduce.hw.block_ram import block_ram, read_port
+from optireduce.hw.board_fit import LUTRAM_DEPTH, MODES
 
-# A DP16KD's shapes: data width -> words. 36 is the pseudo-dual-port mode (write on
-# port A, read on port B, each 36 wide); the rest are true dual port, written on A.
-DP16KD_SHAPES = {1: 16384, 2: 8192, 4: 4096, 9: 2048, 18: 1024, 36: 512}
-# The 14 address pins count bits: a word's address sits above the pins under it (the
-# lowest of those carry a write's byte enables at 18 and 36 wide).
+# The 14 address pins count units of the 16K-deep mode: a word's address sits above
+# the pins under it (the lowest of those carry a write's byte enables at 18 and 36
+# wide). The 36-wide mode (board_fit.MODES) is the pseudo-dual-port one: write on port
+# A, read on port B, each 36 wide; the rest are true dual port, written on A.
 ADDR_PINS = 14
-PINS_UNDER_A_WORD = {1: 0, 2: 1, 4: 2, 9: 3, 18: 4, 36: 5}
-# As shallow as this, yosys makes the memory of LUTs (TRELLIS_DPR16X4, 16 words a cell),
-# not of a block: no block RAM's clock-to-out, so it stays the fabric's two registers
-# and takes no DP16KD (the host adapter's result buffer's last, short bank).
-LUT_RAM_DEPTH = 32
 
 
-def dp16kd_width(width: int, depth: int) -> int | None:
-    """The narrowest DP16KD data width that holds `depth` words of `width` bits, or None."""
-    for w, words in DP16KD_SHAPES.items():
-        if w >= width and words >= depth:
-            return w
-    return None
+def dp16kd_mode(width: int, depth: int) -> tuple[int, int] | None:
+    """The narrowest DP16KD mode (words, width) that holds `depth` words of `width`
+    bits, or None."""
+    return next(((d, w) for d, w in MODES if w >= width and d >= depth), None)
 
 
 def memory_ports(width: int, depth: int) -> dict:
@@ -80,8 +74,8 @@ class RegisteredRam(wiring.Component):
         super().__init__(memory_ports(width, depth) | enables)
 
     def elaborate(self, platform):
-        if is_ecp5(platform) and self.depth > LUT_RAM_DEPTH:
-            return self._dp16kd(self._block_width())
+        if is_ecp5(platform) and self.depth >= LUTRAM_DEPTH:
+            return self._dp16kd(*self._block_mode())
         m = Module()
         m.submodules.mem = mem = block_ram(shape=self.width, depth=self.depth)
         wr = mem.write_port(domain=self.domain)
@@ -100,18 +94,18 @@ class RegisteredRam(wiring.Component):
             m.d[self.domain] += out.eq(rd.data)
         return m
 
-    def _block_width(self) -> int:
-        w = dp16kd_width(self.width, self.depth)
-        if w is None:
+    def _block_mode(self) -> tuple[int, int]:
+        mode = dp16kd_mode(self.width, self.depth)
+        if mode is None:
             raise ValueError(
                 f"RegisteredRam({self.width}, {self.depth}) on the ECP5: one DP16KD holds "
-                f"at most {DP16KD_SHAPES} (width: words); split the memory into banks"
+                f"at most {MODES} (words, width); split the memory into banks"
             )
-        return w
+        return mode
 
-    def _dp16kd(self, w: int) -> Module:
+    def _dp16kd(self, words: int, w: int) -> Module:
         m = Module()
-        low = PINS_UNDER_A_WORD[w]
+        low = ADDR_PINS - (words - 1).bit_length()  # pins under a word
         pdp = w == 36
         di, do = Signal(36), Signal(36)
         m.d.comb += [di.eq(self.w_data), self.r_data.eq(do[: self.width])]
