@@ -14,10 +14,11 @@ into it, so their order is explicit):
            header fields on `ev`, then P elements on `i`
   GATHER   a gather frame that passed checks 1-28: only its (sender, op_id),
            which says the sender is done with ops <= op_id - K (peer progress)
-  OWN      one owned packet of this node's own chunk (from the packetizer), then
-           P elements on `i`; the OWN packets of an op come before its START
   START    the host starts op_id (op_len): phase 1 begins at `now`
            (= NicModel.start_op: own contributions added, then begin)
+  OWN      one owned packet of this node's own chunk (from the packetizer), then
+           P elements on `i`; the OWN packets of an op come after its START, among
+           the network's events, and all before the next START
 
 Ticks. `tick` is a one-cycle strobe per microsecond. `now` counts the strobes the
 block has applied. An event taken by the block has tick `now`: it is the model's
@@ -33,6 +34,17 @@ changes the EWMA:
     then the event's own op if due, after an accepted scatter frame, a gather
     frame or a START (NicModel._progress). A frame at a tick where a timer is due
     comes after that timer, as in the model.
+Own packets after the START. The model adds the own contributions at the START; here
+they come while the host's data encodes, so that the network's packets need not wait
+for it. Sums and counts do not depend on the order, and COMPLETE is judged on the
+peers' packets alone (`mine x (world - 1)` expected). What could differ is a phase that
+ends before its own packets are in: its end is reported at its tick (the model's order
+of ends and t_C samples), but its means wait. Each context counts the own packets still
+to come (`mine` at the claim); the readout does not start a context while its count is
+not zero, and while that readout waits (`own_only`) the block takes OWN events only:
+other events wait, ticks and timers run, as during any readout. So every event after
+the end is taken after its record, as in the model.
+
 Exact except two corners the block cannot see: the model's _peer_progress walks
 ops in creation order (a peer frame can create op j + 1 before op j), and it skips
 _progress after a gather frame that is late or a duplicate in phase 2 (the gather
@@ -189,6 +201,7 @@ class Aggregator(wiring.Component):
                 # status
                 "timeout": Out(32),
                 "own_tc": Out(tc_bits(p)),
+                "own_only": Out(1),  # only OWN events are taken now
                 **owner_estimator_port(p, tc_external),
                 **event_counts.ports(),  # rx / duplicate / late: counts and strobes
                 **more_ports,
@@ -236,6 +249,8 @@ class Aggregator(wiring.Component):
         for name, field in zip(PhaseContexts.FIELDS, cx.fields(), strict=True):
             setattr(s, f"c_{name}", field)
         s.c_mine = Array(Signal(rcv_shape, name=f"mine{k}") for k in range(n_ctx))
+        # own packets still to come: the readout of an ended op waits for them
+        s.c_own = Array(Signal(rcv_shape, name=f"own{k}") for k in range(n_ctx))
         # per-context end evaluation, registered (the FSM settles after a change)
         s.T, s.due, s.due_end, s.due_reason = cx.evaluate(m, tc, self.alpha_q8, now)
         m.d.comb += self.timeout.eq(s.T)
@@ -309,9 +324,13 @@ class Aggregator(wiring.Component):
 
     def _control(self, m: Module, s: SimpleNamespace) -> None:
         """The event FSM, its states in the order an event goes through them."""
-        # IDLE takes an event, and `ev.ready` says so, on this one condition
+        # IDLE takes an event, and `ev.ready` says so, on this one condition; a readout
+        # waiting for its own packets lets OWN events (only) by
         s.can_take = Signal()
-        m.d.comb += s.can_take.eq(~s.ro.busy & ~s.ro.pending & s.mem_open)
+        own_ev = self.ev.payload.kind == Kind.OWN
+        m.d.comb += s.can_take.eq(
+            ~s.ro.busy & (~s.ro.pending | (self.own_only & own_ev)) & s.mem_open
+        )
         with m.FSM() as fsm:
             self._take_states(m, s)  # IDLE: ticks, due phases, the next event; HIT, LOOKUP
             self._claim_states(m, s)  # a new op's context: CLEAR, MINE, MINE_SET
@@ -391,6 +410,7 @@ class Aggregator(wiring.Component):
             senders = Mux(mine_r != 0, self.world - 1, 0)
             m.d.sync += [
                 s.c_mine[c].eq(mine_r),
+                s.c_own[c].eq(mine_r),
                 s.c_exp[c].eq(mine_r * (self.world - 1)),
                 s.c_unflag[c].eq(senders),
                 s.c_owing[c].eq(senders),
@@ -529,6 +549,8 @@ class Aggregator(wiring.Component):
             with m.If(self.i.valid & self.i.ready):
                 m.d.sync += s.beat.eq(s.beat + 1)
                 with m.If(s.beat == s.beats - 1):
+                    with m.If(ev.kind == Kind.OWN):
+                        m.d.sync += s.c_own[c].eq(s.c_own[c] - 1)
                     m.next = "POST"
 
     def _end_states(self, m: Module, s: SimpleNamespace) -> None:
@@ -592,10 +614,12 @@ class Aggregator(wiring.Component):
         """The means of an ended op (hw/mean_readout.py) on the memories' read ports
         when no payload uses them."""
         ro = s.ro
+        own_wait = s.c_own[ro.head] != 0  # the next readout's own packets are not all in
         m.d.comb += [
             ro.rank.eq(self.rank),
             ro.world.eq(self.world),
-            ro.hold.eq(s.in_payload),
+            ro.hold.eq(s.in_payload | own_wait),
+            self.own_only.eq(ro.pending & own_wait),
             ro.head_mine.eq(s.c_mine[ro.head]),
             ro.op.eq(s.c_op[ro.ctx]),
             ro.bm_count.eq(s.bm_rd.data.count),

@@ -509,12 +509,14 @@ class NicCore(wiring.Component):
         s.incs["exp_saturated"].append(s.enc_step & s.h_inb & (s.enc.sat_quantize != 0))
 
     def _host_fsm(self, m: Module, s: SimpleNamespace) -> None:
-        """The host command's steps: its context, the encoding, the own packets, the
-        START."""
+        """The host command's steps: its context, the START (stamped before the
+        encode, as the model's), then the encoding, its own packets among the network's
+        events."""
         agg, pks = s.agg, s.pks
         # own packets -> aggregator OWN events (+ payload)
         s.own_lock = Signal()
         s.h_start_ev = Signal()
+        s.h_setup = Signal()  # the command's context and START: the network side waits
 
         with m.FSM(name="host"):
             with m.State("IDLE"), m.If(s.h_accept):
@@ -533,7 +535,7 @@ class NicCore(wiring.Component):
                 ]
                 m.next = "CTX"
             with m.State("CTX"):
-                m.d.comb += s.host_busy.eq(1)
+                m.d.comb += [s.host_busy.eq(1), s.h_setup.eq(1)]
                 with m.If(~s.clr_req):
                     m.d.comb += s.ctx_step.eq(1)
                     with m.If(~s.holds(s.h_op)):
@@ -543,19 +545,27 @@ class NicCore(wiring.Component):
                         ]  # fmt: skip
                     m.next = "CLEAR"
             with m.State("CLEAR"):
-                m.d.comb += s.host_busy.eq(1)
+                m.d.comb += [s.host_busy.eq(1), s.h_setup.eq(1)]
                 with m.If(~s.clr_req):
+                    m.next = "START"
+            with m.State("START"):
+                m.d.comb += [
+                    s.host_busy.eq(1), s.h_setup.eq(1), s.ev_sel_host.eq(1), s.h_start_ev.eq(1),
+                ]  # fmt: skip
+                with m.If(s.ev_taken):
+                    m.d.sync += s.c_start[s.hs].eq(agg.now)
                     m.next = "ENCODE"
             with m.State("ENCODE"):
-                m.d.comb += [s.host_busy.eq(1), s.enc_in_en.eq(1), s.ev_sel_host.eq(1)]
+                # the own packets go to the aggregator among the network's events, first
+                # while a readout waits for them (`own_only`)
+                m.d.comb += [
+                    s.host_busy.eq(1),
+                    s.enc_in_en.eq(1),
+                    s.ev_sel_host.eq(s.ev_h_valid | agg.own_only),
+                ]
                 with m.If(s.enc_done & ~pks.own.valid & ~s.own_lock):
                     s.rec.write(m, "encode", s.hs, s.rec_words["encode"])
                     m.d.comb += s.enc_step.eq(1)
-                    m.next = "START"
-            with m.State("START"):
-                m.d.comb += [s.host_busy.eq(1), s.ev_sel_host.eq(1), s.h_start_ev.eq(1)]
-                with m.If(s.ev_taken):
-                    m.d.sync += s.c_start[s.hs].eq(agg.now)
                     m.next = "IDLE"
 
     def _aggregator_input(self, m: Module, s: SimpleNamespace) -> None:
@@ -619,9 +629,9 @@ class NicCore(wiring.Component):
         with m.FSM(name="rx"):
             with m.State("IDLE"):
                 m.d.comb += s.rx_idle.eq(1)
-                with m.If(parser.o.valid & ~s.host_busy & ~s.h_accept):
+                with m.If(parser.o.valid & ~s.h_setup & ~s.h_accept):
                     # the op's context against the header, registered with it (125 MHz;
-                    # no maker writes now or before CHECK: the host is idle, rx is busy)
+                    # no maker writes now or before CHECK: the host makes none, rx is busy)
                     ph = parser.header
                     ps = slot_of(ph.op_id)
                     m.d.sync += [
@@ -653,7 +663,7 @@ class NicCore(wiring.Component):
                 m.next = "EVENT"
             with m.State("EVENT"):
                 m.d.comb += s.ev_r_valid.eq(1)
-                with m.If(s.ev_taken):
+                with m.If(s.ev_taken & ~s.ev_sel_host):
                     with m.If(is_gather):
                         m.next = "VERDICT"
                     with m.Else():

@@ -1,7 +1,7 @@
 """cocotb bench (run by sim/sdram_sim.py: aggregation_rate): SdramAggregator on litedram's
 controller (simulation variant), fed scatter packets as fast as it takes them.
 
-One op of C elements: the rank under test's own packets (fresh sums), the op's START,
+One op of C elements: the op's START, the rank under test's own packets (fresh sums),
 then every peer of `world` sends it each of its slots (read-modify-writes), payload
 beats back to back, the next event offered as the last beat goes. Measured in cycles
 of `clk` and in simulated time (the store and the controller may have a clock of
@@ -88,10 +88,10 @@ async def aggregation_rate(dut):
             await _until(dut, lambda: int(dut.i_ready.value), "payload beat taken")
         dut.i_valid.value = 0
 
-    # the op's own packets (fresh sums), its START, then every peer's packets (the wire)
+    # the op's START, its own packets (fresh sums), then every peer's packets (the wire)
+    await event({"kind": 3, "op_id": 0, "op_len": c})
     for idx in slots:
         await packet({"kind": 2, "sender": rank, "idx": idx}, idx)
-    await event({"kind": 3, "op_id": 0, "op_len": c})
     elements = 0
     for k, idx in enumerate(slots):
         for s in range(1, world):

@@ -3,9 +3,10 @@
 The reference is host/model/nic_model.py: NicModel itself. A scenario is a list of
 host-level actions (start an op, deliver a frame) at ticks. The model runs them;
 every frame that passes the parser's checks becomes an aggregator event at the
-same tick, and start_op becomes the op's OWN packets and a START. Then the RTL runs
-the events (with random idle on its inputs and backpressure on its output) and
-must give the model's phase-1 ends (op, reason, tick, T, received, expected), the
+same tick, and start_op becomes a START and the op's OWN packets. Then the RTL runs
+the events (with random idle on its inputs and backpressure on its output; the OWN
+packets held back among the later events, as the core's encode delays them) and must
+give the model's phase-1 ends (op, reason, tick, T, received, expected), the
 model's gather payloads (index, contributor count, the means) and its scatter
 counters (rx_scatter, duplicate, late), bit for bit.
 """
@@ -115,10 +116,10 @@ def run_model(sc: Scenario, data_seed: int = 0) -> Expected:
             _, _, op, n = act
             x = (rng.standard_normal(n) * rng.choice([1e-3, 1.0, 1e3])).astype(np.float32)
             y = encode(x, EXP, op, p).y.reshape(-1, p.p)
+            events.append((t, Kind.START, {"op_id": op, "op_len": n}, None))
             for i in range(rank, p.packets_for(n), world):
                 events.append((t, Kind.OWN, {"op_id": op, "op_len": n, "sender": rank,
                                              "pkt_index": i}, y[i]))  # fmt: skip
-            events.append((t, Kind.START, {"op_id": op, "op_len": n}, None))
             nic.start_op(t, op, x, EXP)
         else:
             frame = act[2]
@@ -155,7 +156,10 @@ class Got(bench.Got):
     slots: dict = field(default_factory=dict)
 
 
-def run_rtl(sc: Scenario, exp: Expected, *, idle=0.3, backpressure=0.3, seed=0) -> Got:
+def run_rtl(
+    sc: Scenario, exp: Expected, *, idle=0.3, backpressure=0.3, own_rate=0.3, seed=0
+) -> Got:
+    """`own_rate`: the chance an OWN packet goes before the next event (else later)."""
     p = sc.p
     dut = Aggregator(p)
     got = Got()
@@ -199,25 +203,73 @@ def run_rtl(sc: Scenario, exp: Expected, *, idle=0.3, backpressure=0.3, seed=0) 
                 for _ in range(rng.randint(0, 6)):
                     await step()
 
-        for t, kind, f, vals in exp.events:
-            await tick_to(t)
-            await drv.send_event({"kind": kind, "op_id": 0, "op_len": 0, "sender": 0,
-                                  "pkt_index": 0, "last": 0, "t_c": 0, **f}, t)  # fmt: skip
-            if vals is not None:
-                k = 0
-                while k < beats:
-                    if idle and rng.random() < idle:
-                        ctx.set(dut.i.valid, 0)
-                        await step()
-                        continue
-                    lane = [int(v) for v in vals[k * p.lanes : (k + 1) * p.lanes]]
-                    ctx.set(dut.i.payload, {"data": lane, "first": k == 0, "last": k == beats - 1})
-                    ctx.set(dut.i.valid, 1)
-                    r = ctx.get(dut.i.ready)
+        async def payload(vals):
+            k = 0
+            while k < beats:
+                if idle and rng.random() < idle:
+                    ctx.set(dut.i.valid, 0)
                     await step()
-                    if r:
-                        k += 1
-                ctx.set(dut.i.valid, 0)
+                    continue
+                lane = [int(v) for v in vals[k * p.lanes : (k + 1) * p.lanes]]
+                ctx.set(dut.i.payload, {"data": lane, "first": k == 0, "last": k == beats - 1})
+                ctx.set(dut.i.valid, 1)
+                r = ctx.get(dut.i.ready)
+                await step()
+                if r:
+                    k += 1
+            ctx.set(dut.i.valid, 0)
+
+        def word(f):
+            return {"kind": Kind.SCATTER, "op_id": 0, "op_len": 0, "sender": 0,
+                    "pkt_index": 0, "last": 0, "t_c": 0, **f}  # fmt: skip
+
+        own = []  # the started op's OWN packets not yet sent: (fields, values)
+
+        async def send_own():  # an OWN's tick is any
+            f, vals = own.pop(0)
+            ctx.set(dut.ev.payload, word(f))
+            ctx.set(dut.ev.valid, 1)
+            while True:
+                r = ctx.get(dut.ev.ready)
+                await step()
+                if r:
+                    break
+            ctx.set(dut.ev.valid, 0)
+            await payload(vals)
+
+        async def send(f, t, vals):
+            """Offer an event; while a readout waits for the own packets, they go first
+            (the core's merge: `own_only`)."""
+            ctx.set(dut.ev.payload, word(f))
+            while True:
+                if ctx.get(dut.own_only):
+                    assert own, "a readout waits for own packets that will not come"
+                    ctx.set(dut.ev.valid, 0)
+                    await send_own()
+                    ctx.set(dut.ev.payload, word(f))
+                    continue
+                ctx.set(dut.ev.valid, 1)
+                r = ctx.get(dut.ev.ready)
+                await step()
+                if r:
+                    break
+            ctx.set(dut.ev.valid, 0)
+            assert ctx.get(dut.now) == t
+            if vals is not None:
+                await payload(vals)
+
+        for t, kind, f, vals in exp.events:
+            if kind == Kind.OWN:
+                own.append(({**f, "kind": kind}, vals))
+                continue
+            while own and (kind == Kind.START or rng.random() < own_rate):
+                await send_own()  # all before the next START
+            await tick_to(t)
+            while own and rng.random() < own_rate:
+                await send_own()
+            await send({**f, "kind": kind}, t, vals)
+        while own:
+            await send_own()
         await tick_to(sc.t_end)
 
         def out():

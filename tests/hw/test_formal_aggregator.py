@@ -14,7 +14,7 @@ is free (AnySeq / AnyConst) except for the documented input contract, which is a
     1 <= op_len <= C and the same for every event of an op (22, 28), a scatter's or
     gather's sender < world and != rank (19, 20), t_c >= 1 (16), a scatter's pkt_index
     in range (25) and owned by this rank (26); OWN packets are owned in-range slots of the
-    op, each once, before the op's START; one START per op;
+    op, each once, after the op's START; one START per op;
   - (deadline only) ticks at least `tick_gap` cycles apart: more than an owner needs to
     take one (IDLE, then its settle count), as the real tick, one strobe per
     microsecond, is 52 cycles of the boards' 52.08 MHz core clock (TICK_GAP).
@@ -185,7 +185,8 @@ def harness(prop: str, variant: str = "holds", mod=aggregator, p: NicParams = P,
         this = v & (e.op_id == o)
         m.d.comb += [
             Assume(~this | (e.op_len == op_len[o])),
-            Assume(~this | ~(is_own | is_start) | ~started[o]),
+            Assume(~this | ~is_start | ~started[o]),
+            Assume(~this | ~is_own | started[o]),
         ]
         for i in range(npk):
             m.d.comb += Assume(~this | ~is_own | (e.pkt_index != i) | ~own_seen[o][i])
