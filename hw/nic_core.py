@@ -155,6 +155,7 @@ class NicCore(wiring.Component):
                 "tick": In(1),
                 "now": Out(p.tick_bits),
                 "idle": Out(1),
+                "events_idle": Out(1),  # idle but for the host's encode and the outputs
                 "net_rx": In(frame_stream(8)),
                 "net_tx": Out(frame_stream(8)),
                 "host_cmd": In(stream.Signature(host_cmd_layout())),
@@ -986,9 +987,11 @@ class NicCore(wiring.Component):
             m.d.sync += owed.eq(total - (total != 0))
 
     def _idle(self, m: Module, s: SimpleNamespace) -> None:
-        """Idle: no work anywhere, held for IDLE_HOLD cycles."""
+        """Idle: no work anywhere, held for IDLE_HOLD cycles. Events idle: every event
+        taken has had its effects and no START is in the making, while the encode, the
+        readout, the drain and the frames still to leave may go on."""
         parser, agg, trk = s.parser, s.agg, s.trk
-        no_work = Signal()
+        no_work, no_events = Signal(), Signal()
         m.d.comb += s.quiet.eq(
             s.rx_idle
             & ~parser.o.valid
@@ -1017,9 +1020,18 @@ class NicCore(wiring.Component):
             & ~s.drain_q.r_rdy
             & ~s.clr_req
         )
-        hold = Signal(range(IDLE_HOLD + 1))
-        with m.If(~no_work):
-            m.d.sync += hold.eq(0)
-        with m.Elif(hold != IDLE_HOLD):
-            m.d.sync += hold.eq(hold + 1)
-        m.d.comb += self.idle.eq(no_work & (hold == IDLE_HOLD))
+        m.d.comb += no_events.eq(
+            ~self.tick
+            & ~s.h_setup
+            & ~s.h_accept
+            & ~(self.host_cmd.valid & ~s.cmd_seen)
+            & s.quiet
+            & ~s.clr_req
+        )
+        for out, work in ((self.idle, no_work), (self.events_idle, no_events)):
+            hold = Signal(range(IDLE_HOLD + 1))
+            with m.If(~work):
+                m.d.sync += hold.eq(0)
+            with m.Elif(hold != IDLE_HOLD):
+                m.d.sync += hold.eq(hold + 1)
+            m.d.comb += out.eq(work & (hold == IDLE_HOLD))

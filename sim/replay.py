@@ -112,18 +112,29 @@ def events(frames: list[Frame]) -> Events:
 
 
 def replay(
-    frames: list[Frame], backend: str | type = "model", *, backpressure: int = 0
+    frames: list[Frame],
+    backend: str | type = "model",
+    *,
+    backpressure: int = 0,
+    overlap: bool = False,
+    host_gap: int = 0,
 ) -> ReplayResult:
     """Replay `frames` through the model, the RTL, or another event model: a class with
     NicModel's constructor and event interface (the command line passes the native engine's
     NativeNicModel for `--backend native`: the toolchain does not import the runtime).
     backpressure=k (rtl only): the core's outputs are ready one cycle in k + 1, at random,
-    to exercise flow control."""
+    to exercise flow control. overlap (rtl only): an input waits only until the events
+    before it have had their effects, not for an op's encode, readouts or outputs (the
+    harness's `events_idle`), so peers' frames and ticks come while an op encodes, as in
+    a live run; the frames' ticks then say when they left, not when the model sent them
+    (compare with `differences(..., ticks=False)`). host_gap (rtl only): idle cycles
+    after each host_i word, a slower host link: with overlap, phases may end while their
+    op still encodes."""
     if isinstance(backend, str) and backend not in ("model", "rtl"):
         raise ReplayError(f"unknown backend {backend!r}; choose from model, rtl or a model class")
     ev = events(frames)
     if backend == "rtl":
-        res = _replay_rtl(ev, backpressure=backpressure)
+        res = _replay_rtl(ev, backpressure=backpressure, overlap=overlap, host_gap=host_gap)
     else:
         res = _replay_model(ev, NicModel if backend == "model" else backend)
     res.counters["host_malformed"] = ev.host_malformed
@@ -201,12 +212,18 @@ def _describe(t: int, f: bytes) -> str:
     return f"tick {t}: network frame of {len(f)} bytes {f[:64].hex()}"
 
 
-def differences(a: ReplayResult, b: ReplayResult, limit: int = 8) -> list[str]:
+def differences(
+    a: ReplayResult, b: ReplayResult, limit: int = 8, *, ticks: bool = True
+) -> list[str]:
     """What differs between two replays (empty: identical): output frames byte for byte
-    at their ticks, in the canonical order; counters; results bit for bit."""
+    at their ticks (`ticks=False`: the frames alone, as a multiset), in the canonical
+    order; counters; results bit for bit."""
+    fa, fb = a.frames, b.frames
+    if not ticks:
+        fa, fb = ([(0, f) for f in sorted(f for _, f in x)] for x in (fa, fb))
     bad = [
         f"frame {k}: {_describe(*x)} != {_describe(*y)}"
-        for k, (x, y) in enumerate(zip(a.frames, b.frames, strict=False))
+        for k, (x, y) in enumerate(zip(fa, fb, strict=False))
         if x != y
     ][:limit]
     if len(a.frames) != len(b.frames):
@@ -263,7 +280,9 @@ def cmd_bits(exponent: int | None, proposal: int = 0) -> int:
     return ((exponent or 0) & 0xFF) | (exponent is None) << 8 | (proposal & 0xFFFF) << 9
 
 
-def write_records(path: Path, ev: Events, *, backpressure: int = 0) -> None:
+def write_records(
+    path: Path, ev: Events, *, backpressure: int = 0, overlap: bool = False, host_gap: int = 0
+) -> None:
     p = ev.params
     recs: list[tuple[int, int, bytes]] = []
     starts = sum(1 for _, k, _ in ev.inputs if k == "start")
@@ -271,7 +290,8 @@ def write_records(path: Path, ev: Events, *, backpressure: int = 0) -> None:
     # one after another, with room to spare.
     extra = (starts + 2) * 4 * p.t_b_us + 10_000
     idle_bound = 200 * p.c + 200_000  # cycles: an op's whole datapath, many times over
-    recs.append((REC_LIMITS, 0, struct.pack("<QQI", extra, idle_bound, backpressure)))
+    limits = struct.pack("<QQII", extra, idle_bound, backpressure, int(overlap) | host_gap << 8)
+    recs.append((REC_LIMITS, 0, limits))
     recs += [(REC_CSR_WRITE, 0, struct.pack("<II", a, v)) for a, v in
              config_writes(p, ev.rank, ev.world, ev.peers)]  # fmt: skip
     for tick, kind, what in ev.inputs:
@@ -315,7 +335,14 @@ def host_record(words: list[int], world: int) -> tuple[int, np.ndarray, list[int
     return d["op_id"], np.asarray(words[:n], dtype=np.uint32).view(np.float32), stats
 
 
-def _replay_rtl(ev: Events, *, backpressure: int = 0, timeout_s: float = 600) -> ReplayResult:
+def _replay_rtl(
+    ev: Events,
+    *,
+    backpressure: int = 0,
+    overlap: bool = False,
+    host_gap: int = 0,
+    timeout_s: float = 600,
+) -> ReplayResult:
     from optireduce.sim.cosim_build import harness_path
     from optireduce.sim.toolchain import ToolchainError
 
@@ -331,7 +358,7 @@ def _replay_rtl(ev: Events, *, backpressure: int = 0, timeout_s: float = 600) ->
     offsets = {v: k for k, v in both.items()}
     with tempfile.TemporaryDirectory(prefix="optireduce-replay-") as tmp:
         rin, rout = Path(tmp) / "in.rec", Path(tmp) / "out.rec"
-        write_records(rin, ev, backpressure=backpressure)
+        write_records(rin, ev, backpressure=backpressure, overlap=overlap, host_gap=host_gap)
         try:
             r = subprocess.run([str(exe), "replay", str(rin), str(rout)], capture_output=True,
                                text=True, timeout=timeout_s, check=False)  # fmt: skip

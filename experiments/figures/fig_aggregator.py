@@ -38,11 +38,10 @@ def figures(p: NicParams | None = None) -> dict:
         first_beat = last_beat = None
         end_cycle = first_out = None
         n_out = 0
-        events = []
+        events = [(Kind.START, rank, 0, False)]  # then the own packets, then the peer's
         for kind, sender in ((Kind.OWN, rank), (Kind.SCATTER, 1)):
             for k, i in enumerate(slots):
                 events.append((kind, sender, i, k == len(slots) - 1))
-        events.append((Kind.START, rank, 0, False))
         pending = list(events)
         beat = None
         while n_out < len(slots) * beats:

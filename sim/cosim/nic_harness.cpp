@@ -102,7 +102,7 @@ class Core {
         // host commands, then their floats
         t.host_cmd___05Fvalid = 0;
         t.host_i___05Fvalid = 0;
-        if (hi_ != nullptr) {
+        if (hi_ != nullptr && hi_wait_ == 0) {
             setb(t.host_i___05Fpayload, 0, 32, hi_->words[hi_idx_]);
             setb(t.host_i___05Fpayload, 32, 1, hi_idx_ == 0);
             setb(t.host_i___05Fpayload, 33, 1, hi_idx_ + 1 == hi_->words.size());
@@ -152,7 +152,7 @@ class Core {
                 hobuf_.clear();
             }
         }
-        const bool idle = t.idle;
+        const bool idle = t.idle, events_idle = t.events_idle;
         edge_high();
         cycles++;
         if (tick_req) {
@@ -173,12 +173,19 @@ class Core {
             hi_ = cmd_.words.empty() ? nullptr : &cmd_;
             hi_idx_ = 0;
         }
+        if (hi_wait_ > 0) hi_wait_--;
+        if (hi_fire) hi_wait_ = host_gap;
         if (hi_fire && ++hi_idx_ == hi_->words.size()) hi_ = nullptr;
+        if (overlap)  // the encode, the readouts and the outputs may go on
+            return events_idle && rxq.empty() && !rx_fire && !cmd_fire;
         return idle && !offered && !moved && !rx_fire && !cmd_fire && !hi_fire;
     }
 
-    // Run until the core has been quiet for two cycles in a row (bounded).
-    void settle(uint64_t bound) {
+    // Run until the core has been quiet for two cycles in a row (bounded); with `full`,
+    // quiet as without overlap.
+    void settle(uint64_t bound, bool full = false) {
+        const bool was = overlap;
+        overlap = overlap && !full;
         int quiet = 0;
         for (uint64_t k = 0; quiet < 2; k++) {
             if (k >= bound)
@@ -186,6 +193,7 @@ class Core {
                             " cycles (tick " + std::to_string(ticks) + ")");
             quiet = cycle() ? quiet + 1 : 0;
         }
+        overlap = was;
     }
 
     void csr_write(uint32_t addr, uint32_t data) {
@@ -214,6 +222,10 @@ class Core {
     bool idle() const { return top_->idle; }
     bool busy_inputs() const { return !rxq.empty() || hi_ != nullptr || !cmdq.empty(); }
     uint64_t ops_started = 0, ops_done = 0;
+    // Overlap: an input waits only for the events before it (`events_idle`), not for an
+    // op's encode, readouts or outputs.
+    bool overlap = false;
+    uint32_t host_gap = 0;  // idle cycles after each host_i word (a slower host link)
 
   private:
     Vnic_core* top_;
@@ -221,6 +233,7 @@ class Core {
     Cmd cmd_;
     const Cmd* hi_ = nullptr;
     size_t hi_idx_ = 0;
+    uint32_t hi_wait_ = 0;  // cycles before the next host_i word may be offered
     std::vector<uint8_t> txbuf_;
     std::vector<uint32_t> hobuf_;
     uint32_t lfsr_ = 0xACE1u;
@@ -254,7 +267,8 @@ enum : uint8_t {
     REC_CSR_READ = 4,   // in: u32 addr (read at the end); out: u32 addr, u32 data
     REC_HOST = 5,       // out: host_o words of one op (results then STATS), u32 each
     REC_LIMITS = 6,     // in: u64 extra ticks after the last record, u64 idle bound cycles,
-                        //     u32 output backpressure (0 = none)
+                        //     u32 output backpressure (0 = none), u32 flags (bit 0: overlap,
+                        //     bits 31:8: idle cycles after each host_i word)
     REC_SUMMARY = 7,    // out: u64 cycles, u64 ticks, u64 core now, u64 ops started, u64 done
 };
 const uint32_t MAGIC = 0x5243524F;  // "ORCR"
@@ -309,12 +323,13 @@ void write_rec(FILE* f, uint8_t type, uint64_t tick, const void* data, uint32_t 
 int run_replay(const char* in_path, const char* out_path) {
     const std::vector<Rec> recs = read_records(in_path);
     uint64_t extra_ticks = 1000000, bound = 10000000;
-    uint32_t bp = 0;
+    uint32_t bp = 0, flags = 0;
     for (const Rec& r : recs)
         if (r.type == REC_LIMITS && r.data.size() >= 20) {
             extra_ticks = rd64(r.data.data());
             bound = rd64(r.data.data() + 8);
             bp = rd32(r.data.data() + 16);
+            if (r.data.size() >= 24) flags = rd32(r.data.data() + 20);
         }
     FILE* out = std::fopen(out_path, "wb");
     if (!out) throw Error(std::string("cannot write ") + out_path);
@@ -324,6 +339,8 @@ int run_replay(const char* in_path, const char* out_path) {
     VerilatedContext ctx;
     Core core(&ctx);
     core.backpressure = bp;
+    core.overlap = (flags & 1) != 0;
+    core.host_gap = flags >> 8;
     core.on_tx = [&](uint64_t t, std::vector<uint8_t>&& f) {
         write_rec(out, REC_NET, t, f.data(), static_cast<uint32_t>(f.size()));
     };
@@ -331,7 +348,10 @@ int run_replay(const char* in_path, const char* out_path) {
         write_rec(out, REC_HOST, t, w.data(), static_cast<uint32_t>(4 * w.size()));
     };
     // Present an input at tick T: every tick before it is strobed with the core idle,
-    // so each event sees exactly the model's tick.
+    // so each event sees exactly the model's tick. With overlap, "idle" is events_idle:
+    // a START's encode runs on while the next ticks and frames come (the model has them
+    // after the START); a START waits for the core's full idle at its tick (the one
+    // before has encoded: the core takes one command at a time).
     auto advance_to = [&](uint64_t tick) {
         while (core.ticks < tick) {
             core.settle(bound);
@@ -354,6 +374,7 @@ int run_replay(const char* in_path, const char* out_path) {
                 break;
             case REC_START: {
                 advance_to(r.tick);
+                core.settle(bound, true);
                 Cmd c{rd32(r.data.data()), rd32(r.data.data() + 4),
                       static_cast<int32_t>(rd32(r.data.data() + 8)), {}};
                 if (r.data.size() != 12 + 4ULL * c.n) throw Error("START record: bad length");
