@@ -25,6 +25,9 @@ few cycles so that a phase-1 end it reported is in the FIFO first. A gather fram
 payload waits in the parser until the tracker's verdict for it. A START is taken only
 when no event is in flight anywhere: the model starts a queued op after the input
 before it has had all its effects (and its scatter frames carry that moment's t_C).
+The START goes to the aggregator once its context is made, before the op encodes; the
+op's own packets follow among the network's events, first while a readout waits for
+them (hw/aggregator.py, "Own packets after the START").
 
 Contexts: op j lives in context j mod n_ctx (n_ctx = smallest power of two >= 2K, as
 in the aggregator and the tracker); the gather buffer has n_ctx slots. A context is
