@@ -40,10 +40,10 @@ for it. Sums and counts do not depend on the order, and COMPLETE is judged on th
 peers' packets alone (`mine x (world - 1)` expected). What could differ is a phase that
 ends before its own packets are in: its end is reported at its tick (the model's order
 of ends and t_C samples), but its means wait. Each context counts the own packets still
-to come (`mine` at the claim); the readout does not start a context while its count is
-not zero, and while that readout waits (`own_only`) the block takes OWN events only:
-other events wait, ticks and timers run, as during any readout. So every event after
-the end is taken after its record, as in the model.
+to come (set by the START, from its op length); the readout does not start a context
+while its count is not zero, and while that readout waits (`own_only`) the block takes
+OWN events only: other events wait, ticks and timers run, as during any readout. So
+every event after the end is taken after its record, as in the model.
 
 Exact except two corners the block cannot see: the model's _peer_progress walks
 ops in creation order (a peer frame can create op j + 1 before op j), and it skips
@@ -66,9 +66,10 @@ multiplier. Nothing is cleared after a readout: an op that claims a context clea
 its per-sender entries and slot bitmaps (max(n_max, slots) cycles), and the first
 contribution to a slot overwrites its accumulator (so a reset needs no memory
 clear either). The accumulator and bitmap memories have one read and one write
-port each, so the FSM takes no event while a readout is pending; ticks and timers
-still run during a readout. The readout emits one beat per cycle within a slot and
-spends two cycles between slots on the contributor count. For 125 MHz the FSM's
+port each, so the FSM takes no event while a readout is pending (but OWN events while
+it waits for them, above); ticks and timers still run during a readout. The readout
+emits one beat per cycle within a slot and spends two cycles between slots on the
+contributor count. For 125 MHz the FSM's
 decisions are registered a state before their use, and the memories' outputs and
 writes are registered (docs/gateware.md, "Timing").
 
@@ -373,16 +374,18 @@ class Aggregator(wiring.Component):
             m.next = "LOOKUP"
 
         with m.State("LOOKUP"):
+            # slots owned: (n_packets - 1 - rank) // world + 1, divided while clearing (a
+            # claim) or, for a START of a context its peers made, its own packets' count
+            m.d.sync += s.mine_pending.eq(s.n_pk_r > self.rank)
+            m.d.comb += s.div.num.eq(s.n_pk_r - 1 - self.rank)
             with m.If(~s.hits.bit_select(c, 1)):
                 # claim the context: its previous op is done (and read out)
                 m.d.sync += [*s.cx.claim(c, ev.op_id), s.clr.eq(0)]
-                # slots owned: (n_packets - 1 - rank) // world + 1, divided while clearing
-                m.d.sync += s.mine_pending.eq(s.n_pk_r > self.rank)
-                m.d.comb += [
-                    s.div.go.eq(s.n_pk_r > self.rank),
-                    s.div.num.eq(s.n_pk_r - 1 - self.rank),
-                ]
+                m.d.comb += s.div.go.eq(s.n_pk_r > self.rank)
                 m.next = "CLEAR"
+            with m.Elif(ev.kind == Kind.START):
+                m.d.comb += s.div.go.eq(s.n_pk_r > self.rank)
+                m.next = "OWN_COUNT"
             with m.Else():
                 m.next = "DISPATCH"
 
@@ -401,6 +404,12 @@ class Aggregator(wiring.Component):
             m.d.sync += clr.eq(clr + 1)
             with m.If(clr == n_clear - 1):
                 m.next = "MINE"
+
+        # the own packets to come are the START's (the host's op length, should the peers
+        # that made the context have sent another: no count then waits for ever)
+        with m.State("OWN_COUNT"), m.If(~s.div.busy):
+            m.d.sync += s.c_own[c].eq(Mux(s.mine_pending, s.div.q + 1, 0))
+            m.next = "DISPATCH"
 
         mine_r = Signal(s.rcv_shape)
         with m.State("MINE"), m.If(~s.div.busy):

@@ -322,6 +322,7 @@ class NicCore(wiring.Component):
         s.c_start = regs("ctx_start", p.tick_bits)
         s.c_gtc, s.c_gtc_ok = regs("ctx_gtc", tc_bits(p)), regs("ctx_gtc_ok", 1)
         s.c_means = regs("ctx_means", 1)  # the op's own means are in the gather buffer
+        s.c_encoded = regs("ctx_encoded", 1)  # its encode's counts are recorded (STATS)
         s.c_word = regs("ctx_word", 16)  # the proposal word its frames carry (exp_inband)
 
         # STATS words kept per op until its record is out, by the moment they are written
@@ -364,6 +365,7 @@ class NicCore(wiring.Component):
                 s.c_done[s.mk_slot].eq(0),
                 s.c_gtc_ok[s.mk_slot].eq(0),
                 s.c_means[s.mk_slot].eq(0),
+                s.c_encoded[s.mk_slot].eq(0),
                 s.c_start[s.mk_slot].eq(0),
                 s.clr_req.eq(1),
                 s.clr_slot.eq(s.mk_slot),
@@ -424,6 +426,10 @@ class NicCore(wiring.Component):
         s.exp_ready = Signal(init=1)  # exp_inband: the agreed value is the table's as it is
         can_start = s.quiet & s.cmd_seen & cmd_ok & ~s.c_draining[c_slot] & s.exp_ready
         s.host_busy = Signal()
+        # a START the window takes that waits for the last op's encode, its context's
+        # drain or the proposal table: work (events_idle), where one the window holds
+        # back is not
+        s.cmd_waits = s.cmd_seen & cmd_ok & (s.host_busy | s.c_draining[c_slot] | ~s.exp_ready)
         m.d.comb += self.host_cmd.ready.eq(~s.host_busy & can_start)
         s.h_accept = self.host_cmd.valid & self.host_cmd.ready
         s.incs["ops_started"].append(s.h_accept)
@@ -569,6 +575,7 @@ class NicCore(wiring.Component):
                 ]
                 with m.If(s.enc_done & ~pks.own.valid & ~s.own_lock):
                     s.rec.write(m, "encode", s.hs, s.rec_words["encode"])
+                    m.d.sync += s.c_encoded[s.hs].eq(1)
                     m.d.comb += s.enc_step.eq(1)
                     m.next = "IDLE"
 
@@ -928,8 +935,9 @@ class NicCore(wiring.Component):
                 m.d.comb += s.drain_q.r_en.eq(1)
                 m.d.sync += [d_slot.eq(s.drain_q.r_data), h_addr.eq(1), h_sum.eq(0)]
                 m.next = "MEANS"
-            # phase 2 may end before the own means are placed
-            with m.State("MEANS"), m.If(s.c_means[d_slot]):
+            # phase 2 may end before the own means are placed, or before the op's own
+            # packets are all encoded (the START comes first): its STATS needs the counts
+            with m.State("MEANS"), m.If(s.c_means[d_slot] & s.c_encoded[d_slot] & ~s.rec.busy):
                 m.next = "HIST"
             with m.State("HIST"):  # contributor histogram [1..world] of the slot
                 m.d.sync += [h_valid_d.eq(1), h_addr.eq(h_addr + 1)]
@@ -991,8 +999,9 @@ class NicCore(wiring.Component):
 
     def _idle(self, m: Module, s: SimpleNamespace) -> None:
         """Idle: no work anywhere, held for IDLE_HOLD cycles. Events idle: every event
-        taken has had its effects and no START is in the making, while the encode, the
-        readout, the drain and the frames still to leave may go on."""
+        taken has had its effects (a readout included, but one waiting for own packets)
+        and no START the window takes waits or is in the making, while the encode, the
+        drain and the frames still to leave may go on."""
         parser, agg, trk = s.parser, s.agg, s.trk
         no_work, no_events = Signal(), Signal()
         m.d.comb += s.quiet.eq(
@@ -1028,6 +1037,7 @@ class NicCore(wiring.Component):
             & ~s.h_setup
             & ~s.h_accept
             & ~(self.host_cmd.valid & ~s.cmd_seen)
+            & ~s.cmd_waits
             & s.quiet
             & ~s.clr_req
         )

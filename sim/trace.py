@@ -38,9 +38,13 @@ Frame = tuple[int, bytes]  # (tick in microseconds, frame bytes)
 
 
 def _base(
-    seed: int, inband: bool = False, admit: bool = False, params: NicParams | None = None
+    seed: int,
+    inband: bool = False,
+    admit: bool = False,
+    params: NicParams | None = None,
+    rank: int = RANK,
 ) -> tuple[list[tuple], list[tuple]]:
-    """(host, network) frames of rank 0 in a lossless run, as (tick, seq, frame): seq is
+    """(host, network) frames of `rank` in a lossless run, as (tick, seq, frame): seq is
     the order things happened in, which breaks ties between frames of the same tick.
     params: the run's (TRACE_PARAMS if None). inband: INBAND_PARAMS, INBAND_OPS ops; a
     START past the first lead ops asks for the in-band exponent, and each carries rank
@@ -53,14 +57,14 @@ def _base(
             scale = 2.0 ** rng.integers(0, 4, ops)
             scale[3] = 2.0**6 if r == 2 else scale[3]
             x *= np.repeat(scale, OP_LEN).astype(np.float32)
-    props = [propose_exponent(xs[RANK][k * OP_LEN : (k + 1) * OP_LEN], p) for k in range(ops)]
+    props = [propose_exponent(xs[rank][k * OP_LEN : (k + 1) * OP_LEN], p) for k in range(ops)]
     lead = p.exp_lead_eff
     peers = default_peers(p, WORLD) if admit else None
-    host: list[tuple] = [(0, 0.0, host_port.config_frame(p, RANK, WORLD, peers))]
+    host: list[tuple] = [(0, 0.0, host_port.config_frame(p, rank, WORLD, peers))]
     net: list[tuple] = []
 
-    def tap(kind: str, tick: int, rank: int, what: object) -> None:
-        if rank != RANK:
+    def tap(kind: str, tick: int, who: int, what: object) -> None:
+        if who != rank:
             return
         seq = float(len(host) + len(net))
         if kind == "start":
@@ -271,16 +275,23 @@ def _op_of(frame: bytes) -> int:
 
 
 def make_trace(
-    scenario: str, seed: int = 0, *, inband: bool = False, params: NicParams | None = None
+    scenario: str,
+    seed: int = 0,
+    *,
+    inband: bool = False,
+    params: NicParams | None = None,
+    rank: int = RANK,
 ) -> list[Frame]:
     """The frames of a scenario, ordered by tick (stable), from a run at `params`
-    (TRACE_PARAMS if None). inband: a trace of INBAND_PARAMS, disturbed as any of
-    SCENARIOS or INBAND_SCENARIOS says. ADMISSION_SCENARIOS turn the peers table on."""
+    (TRACE_PARAMS if None), as `rank` sees it. inband: a trace of INBAND_PARAMS,
+    disturbed as any of SCENARIOS or INBAND_SCENARIOS says. ADMISSION_SCENARIOS turn the
+    peers table on."""
     table, extra = {**_scenarios(), **_admission_scenarios()}, _inband_scenarios() if inband else {}
     if scenario not in table and scenario not in extra:
         names = [*SCENARIOS, *ADMISSION_SCENARIOS, *(INBAND_SCENARIOS if inband else ())]
         raise ValueError(f"unknown scenario {scenario!r}; choose from {', '.join(names)}")
-    host, net = _base(seed, inband, admit=scenario in ADMISSION_SCENARIOS, params=params)
+    admit = scenario in ADMISSION_SCENARIOS
+    host, net = _base(seed, inband, admit=admit, params=params, rank=rank)
     rng = np.random.default_rng(seed + 1)
     if scenario in extra:
         host, net = extra[scenario](host, net, rng)

@@ -152,18 +152,39 @@ OVERLAP = {"trace": TRACE_PARAMS, "slim": SLIM_PARAMS, "sdram": SDRAM_PARAMS}
 HOST_GAP = 24  # idle cycles after each host word: an encode spans many ticks
 
 
-@pytest.mark.parametrize("build", OVERLAP)
-@pytest.mark.parametrize("scenario", SCENARIOS)
-def test_rtl_equals_model_while_an_op_encodes(scenario, build):
-    frames = make_trace(scenario, 2, params=OVERLAP[build])
+def check_overlap(frames, ops: int = OPS) -> ReplayResult:
     model = replay(frames, backend="model")
     rtl = replay(frames, backend="rtl", overlap=True, host_gap=HOST_GAP)
     bad = differences(rtl, model, ticks=False)
     assert not bad, "rtl != model: " + "; ".join(bad)
-    assert model.counters["ops_completed"] == OPS
+    assert model.counters["ops_completed"] == ops
     # the overlap is real: some frame left at a later tick than the model sent it
     sent = {f: t for t, f in model.frames}
     assert any(t > sent[f] for t, f in rtl.frames), "no input came during an encode"
+    return model
+
+
+@pytest.mark.parametrize("build", OVERLAP)
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_rtl_equals_model_while_an_op_encodes(scenario, build):
+    check_overlap(make_trace(scenario, 2, params=OVERLAP[build]))
+
+
+@pytest.mark.parametrize("build", ("trace", "slim"))
+@pytest.mark.parametrize("scenario", ("clean", "loss", "late"))
+@pytest.mark.parametrize("rank", (1, 2))
+def test_rtl_equals_model_while_an_op_encodes_at_other_ranks(rank, scenario, build):
+    """Rank 1 and 2 own slots whose last own packet comes before the chunk's last."""
+    check_overlap(make_trace(scenario, 3, params=OVERLAP[build], rank=rank))
+
+
+@pytest.mark.parametrize("rank", (0, 2))
+@pytest.mark.parametrize("scenario", ("predicted", "silent"))
+def test_rtl_equals_model_inband_while_an_op_encodes(scenario, rank):
+    """In-band exponents: a host predicting too small saturates (its STATS counts)."""
+    model = check_overlap(make_trace(scenario, 0, inband=True, rank=rank), INBAND_OPS)
+    if scenario == "predicted":
+        assert model.exp_counters["exp_saturated"] > 0
 
 
 def _starts_and_last_frames(frames) -> tuple[dict[int, int], dict[int, int]]:

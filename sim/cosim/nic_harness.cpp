@@ -176,8 +176,11 @@ class Core {
         if (hi_wait_ > 0) hi_wait_--;
         if (hi_fire) hi_wait_ = host_gap;
         if (hi_fire && ++hi_idx_ == hi_->words.size()) hi_ = nullptr;
-        if (overlap)  // the encode, the readouts and the outputs may go on
-            return events_idle && rxq.empty() && !rx_fire && !cmd_fire;
+        // the encode, the readouts and the outputs may go on; a command behind the last
+        // op's words is not seen by the core yet: it may be one the window takes now
+        if (overlap)
+            return events_idle && rxq.empty() && !rx_fire && !cmd_fire &&
+                   (hi_ == nullptr || cmdq.empty());
         return idle && !offered && !moved && !rx_fire && !cmd_fire && !hi_fire;
     }
 
