@@ -390,9 +390,10 @@ CUT_TIMING = ("overflow", "range", "duplicate")
 PROPS = ("overflow", "range", "duplicate", "deadline")
 # Bounds (cycles from reset). An event costs about 33 cycles here (the control is
 # registered a state ahead and the end evaluation pipelined: hw/deadline.py settle_cycles),
-# the first one of an op more (context claim): 64 reaches the accumulation of a second
-# contribution (at world = 2 the own one, which comes after a START: the overflow mutant
-# is refuted at 64, not at 61; the check holds at 64 in about 11 min, at 51 it took 2),
+# the first one of an op more (context claim): 70 reaches the accumulation of a second
+# contribution (at world = 2 the own one, which comes after a START, which counts the
+# own packets when a peer's frame made the context: the overflow mutant is refuted at
+# 70, not at 64; at 51, with OWN before START, the check took 2 min),
 # 53 a second frame from the same sender (the duplicate mutant needs it),
 # 63 a phase ended by its deadline a few ticks after START, with a second op's context
 # claim on the way. Each mutant is refuted at its depth; with a timer per context (settle
@@ -400,7 +401,7 @@ PROPS = ("overflow", "range", "duplicate", "deadline")
 # (a larger DEADLINE_BOUND lets its late end run longer before it shows).
 # The range mutant is refuted from 21 (the first payload's writes); its check runs to 44,
 # to take more events in at little cost.
-DEPTH = {"overflow": 64, "range": 44, "duplicate": 53, "deadline": 63}
+DEPTH = {"overflow": 70, "range": 44, "duplicate": 53, "deadline": 63}
 
 
 # A mutant per property: the aggregator's own source with one deliberate bug (see
