@@ -1,8 +1,8 @@
 """Traces: pcap files of timestamped frames on one NIC's host and network ports.
 
-A scenario is what rank 0 of a small world sees: its CONFIG and START/DATA host
-frames, and every network frame its peers deliver to it, taken from a run of the
-virtual cluster, then disturbed as the scenario says. Replaying it (sim/replay.py)
+A scenario is what one rank of a small world (rank 0 unless asked) sees: its CONFIG
+and START/DATA host frames, and every network frame its peers deliver to it, taken from
+a run of the virtual cluster, then disturbed as the scenario says. Replaying it (sim/replay.py)
 through the model or the RTL must give the same output frames and counters.
 """
 
@@ -274,6 +274,11 @@ def _op_of(frame: bytes) -> int:
     return -1 if h.kind == host_port.CONFIG else h.op_id
 
 
+# scenarios that name ranks (a sender rewritten to 0 or 1, rank 2's frames dropped, this
+# rank's address): what they test holds at rank 0 only
+RANK_ZERO_SCENARIOS = ("unknown_rank", "huge_tc", "strangers", "follow", "silent")
+
+
 def make_trace(
     scenario: str,
     seed: int = 0,
@@ -283,9 +288,12 @@ def make_trace(
     rank: int = RANK,
 ) -> list[Frame]:
     """The frames of a scenario, ordered by tick (stable), from a run at `params`
-    (TRACE_PARAMS if None), as `rank` sees it. inband: a trace of INBAND_PARAMS,
-    disturbed as any of SCENARIOS or INBAND_SCENARIOS says. ADMISSION_SCENARIOS turn the
-    peers table on."""
+    (TRACE_PARAMS if None), as `rank` sees it (ValueError for a scenario of
+    RANK_ZERO_SCENARIOS at another rank: they name ranks). inband: a trace of
+    INBAND_PARAMS, disturbed as any of SCENARIOS or INBAND_SCENARIOS says.
+    ADMISSION_SCENARIOS turn the peers table on."""
+    if rank != RANK and scenario in RANK_ZERO_SCENARIOS:
+        raise ValueError(f"scenario {scenario!r} is written for rank {RANK}, not {rank}")
     table, extra = {**_scenarios(), **_admission_scenarios()}, _inband_scenarios() if inband else {}
     if scenario not in table and scenario not in extra:
         names = [*SCENARIOS, *ADMISSION_SCENARIOS, *(INBAND_SCENARIOS if inband else ())]

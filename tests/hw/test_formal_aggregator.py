@@ -395,9 +395,12 @@ PROPS = ("overflow", "range", "duplicate", "deadline")
 # Bounds (cycles from reset). An event costs about 33 cycles here (the control is
 # registered a state ahead and the end evaluation pipelined: hw/deadline.py settle_cycles),
 # the first one of an op more (context claim): 51 reaches the accumulation of a second
-# contribution (at world = 2 the own one; the overflow check lets OWN come before START:
-# with OWN after it, which costs a START first, its mutant was refuted only at 70, and
-# the check ran past 40 min),
+# contribution (at world = 2 the own one; the overflow check lets OWN come before START,
+# so an OWN may claim the context: on a trace of the contract the second contribution
+# needs a START first, its mutant was refuted only at 70, and that check ran past 40 min;
+# in the contract's order the sums are checked bit for bit by tests/hw/test_aggregator.py
+# and the replays, as is the readout's wait for the own packets, which no property here
+# covers),
 # 53 a second frame from the same sender (the duplicate mutant needs it),
 # 63 a phase ended by its deadline a few ticks after START, with a second op's context
 # claim on the way. Each mutant is refuted at its depth; with a timer per context (settle
