@@ -376,15 +376,17 @@ class Aggregator(wiring.Component):
         with m.State("LOOKUP"):
             # slots owned: (n_packets - 1 - rank) // world + 1, divided while clearing (a
             # claim) or, for a START of a context its peers made, its own packets' count
+            claim = ~s.hits.bit_select(c, 1)
             m.d.sync += s.mine_pending.eq(s.n_pk_r > self.rank)
-            m.d.comb += s.div.num.eq(s.n_pk_r - 1 - self.rank)
-            with m.If(~s.hits.bit_select(c, 1)):
+            m.d.comb += [
+                s.div.num.eq(s.n_pk_r - 1 - self.rank),
+                s.div.go.eq((claim | (ev.kind == Kind.START)) & (s.n_pk_r > self.rank)),
+            ]
+            with m.If(claim):
                 # claim the context: its previous op is done (and read out)
                 m.d.sync += [*s.cx.claim(c, ev.op_id), s.clr.eq(0)]
-                m.d.comb += s.div.go.eq(s.n_pk_r > self.rank)
                 m.next = "CLEAR"
             with m.Elif(ev.kind == Kind.START):
-                m.d.comb += s.div.go.eq(s.n_pk_r > self.rank)
                 m.next = "OWN_COUNT"
             with m.Else():
                 m.next = "DISPATCH"

@@ -225,16 +225,9 @@ def run_rtl(
 
         own = []  # the started op's OWN packets not yet sent: (fields, values)
 
-        async def send_own():  # an OWN's tick is any
+        async def send_own():
             f, vals = own.pop(0)
-            ctx.set(dut.ev.payload, word(f))
-            ctx.set(dut.ev.valid, 1)
-            while True:
-                r = ctx.get(dut.ev.ready)
-                await step()
-                if r:
-                    break
-            ctx.set(dut.ev.valid, 0)
+            await drv.send_event(word(f), None)
             await payload(vals)
 
         async def send(f, t, vals):
