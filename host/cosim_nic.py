@@ -4,7 +4,7 @@ The C++ harness (sim/cosim/nic_harness.cpp, mode `live`) runs the core at full
 speed with its tick from the wall clock. It owns this rank's UDP socket (the
 transport's, handed over as a file descriptor, so peers need no new address) and
 talks to this object over its stdin/stdout: START commands and float words in,
-host_o records (results, then the STATS record) out. Same API and same results
+host_o records (the head, results, then the STATS record) out. Same API and same results
 as SoftwareNic (host/driver.py), bit for bit.
 """
 

@@ -5,7 +5,7 @@ network: a bump-in-the-wire NIC. The two PHYs share one reset, MDC and MDIO pin,
 second port's resource here lists only its data and clock pins. The one LED is on while
 both PHYs deliver an RX clock and blinks with traffic (slowly: the SDRAM controller
 reports a fault). Params: see docs/boards.md (the
-25F's 56 DP16KD hold C = 2048 elements, not 16K).
+25F's 56 DP16KD hold C = 4096 elements on chip; with the SDRAM, `--sdram`, C = 16K).
 """
 
 from __future__ import annotations
@@ -64,4 +64,5 @@ BOARD = Board(
     leds=_leds,
     description="Colorlight 5A-75B r7.0, LFE5U-25F-6, two GbE ports (host, network)",
     sdram=SdramSpec(),  # 2 x M12L16161A, one 32-bit bus, at 62.5 MHz (VCO / 10)
+    sdram_c=16384,  # accumulators and gather slots in SDRAM (docs/boards.md)
 )

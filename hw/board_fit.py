@@ -44,7 +44,7 @@ def memories(p: NicParams, *, host_rx_words: int = 512) -> dict[str, tuple[int, 
         "aggregator bitmaps": (n_ctx * (1 << _bits(rows)), p.n_max + p.n_max.bit_length()),
         "gather buffer": (n_ctx * p.c // p.lanes, p.lanes * p.w_wire),  # n_ctx slots
         "host adapter frame buffer": (host_rx_words, 32),
-        "host adapter result buffer": (p.c + len(host_port.STATS_FIELDS) + p.n_max + 1, 32),
+        "host adapter result ring": (host_port.result_ring_words(p.n_max), 32),
     }  # fmt: skip
     for name, w_in in (("encoder FWHT", p.w_in), ("decoder FWHT", p.w_wire)):
         d, k = p.b // 2, 0

@@ -5,7 +5,8 @@
   eth port 0 (host)    <-> RgmiiMac <-> NicShell host_rx/host_tx (HostAdapter, crossings)
   eth port 1 (network) <-> RgmiiMac <-> NicShell net_rx/net_tx (Widen / Narrow, crossings)
                      -> sdram (the SDRAM's clock, boards with `sdram`, when the core keeps
-                        its accumulators there): NicShell acc_mem <-> SdramController
+                        its accumulators and gather slots there): NicShell acc_mem,
+                        gather_mem <-> SdramController's ports of those names
 
 On a board with one Ethernet port both share it: received frames are split by EtherType
 (host-port frames, 0x88B5, to the adapter; the rest to the core) and the two senders
@@ -31,7 +32,12 @@ from amaranth.lib.cdc import AsyncFFSynchronizer, FFSynchronizer, ResetSynchroni
 from optireduce.hw.board_frames import EtherTypeDemux, FrameMux
 from optireduce.hw.nic_shell import SDRAM_DOMAIN, NicShell
 from optireduce.hw.rgmii_mac import RgmiiMac
-from optireduce.hw.sdram_controller import SdramController, SdramCore, SdramSpec
+from optireduce.hw.sdram_controller import (
+    SdramController,
+    SdramCore,
+    SdramSpec,
+    connect_memory,
+)
 from optireduce.params import NicParams
 
 SYNC_MHZ = 125  # one byte per cycle on the RGMII side is 1 Gb/s
@@ -73,6 +79,7 @@ class Board:
     # for its clock (VCO / sdram_div = sdram.clk_mhz); None: no SDRAM
     sdram: SdramSpec | None = None
     sdram_div: int = 10  # 62.5 MHz
+    sdram_c: int = 0  # C of the build with the SDRAM (`build bitstream --sdram`); 0: params.c
 
     @property
     def sdram_mhz(self) -> float:
@@ -250,7 +257,7 @@ class BoardTop(Elaboratable):
             pads = platform.request("sdram", 0, dir="-")
             ctrl = SdramController(self.sdram, pads)
             m.submodules.sdram = DomainRenamer({"sync": SDRAM_DOMAIN})(ctrl)
-            wiring.connect(m, shell.acc_mem, ctrl.port)
+            connect_memory(m, shell, ctrl)
             m.submodules.sdram_fault = FFSynchronizer(ctrl.error | ctrl.underrun, fault)
         if len(macs) == 2:
             (host_rx, host_tx), (net_rx, net_tx) = macs

@@ -7,7 +7,8 @@ entry with the op's first beat, so several ops can be in the pipeline at once.
 The last stage trims the padding: an op of n elements leaves as exactly n floats,
 `last` on the n-th (n must be a multiple of p.lanes). With p.fwht_shared the inverse
 FWHT is the core's SharedFwht: the gather buffer's blocks leave on `to_fwht`, the
-transform comes back on `from_fwht`.
+transform comes back on `from_fwht`. A decoder given a gather buffer with a memory port
+(SdramGatherBuffer) has that port as `gather_mem` and its `fault` as `gather_fault`.
 """
 
 from __future__ import annotations
@@ -46,11 +47,16 @@ def decode_command_layout(p: NicParams, slots: int | None = None) -> data.Struct
 class Decoder(wiring.Component):
     MODEL = decode
 
-    def __init__(self, p: NicParams, slots: int | None = None) -> None:
-        """`slots`: ops the gather buffer holds (default p.ops_in_flight)."""
+    def __init__(
+        self, p: NicParams, slots: int | None = None, gather: GatherBuffer | None = None
+    ) -> None:
+        """`slots`: ops the gather buffer holds (default p.ops_in_flight); `gather`: the
+        buffer, if not the on-chip one."""
         self.p = p
-        self.gather = GatherBuffer(p, slots)
+        self.gather = GatherBuffer(p, slots) if gather is None else gather
         self.n_slots = self.gather.n_slots
+        g_members = self.gather.signature.members
+        memory = {f"gather_{n}": g_members[n] for n in ("mem", "fault") if n in g_members}
         self.external = p.rht and p.fwht_shared  # the FWHT is outside (SharedFwht)
         fwht_ports = {}
         if self.external:
@@ -74,6 +80,7 @@ class Decoder(wiring.Component):
                 "clear": In(1),
                 "sat_output": Out(p.op_count_bits),
                 **histogram_ports(p, self.n_slots),  # the gather buffer's
+                **memory,
             }
         )
 
@@ -85,6 +92,9 @@ class Decoder(wiring.Component):
         forward_ports(m, self, g, placement_ports(p, self.n_slots))
         m.d.comb += [self.deq.clear.eq(self.clear), self.sat_output.eq(self.deq.saturated)]
         forward_ports(m, self, g, histogram_ports(p, self.n_slots))
+        if "mem" in g.signature.members:
+            wiring.connect(m, g.mem, wiring.flipped(self.gather_mem))
+            m.d.comb += self.gather_fault.eq(g.fault)
 
         # One context FIFO per consumer, all written when a DRAIN is taken; each keeps
         # only the fields its consumer reads (a whole command is 100-odd bits).

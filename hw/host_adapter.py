@@ -4,8 +4,9 @@
      -> checks at the end of the frame -> START: host_cmd {op_id, n, exponent, inband,
         proposal}, then words
      on host_i; DATA: more words of the open op; REG: register accesses on the CSR bus
-  host_o (an op's n result words, then its STATS record) -> result buffer
-     -> RESULT fragments of `tx_fragment` words, then one STATS frame -> o (bytes to the host)
+  host_o (an op's head, its n result words, then its STATS record) -> a ring of two
+     fragments -> RESULT fragments of `tx_fragment` words as they fill, then one STATS
+     frame -> o (bytes to the host)
 
 Frames are EtherType 0x88B5 with the 20-byte header of host_port.HEADER; every frame is
 checked whole before anything of it reaches the core, so a bad frame is a counted drop
@@ -17,12 +18,18 @@ already taken. A START that arrives while the previous op still owes words first
 that op with zeros (counted in `truncated_ops`): the core then finishes it and never
 waits for words that will not come.
 
-Results: the core emits an op's words before its STATS record, and the header of a
-RESULT frame needs the op id, n and exponent from that record, so the whole message is
-buffered (depth C + 22 + n_max words) and sent once its `last` word is in. The record's
-start is found from its length, 22 + world words, with `world` shadowed from the
-register writes that pass through here (reset: the CSR's reset value); a message whose
-record does not say n = its start and the same world is counted in `bad_records`.
+Results: the header of a RESULT frame needs the op id, n and exponent, which the
+core's STATS record holds after the results; so the core gives the record's first words
+(host_port.HEAD_FIELDS, flagged `head`) ahead of the results. The results go through a
+ring of 2 x tx_fragment words (a power of two; one block RAM at 256): a RESULT frame
+leaves once its words are in, while the next fills, so block RAM does not grow with C
+(a whole message was C + 22 + n_max words: 33 DP16KD at C = 16K). The record follows the
+results into the ring, and goes out as the STATS frame after the last RESULT frame if
+it is 22 + world words long (`world` shadowed from the register writes that pass
+through here; reset: the CSR's reset value) and says the head's op id and n. A
+message that is not so (no head, n > C, fewer results than n, a record of another
+length or with other fields) is read to its end and counted in `bad_records`: every
+RESULT frame its words filled goes out, and no STATS frame follows.
 
 REG (host_port.REG, kind 5): `count` words of (address | 1 << 31 for a
 write, data) pairs; each is applied to the register bank in order and the frame comes
@@ -65,6 +72,7 @@ CMD_LAYOUT = host_cmd_layout()  # the core's host port, defined once in hw/nic_c
 OUT_LAYOUT = host_word_layout()
 
 COUNTERS = host_port.ADAPTER_COUNTERS  # a strobe each on `counts`, counted in the bank
+TX_FRAGMENT = host_port.TX_FRAGMENT
 
 
 def _be(value, nbytes: int) -> list:
@@ -277,14 +285,17 @@ class HostAdapter(wiring.Component):
     1058-byte frames, inside a standard 1500-byte MTU).
     """
 
-    def __init__(self, p: NicParams, *, rx_words: int = 512, tx_fragment: int = 256) -> None:
+    def __init__(
+        self, p: NicParams, *, rx_words: int = 512, tx_fragment: int = TX_FRAGMENT
+    ) -> None:
         if not 1 <= tx_fragment <= 0xFFFF or not 2 <= rx_words <= 0xFFFF:
             raise ValueError("HostAdapter: tx_fragment and rx_words must be in 1..65535")
         self.p, self.rx_words, self.tx_fragment = p, rx_words, tx_fragment
         self.csr_addr_bits = csr_addr_bits(p)
         world = register(p, "world")
         self.world_addr, self.world_reset = world.offset, world.reset
-        self.msg_words = p.c + RECORD_FIXED + p.n_max + 1  # results + the largest record
+        self.rec_max = RECORD_FIXED + 1 + p.n_max  # the largest record
+        self.ring = host_port.result_ring_words(p.n_max, tx_fragment)
         super().__init__(
             {
                 "i": In(frame_stream(1)),
@@ -309,7 +320,7 @@ class HostAdapter(wiring.Component):
         m.d.comb += [self.counts[j].eq(inc[name]) for j, name in enumerate(COUNTERS)]
 
         # one sender for the register replies and the results (a second was 340 LUTs)
-        addr_bits = max(self.rx_words - 1, self.msg_words - 1).bit_length()
+        addr_bits = max(self.rx_words - 1, self.ring - 1).bit_length()
         m.submodules.tx = sender = _FrameSender(addr_bits)
         wiring.connect(m, sender.o, wiring.flipped(self.o))
         with m.If(sender.o.valid & sender.o.ready & sender.o.payload.last):
@@ -641,144 +652,168 @@ class HostAdapter(wiring.Component):
 
     # ---- core -> host ----------------------------------------------------------------
     def _results(self, m: Module, inc: dict, sender: SimpleNamespace) -> None:
-        depth = self.msg_words
+        """An op's message as it comes: its head, then its results into the ring, each
+        RESULT frame sent once its words are in, then its record into the ring, checked
+        and sent as the STATS frame. `take`: what the message's words do (`_message`)."""
+        ring, frag = self.ring, self.tx_fragment
+        rb = ring.bit_length() - 1
         # banks with registered outputs (BankedMemory.LATENCY): no logic after a block RAM.
-        # A read collides with a write only in FILL and SPLIT (a write lands a cycle
-        # late), when the address is the sender's, idle or reading for a REG reply:
-        # the result buffer's word is not used there
-        m.submodules.res_buf = buf = BankedMemory(32, depth)
-        # the record reader or the sender addresses the banks, picked by a flip-flop of
-        # its own, not by a decode of the FSM's state (17 banks' address pins: 125 MHz)
-        rec_rd = Signal()
-        raddr = Signal(range(depth + 1))  # the next record word's address (registered)
-        m.d.comb += [
-            sender.rd_data.eq(buf.r_data),
-            buf.r_addr.eq(Mux(rec_rd, raddr, sender.rd_addr)),
-        ]
-
-        nwords = Signal(range(depth + 2))  # words of the message so far (depth + 1: too many)
-        s = Signal(range(depth + 1))  # record start = n
-        rec = {k: Signal(32, name=f"rec_{k}") for k in ("op_id", "n", "exponent", "world")}
-        off = Signal(range(depth + 1))
-        left = Signal(range(depth + 1))  # result words not sent yet (s - off)
-        frag = self.tx_fragment
-        want = {"op_id": 0, "n": 1, "exponent": 2, "world": RECORD_FIXED - 1}
-        good, s_zero = Signal(), Signal()
-        snd_kind, snd_count = Signal(8), Signal(16)
-        snd_base = Signal.like(sender.base)
+        # The sender reads words written at least a header (34 cycles) before.
+        m.submodules.res_buf = buf = BankedMemory(32, ring)
+        m.d.comb += [sender.rd_data.eq(buf.r_data), buf.r_addr.eq(sender.rd_addr[:rb])]
         lat = BankedMemory.LATENCY
         assert lat <= _FrameSender.MAX_READ_LATENCY, "the sender would send stale words"
-        rec_idx = Signal(range(len(want) + lat))
-        offs = Array(Const(v, 8) for v in [*want.values()] + [0] * (lat + 1))  # rec_idx + 1
 
-        # nwords < depth and nwords <= depth, and the record's length, as registers: no
-        # compare of nwords in front of its own increment or the FSM (125 MHz)
-        below, at_most = Signal(init=1), Signal(init=1)
-        rlen, ok = Signal(range(RECORD_FIXED + 2 + self.p.n_max)), Signal()
+        r = SimpleNamespace(
+            op_id=Signal(32), n=Signal(32), exponent=Signal(8),  # the head's
+            wptr=Signal(rb), level=Signal(range(ring + 1)),  # ring: next write, words held
+            to_send=Signal(range(self.p.c + 1)),  # results not yet in a frame
+            ready=Signal(range(ring + 1)),  # ... of them in the ring
+            sptr=Signal(rb), off=Signal(range(self.p.c + 1)),  # the next frame's start
+            rleft=Signal(32),  # results still to come
+            rcount=Signal(range(self.rec_max + 1)),  # record words in
+            write=Signal(), result_in=Signal(),  # a word into the ring; it is a result
+            sent=Signal(range(frag + 1)),  # results put in a frame now
+            freed=Signal(range(max(frag, self.rec_max) + 1)),  # a frame's words, at its end
+            stats_go=Signal(), stats_done=Signal(), send_idle=Signal(),
+            clear=Signal(),  # a bad message's end: the ring emptied
+        )  # fmt: skip
+        m.d.comb += [buf.w_addr.eq(r.wptr), buf.w_data.eq(self.host_o.payload.data),
+                     buf.w_en.eq(r.write)]  # fmt: skip
+        self._message(m, inc, r)
+        self._send(m, sender, r)
+        m.d.sync += [
+            r.level.eq(r.level + r.write - r.freed),
+            r.ready.eq(r.ready + r.result_in - r.sent),
+        ]
+        with m.If(r.write):
+            m.d.sync += r.wptr.eq(r.wptr + 1)
+        with m.If(r.clear):  # nothing of ours is being sent (BAD waits for that)
+            m.d.sync += [r.level.eq(0), r.ready.eq(0), r.to_send.eq(0), r.sptr.eq(r.wptr)]
+
+    def _message(self, m: Module, inc: dict, r: SimpleNamespace) -> None:
+        """The message's words from host_o: the head's fields, results and record into
+        the ring while it has room; a bad message is read to its end and counted."""
+        o, c = self.host_o, self.p.c
+        take = Signal()
+        m.d.comb += take.eq(o.valid & o.ready)
+        room = Signal()
+        m.d.comb += room.eq(r.level != self.ring)
+        hidx = Signal(range(len(host_port.HEAD_FIELDS)))
+        rec = {k: Signal(32, name=f"rec_{k}") for k in ("op_id", "n", "world")}
+        want = {"op_id": 0, "n": 1, "world": RECORD_FIXED - 1}
+        rlen = Signal(range(self.rec_max + 1))  # the record's length: world's
         m.d.sync += rlen.eq(RECORD_FIXED + 1 + self.world)
-
-        def restart() -> None:
-            """The next message, through CLEAR: nwords' enable is two states' decode."""
-            m.next = "CLEAR"
-
+        good, over = Signal(), Signal()
         with m.FSM() as fsm:
-            with m.State("CLEAR"):
-                m.d.sync += [nwords.eq(0), below.eq(1), at_most.eq(1)]
-                m.next = "FILL"
-            with m.State("FILL"):
-                m.d.comb += self.host_o.ready.eq(1)
-                with m.If(self.host_o.valid):
-                    m.d.comb += [
-                        buf.w_addr.eq(nwords),
-                        buf.w_data.eq(self.host_o.payload.data),
-                        buf.w_en.eq(below),
-                    ]
-                    with m.If(at_most):
-                        m.d.sync += [
-                            nwords.eq(nwords + 1),
-                            below.eq(below & (nwords != depth - 1)),
-                            at_most.eq(below),
-                        ]
-                    with m.If(self.host_o.payload.last):
-                        m.next = "SPLIT"
-            with m.State("SPLIT"):  # the record's place, registered
-                m.d.sync += [
-                    ok.eq(at_most & (nwords >= rlen)),
-                    s.eq(nwords - rlen),
-                    raddr.eq(nwords - rlen),
-                    rec_idx.eq(0),
-                ]
-                m.next = "LOCATE"
-            with m.State("LOCATE"):
-                with m.If(ok):
-                    m.d.sync += rec_rd.eq(1)
-                    m.next = "RECORD"
+            with m.State("HEAD"):
+                m.d.comb += o.ready.eq(1)
+                with m.If(o.valid & (~o.payload.head | o.payload.last)):  # no head
+                    m.d.sync += hidx.eq(0)
+                    m.next = "SKIP"
+                    with m.If(o.payload.last):
+                        m.next = "BAD"
+                with m.Elif(o.valid):
+                    for k, name in enumerate(host_port.HEAD_FIELDS):
+                        with m.If(hidx == k):
+                            m.d.sync += getattr(r, name).eq(o.payload.data)
+                    m.d.sync += hidx.eq(hidx + 1)
+                    with m.If(hidx == len(host_port.HEAD_FIELDS) - 1):
+                        m.d.sync += [hidx.eq(0), over.eq(0)]
+                        m.next = "SIZE"
+            with m.State("SIZE"):  # n from the head, registered before it is used
+                m.d.sync += over.eq(r.n > c)
+                m.next = "OPEN"
+            with m.State("OPEN"):
+                with m.If(over):
+                    m.next = "SKIP"
                 with m.Else():
-                    m.d.comb += inc["bad_records"].eq(1)
-                    restart()
+                    m.d.sync += [r.to_send.eq(r.n), r.rleft.eq(r.n), r.off.eq(0),
+                                 r.rcount.eq(0)]  # fmt: skip
+                    m.next = "RESULTS"
+                    with m.If(r.n == 0):
+                        m.next = "RECORD"
+            with m.State("RESULTS"):
+                m.d.comb += [o.ready.eq(room), r.write.eq(take), r.result_in.eq(take)]
+                with m.If(take):
+                    m.d.sync += r.rleft.eq(r.rleft - 1)
+                    with m.If(o.payload.last):
+                        m.next = "BAD"  # fewer words than its head said
+                    with m.Elif(r.rleft == 1):
+                        m.next = "RECORD"
             with m.State("RECORD"):
-                # read the four record words the headers need, one per cycle (pipelined)
-                # (the word for rec_idx i is out at i + lat)
-                m.d.sync += [rec_idx.eq(rec_idx + 1), raddr.eq(s + offs[rec_idx + 1])]
-                for k, name in enumerate(want):
-                    with m.If(rec_idx == k + lat):
-                        m.d.sync += rec[name].eq(buf.r_data)
-                with m.If(rec_idx == len(want) + lat - 1):
-                    m.d.sync += rec_rd.eq(0)
-                    m.next = "VERIFY"
+                m.d.comb += [o.ready.eq(room), r.write.eq(take)]
+                with m.If(take):
+                    for name, k in want.items():
+                        with m.If(r.rcount == k):
+                            m.d.sync += rec[name].eq(o.payload.data)
+                    m.d.sync += r.rcount.eq(r.rcount + 1)
+                    with m.If(o.payload.last):
+                        m.next = "VERIFY"
+                    with m.Elif(r.rcount == rlen - 1):
+                        m.next = "SKIP"  # longer than world says
             with m.State("VERIFY"):  # the record's compares, registered
-                m.d.sync += [
-                    good.eq((rec["n"] == s) & (rec["world"] == self.world)),
-                    s_zero.eq(s == 0),
-                    off.eq(0),
-                    left.eq(s),
-                ]
+                m.d.sync += good.eq(
+                    (r.rcount == rlen)
+                    & (rec["n"] == r.n)
+                    & (rec["op_id"] == r.op_id)
+                    & (rec["world"] == self.world)
+                )
                 m.next = "DECIDE"
             with m.State("DECIDE"):
-                with m.If(good & s_zero):
-                    m.next = "STATS_SET"
-                with m.Elif(good):
-                    m.next = "CHUNK"
-                with m.Else():
-                    m.d.comb += inc["bad_records"].eq(1)
-                    restart()
-            # the sender's fields come from registers set the state before its start
-            m.d.comb += [
-                sender.op_id.eq(rec["op_id"]),
-                sender.n.eq(s),
-                sender.exponent.eq(rec["exponent"][:8]),
-                sender.kind.eq(snd_kind),
-                sender.offset.eq(off),
-                sender.base.eq(snd_base),
-                sender.count.eq(snd_count),
-            ]
-            with m.State("CHUNK"):  # the fragment's size, registered before it is used
-                m.d.sync += [
-                    snd_count.eq(Mux(left > frag, frag, left)),
-                    snd_kind.eq(host_port.RESULT),
-                    snd_base.eq(off),
-                ]
-                m.next = "RESULT"
-            with m.State("RESULT"), m.If(sender.free):
+                m.next = "BAD"
+                with m.If(good):
+                    m.next = "STATS"
+            with m.State("STATS"):  # once every RESULT frame is out: the record's
+                m.d.comb += r.stats_go.eq(r.to_send == 0)
+                with m.If(r.stats_done):
+                    m.next = "HEAD"
+            with m.State("SKIP"):  # a bad message, read to its end
+                m.d.comb += o.ready.eq(1)
+                with m.If(take & o.payload.last):
+                    m.next = "BAD"
+            with m.State("BAD"), m.If(r.send_idle):  # once its filled frames are out
+                m.d.comb += [inc["bad_records"].eq(1), r.clear.eq(1)]
+                m.next = "HEAD"
+        _one_hot(fsm)
+
+    def _send(self, m: Module, sender: SimpleNamespace, r: SimpleNamespace) -> None:
+        """RESULT frames of up to tx_fragment words once their words are in the ring, in
+        order; then, when the message's record is good, the STATS frame. A frame's words
+        leave the ring when it has been sent."""
+        frag = self.tx_fragment
+        want = Signal(range(frag + 1))  # the next RESULT frame's words, registered
+        m.d.sync += want.eq(Mux(r.to_send > frag, frag, r.to_send))
+        kind, count = Signal(8), Signal(16)
+        base, off = Signal.like(r.sptr), Signal.like(r.off)
+        is_result = Signal()
+        # the sender's fields come from registers set the state before its start
+        m.d.comb += [
+            sender.op_id.eq(r.op_id), sender.n.eq(r.n), sender.exponent.eq(r.exponent),
+            sender.kind.eq(kind), sender.offset.eq(off), sender.base.eq(base),
+            sender.count.eq(count),
+        ]  # fmt: skip
+        can = Signal()  # a RESULT frame's words are all in
+        m.d.comb += can.eq((want != 0) & (r.ready >= want))
+        with m.FSM() as fsm:
+            with m.State("IDLE"):
+                m.d.comb += r.send_idle.eq(~can)
+                with m.If(can):
+                    m.d.sync += [kind.eq(host_port.RESULT), count.eq(want), base.eq(r.sptr),
+                                 off.eq(r.off), is_result.eq(1)]  # fmt: skip
+                    m.next = "GO"
+                with m.Elif(r.stats_go):  # the record follows the last result: at sptr
+                    m.d.sync += [kind.eq(host_port.STATS), count.eq(r.rcount), base.eq(r.sptr),
+                                 off.eq(0), is_result.eq(0)]  # fmt: skip
+                    m.next = "GO"
+            with m.State("GO"), m.If(sender.free):
                 m.d.comb += sender.start.eq(1)
-                m.d.sync += [off.eq(off + snd_count), left.eq(left - snd_count)]
-                m.next = "RESULT_WAIT"
-            with m.State("RESULT_WAIT"), m.If(~sender.busy & ~sender.start):
-                with m.If(left == 0):
-                    m.next = "STATS_SET"
-                with m.Else():
-                    m.next = "CHUNK"
-            with m.State("STATS_SET"):
-                m.d.sync += [
-                    snd_kind.eq(host_port.STATS),
-                    snd_count.eq(nwords - s),
-                    snd_base.eq(s),
-                    off.eq(0),
-                ]
-                m.next = "STATS"
-            with m.State("STATS"), m.If(sender.free):
-                m.d.comb += sender.start.eq(1)
-                m.next = "STATS_WAIT"
-            with m.State("STATS_WAIT"), m.If(~sender.busy):
-                restart()
+                m.d.sync += r.sptr.eq(r.sptr + count)
+                with m.If(is_result):
+                    m.d.comb += r.sent.eq(count)
+                    m.d.sync += [r.off.eq(r.off + count), r.to_send.eq(r.to_send - count)]
+                m.next = "WAIT"
+            with m.State("WAIT"), m.If(~sender.busy & ~sender.start):
+                m.d.comb += [r.freed.eq(count), r.stats_done.eq(~is_result)]
+                m.next = "IDLE"
         _one_hot(fsm)

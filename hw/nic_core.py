@@ -39,10 +39,13 @@ In-band exponents (NicParams.exp_inband): the parser's notes fill the proposal t
 (hw/proposal_table.py); a START with `inband` takes its agreed value, or follows the
 context peers ahead made (NicModel.start_op); the op's proposal word rides in `reserved`.
 
-Accumulators in SDRAM (NicParams.sdram_addr_bits): the aggregator is SdramAggregator
-(hw/sdram_aggregator.py), its store on `acc_mem` (litedram's native port) in
-`sdram_domain`; every result is the same, only its timing changes. `idle` waits for the
-controller's init (no event is taken before it).
+Accumulators and gather slots in SDRAM (NicParams.sdram_addr_bits): the aggregator is
+SdramAggregator (hw/sdram_aggregator.py), its store on `acc_mem`, and the decoder's
+gather buffer is SdramGatherBuffer (hw/sdram_gather_buffer.py) on `gather_mem`: two of
+litedram's native ports in `sdram_domain`, the accumulators from word 0 and the gather
+slots after them. Every result is the same, only its timing changes. `idle` waits for
+the controller's init (no event is taken before it) and stays low after a gather-buffer
+fault (a read word with no room: never, by its depths).
 
 One FWHT (NicParams.fwht_shared): the encoder's forward and the decoder's inverse
 transform take turns in one SharedFwht, a whole block at a time (hw/shared_fwht.py):
@@ -62,6 +65,7 @@ from types import SimpleNamespace
 
 from amaranth import Array, Cat, Const, Module, Mux, Signal, Value, signed
 from amaranth.lib import data, stream, wiring
+from amaranth.lib.cdc import FFSynchronizer
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
@@ -83,15 +87,18 @@ from optireduce.hw.parser import PARSER_CODES, PARSER_REASONS, Parser
 from optireduce.hw.proposal_table import ProposalTable
 from optireduce.hw.sdram_aggregator import SdramAggregator
 from optireduce.hw.sdram_controller import native_port
+from optireduce.hw.sdram_gather_buffer import SdramGatherBuffer
 from optireduce.hw.shared_fwht import SharedFwht
 from optireduce.hw.streams import float_stream, frame_stream
 from optireduce.hw.tc_estimator import TcEstimator, changed, saturated_tc, tc_bits
 from optireduce.params import NicParams
 
 STATS_FIXED = len(host_port.STATS_FIELDS)  # record words before the histogram
+HEAD_WORDS = len(host_port.HEAD_FIELDS)  # the record's first words lead an op's results
 IDLE_HOLD = 4  # cycles the no-work condition must hold: covers the blocks' inner pipelines
 TIME_DELAY = 2  # cycles the tracker's `time` lags the aggregator's idle `now`
 TRACKER_FIFO_DEPTH = 16
+SDRAM_PORTS = ("acc", "gather")  # the core's SDRAM users, a port each (`<name>_mem`)
 
 
 def host_cmd_layout() -> data.StructLayout:
@@ -104,7 +111,9 @@ def host_cmd_layout() -> data.StructLayout:
 
 
 def host_word_layout() -> data.StructLayout:
-    return data.StructLayout({"data": 32, "last": 1})
+    """host_o: an op's HEAD_WORDS head words (`head` set: the op id, n and exponent, as
+    its record will say), its n results, then its STATS record (`last` on its end)."""
+    return data.StructLayout({"data": 32, "last": 1, "head": 1})
 
 
 def end_strobe(m: Module, name: str, end_valid, busy) -> tuple[Signal, Signal]:
@@ -150,9 +159,10 @@ class NicCore(wiring.Component):
         self.tick0 = tick0  # `now` after reset (a test starts the clock near its wrap)
         self.n_ctx = 1 << _bits(p.rx_window)
         self.csr = Csr(p, addressing)
-        self.sdram_domain = sdram_domain  # the accumulator store's and acc_mem's clock
-        # the SDRAM's port (sdram_addr_bits): the accumulators' reads and writes
-        mem = {"acc_mem": Out(native_port(p.sdram_addr_bits))} if p.sdram_addr_bits else {}
+        self.sdram_domain = sdram_domain  # the SDRAM ports' clock
+        # the SDRAM's ports (sdram_addr_bits): the accumulators' and the gather slots'
+        mem = {f"{name}_mem": Out(native_port(p.sdram_addr_bits)) for name in SDRAM_PORTS
+               if p.sdram_addr_bits}  # fmt: skip
         super().__init__(
             {
                 "tick": In(1),
@@ -229,7 +239,16 @@ class NicCore(wiring.Component):
         # one packetizer, two sources: the scatter packets first, then the means' (gather)
         m.submodules.packetizer = pk = Packetizer(p, self.addressing, sources=2)
         pks, pkg = pk.sources
-        m.submodules.decoder = dec = Decoder(p, slots=n_ctx)
+        gather = None
+        if p.sdram_addr_bits:
+            # the accumulators from word 0, the gather slots right after them (each
+            # raises if it does not fit the address bits)
+            base = 1 << SdramAggregator.index_width(p)[1]
+            gather = SdramGatherBuffer(p, p.sdram_addr_bits, n_ctx, base,
+                                       mem_domain=self.sdram_domain)  # fmt: skip
+        m.submodules.decoder = dec = Decoder(p, slots=n_ctx, gather=gather)
+        if gather is not None:
+            wiring.connect(m, dec.gather_mem, wiring.flipped(self.gather_mem))
         if enc.external:  # one FWHT for both (NicParams.fwht_shared): encode a, decode b
             m.submodules.fwht = fw = SharedFwht(p, p.w_in, p.w_wire)
             wiring.connect(m, enc.to_fwht, fw.a_i)
@@ -870,7 +889,8 @@ class NicCore(wiring.Component):
         m.d.sync += s.tx_pending.eq(s.tx_pending + s.tx_add - tx_end)
 
     def _drain(self, m: Module, s: SimpleNamespace) -> None:
-        """Drain: decoder -> host_o results, then the STATS record."""
+        """Drain: host_o the op's head (its record's first words), the decoder's results,
+        then the STATS record."""
         p, cb, npk_max, n_packets, csr, dec = self.p, s.cb, s.npk_max, s.n_packets, s.csr, s.dec
         world = s.world
         d_slot = Signal(cb)
@@ -944,7 +964,18 @@ class NicCore(wiring.Component):
                 with m.If(h_addr == world):
                     m.next = "HIST_LAST"
             with m.State("HIST_LAST"):
-                m.next = "DRAIN"
+                m.d.sync += word.eq(0)
+                m.next = "HEAD"
+            with m.State("HEAD"):  # the record's first words, ahead of the results
+                m.d.comb += [
+                    self.host_o.valid.eq(1),
+                    self.host_o.payload.data.eq(stats_word),
+                    self.host_o.payload.head.eq(1),
+                ]
+                with m.If(self.host_o.ready):
+                    m.d.sync += word.eq(word + 1)
+                    with m.If(word == HEAD_WORDS - 1):
+                        m.next = "DRAIN"
             with m.State("DRAIN"):
                 m.d.comb += drain_cmd.eq(~s.clr_req)
                 with m.If(cmd_taken & ~s.clr_req):
@@ -1004,6 +1035,13 @@ class NicCore(wiring.Component):
         drain and the frames still to leave may go on."""
         parser, agg, trk = s.parser, s.agg, s.trk
         no_work, no_events = Signal(), Signal()
+        fault = Signal()  # the SDRAM gather buffer's (in the memory's clock)
+        if not self.p.sdram_addr_bits:
+            pass
+        elif self.sdram_domain == "sync":
+            m.d.comb += fault.eq(s.dec.gather_fault)
+        else:
+            m.submodules.fault_sync = FFSynchronizer(s.dec.gather_fault, fault, o_domain="sync")
         m.d.comb += s.quiet.eq(
             s.rx_idle
             & ~parser.o.valid
@@ -1026,6 +1064,7 @@ class NicCore(wiring.Component):
             & s.quiet
             & ~s.ao.valid
             & (s.gb_state == s.GB_FREE)
+            & ~fault
             & (s.tx_pending == 0)
             & ~self.net_tx.valid
             & s.drain_fsm.ongoing("IDLE")

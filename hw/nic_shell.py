@@ -11,9 +11,9 @@ the core (domain `core`, the board's core clock; docs/boards.md, "Clocks"):
   tick (sync)     --PulseSynchronizer--> core tick
   the adapter's counter strobes --PulseSynchronizer--> the core's bank (host block)
 
-With its accumulators in SDRAM (NicParams.sdram_addr_bits) the core's store runs in
-`sdram` (the memory's clock) and its `acc_mem` port is the shell's, for the board's
-controller.
+With its accumulators and gather slots in SDRAM (NicParams.sdram_addr_bits) the core's
+SDRAM ports (`acc_mem`, `gather_mem`) run in `sdram` (the memory's clock) and are the
+shell's, for the board's controller.
 
 The host adapter stays at 125 MHz so that the host port takes a byte per cycle, line rate;
 the core's network port (8 bytes a beat) and host words (4) are line rate at
@@ -33,6 +33,7 @@ from amaranth.lib.wiring import In, Out
 from optireduce.hw.board_frames import Narrow, Widen
 from optireduce.hw.clock_crossing import CsrCrossing, StreamCrossing, csr_bus
 from optireduce.hw.host_adapter import CMD_LAYOUT, OUT_LAYOUT, HostAdapter
+from optireduce.hw.sdram_controller import memory_ports
 from optireduce.hw.skid import Skid
 from optireduce.hw.streams import float_layout, frame_layout, frame_stream
 from optireduce.params import NicParams
@@ -58,22 +59,23 @@ class NicShell(wiring.Component):
         super().__init__(self.ports())
 
     def ports(self) -> dict:
-        mem = dict(self.core.signature.members).get("acc_mem")  # in SDRAM_DOMAIN
+        members = self.core.signature.members
+        mem = {n: members[n] for n in memory_ports(self.core).values()}  # in SDRAM_DOMAIN
         return {
             "host_rx": In(frame_stream(1)),
             "host_tx": Out(frame_stream(1)),
             "net_rx": In(frame_stream(1)),
             "net_tx": Out(frame_stream(1)),
             "tick": In(1),
-            **({"acc_mem": mem} if mem is not None else {}),
+            **mem,
         }
 
     def elaborate(self, platform):
         m = Module()
         c = self.core_domain
         m.submodules.core = core = DomainRenamer(c)(self.core)
-        if hasattr(self, "acc_mem"):
-            wiring.connect(m, core.acc_mem, wiring.flipped(self.acc_mem))
+        for name in memory_ports(self.core).values():
+            wiring.connect(m, getattr(core, name), wiring.flipped(getattr(self, name)))
         m.submodules.host = host = self.host
         m.submodules.widen = widen = Widen(NET_BYTES)
         m.submodules.narrow = narrow = Narrow(NET_BYTES)

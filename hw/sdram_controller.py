@@ -41,6 +41,21 @@ def native_port(addr_width: int, data_width: int = 32) -> wiring.Signature:
     })  # fmt: skip
 
 
+def memory_ports(block: wiring.Component) -> dict[str, str]:
+    """A block's SDRAM ports: its members named `<user>_mem`, by the user's name (the
+    controller's port of that name)."""
+    return {n.removesuffix("_mem"): n for n in block.signature.members if n.endswith("_mem")}
+
+
+def connect_memory(m: Module, block: wiring.Component, ctrl: SdramController) -> None:
+    """Each of `block`'s SDRAM ports to the controller's port of its user's name."""
+    for user, member in memory_ports(block).items():
+        if user not in ctrl.core.spec.ports:
+            raise ValueError(f"{member}: the controller has no port {user!r} "
+                             f"({', '.join(ctrl.core.spec.ports)})")  # fmt: skip
+        wiring.connect(m, getattr(block, member), getattr(ctrl, user))
+
+
 @dataclass(frozen=True)
 class SdramSpec:
     """One board's SDRAM as litedram's generator is told it."""
@@ -49,7 +64,7 @@ class SdramSpec:
     data_width: int = 32
     device: str = "LFE5U-25F-6BG256C"
     clk_mhz: float = 62.5
-    port: str = "nic"
+    ports: tuple[str, ...] = ("acc", "gather")  # native user ports (NicCore's users)
     addr_bits: int = 20  # the native port's: the module's 4 MiB in data_width words
 
 
@@ -69,7 +84,8 @@ class SdramCore:
 
     @classmethod
     def from_json(cls, d: dict, root: Path) -> SdramCore:
-        return cls(**{**d, "spec": SdramSpec(**d["spec"]), "verilog": root / d["verilog"],
+        spec = SdramSpec(**{**d["spec"], "ports": tuple(d["spec"]["ports"])})
+        return cls(**{**d, "spec": spec, "verilog": root / d["verilog"],
                         "init": tuple(tuple(s) for s in d["init"])})  # fmt: skip
 
 
@@ -81,24 +97,43 @@ OUTPUT_PINS = {"sdram_a": "a", "sdram_ba": "ba", "sdram_ras_n": "ras", "sdram_ca
 
 class SdramController(wiring.Component):
     """litedram's controller: the simulation variant (no `pads`), or the board's on the
-    raw `pads` of the platform's `sdram` resource."""
+    raw `pads` of the platform's `sdram` resource. One native port per name in the
+    spec's `ports`, a member each of that name; `port` is the first. litedram's crossbar
+    keeps each port's order (a read behind the same port's earlier write), none across
+    ports, so each user keeps its own words. A port nobody drives issues no command."""
 
     def __init__(self, core: SdramCore, pads: object | None = None) -> None:
         if core.sim != (pads is None):
             raise ValueError("SdramController: the simulation variant has no pins, the "
                              "board's needs the platform's sdram pads")  # fmt: skip
         self.core, self.pads = core, pads
+        port = In(native_port(core.addr_width, core.data_width))
         super().__init__({
-            "port": In(native_port(core.addr_width, core.data_width)),
-            "error": Out(1), "underrun": Out(1),
+            **{name: port for name in core.spec.ports}, "error": Out(1), "underrun": Out(1),
         })  # fmt: skip
+
+    @property
+    def port(self) -> wiring.PureInterface:
+        """The first user port (a block alone on the controller takes it)."""
+        return getattr(self, self.core.spec.ports[0])
 
     def elaborate(self, platform) -> Module:
         m = Module()
         core = self.core
         m.submodules.init = init = SdramInit(program(core.csr, core.init))
-        p, u = f"user_port_{core.spec.port}", self.port
         all_bytes = (1 << core.data_width // 8) - 1  # every write is a whole word
+        users = {}
+        for name in core.spec.ports:
+            p, u = f"user_port_{name}", getattr(self, name)
+            users |= {f"i_{p}_cmd_valid": u.cmd_valid, f"o_{p}_cmd_ready": u.cmd_ready,
+                      f"i_{p}_cmd_we": u.cmd_we, f"i_{p}_cmd_addr": u.cmd_addr,
+                      f"i_{p}_wdata_valid": u.wdata_valid, f"o_{p}_wdata_ready": u.wdata_ready,
+                      f"i_{p}_wdata_data": u.wdata_data, f"i_{p}_wdata_we": all_bytes,
+                      f"o_{p}_rdata_valid": u.rdata_valid, f"i_{p}_rdata_ready": 1,
+                      f"o_{p}_rdata_data": u.rdata_data}  # fmt: skip
+            m.d.comb += u.ready.eq(init.done)
+            with m.If(u.wdata_ready & ~u.wdata_valid):
+                m.d.sync += self.underrun.eq(1)
         pins = {} if self.pads is None else self._pins(m)
         m.submodules.litedram = Instance(
             "litedram_core",
@@ -108,16 +143,9 @@ class SdramController(wiring.Component):
             i_wb_ctrl_adr=init.adr, i_wb_ctrl_dat_w=init.dat_w, i_wb_ctrl_sel=init.sel,
             i_wb_ctrl_cyc=init.cyc, i_wb_ctrl_stb=init.stb, i_wb_ctrl_we=init.we,
             i_wb_ctrl_cti=0, i_wb_ctrl_bte=0, o_wb_ctrl_ack=init.ack,
-            **{f"i_{p}_cmd_valid": u.cmd_valid, f"o_{p}_cmd_ready": u.cmd_ready,
-               f"i_{p}_cmd_we": u.cmd_we, f"i_{p}_cmd_addr": u.cmd_addr,
-               f"i_{p}_wdata_valid": u.wdata_valid, f"o_{p}_wdata_ready": u.wdata_ready,
-               f"i_{p}_wdata_data": u.wdata_data, f"i_{p}_wdata_we": all_bytes,
-               f"o_{p}_rdata_valid": u.rdata_valid, f"i_{p}_rdata_ready": 1,
-               f"o_{p}_rdata_data": u.rdata_data},
+            **users,
         )  # fmt: skip
-        m.d.comb += [u.ready.eq(init.done), self.error.eq(init.error)]
-        with m.If(u.wdata_ready & ~u.wdata_valid):
-            m.d.sync += self.underrun.eq(1)
+        m.d.comb += self.error.eq(init.error)
         return m
 
     def _pins(self, m: Module) -> dict:

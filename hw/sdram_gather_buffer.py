@@ -10,10 +10,9 @@ a block's k goes out when the walk reaches the block, up to WORD_DEPTH beats ahe
 its first beat on `o`: the decoder queues k); no fixed LATENCY.
 
 - Writes: a placed packet's beats queue (address, word) in `writes`; the input stalls
-  while fewer than WRITE_SLACK entries are free. litedram takes a write word whenever
-  it raises `wdata_ready` (it does not look at a valid), so a word goes to the `wdata`
-  queue as its command is taken; the queue shows it 2 cycles later, and litedram asks
-  later than that (every bench checks with the controller's `underrun`).
+  while fewer than WRITE_SLACK entries are free. A command goes to the port with its
+  word through `SdramIssuer` (hw/sdram_issuer.py), which keeps the word until litedram
+  asks for it.
 - Reads: a drain's beats are walked in order as GatherBuffer does; each beat puts its
   have bit and first/last in `beats`, and a read for it in `reads` only if the packet
   is present (missing packets are zeros, no access). Read words cannot be held off; a
@@ -28,25 +27,35 @@ its first beat on `o`: the decoder queues k); no fixed LATENCY.
   after the op's STATS), so no write overtakes a read of the same slot.
 - The whole block is held in reset until the controller's init is done: `cmd` and `i`
   stay not ready meanwhile.
+- Two clocks (`mem_domain`, the SDRAM's): the block runs in `sync`, the issuer in the
+  memory's clock. Commands cross in order through an AsyncFifo, and read words come
+  back through another, CROSSING_WORDS deep. Words on their way never outnumber the beats
+  in `beats` (WORD_DEPTH), and the memory's side sees the reader's takes a few cycles
+  late, so twice that depth always has room; a word that found none would set `fault`
+  (sticky, in the memory's clock), which the core reports as not idle.
 """
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from amaranth import Cat, Module, Mux, ResetInserter, Signal, Value
-from amaranth.lib import data
+from amaranth import Cat, DomainRenamer, Module, Mux, ResetInserter, Signal, Value
+from amaranth.lib import data, wiring
+from amaranth.lib.cdc import FFSynchronizer
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import Out
 
+from optireduce.hw.async_fifo import AsyncFifo
 from optireduce.hw.gather_buffer import GatherBuffer, GatherOp
 from optireduce.hw.sdram_controller import native_port
+from optireduce.hw.sdram_issuer import SdramIssuer
 from optireduce.params import NicParams
 
 WRITE_DEPTH = 64  # placed beats waiting for a write command
 WRITE_SLACK = 3  # a beat is stored the cycle after it is taken
-WDATA_DEPTH = 64  # write words whose command litedram took, waiting to be asked for
 WORD_DEPTH = 32  # beats walked and not yet given out on `o` (and so read words)
+CROSSING_CMDS = 16  # commands on their way to the memory's clock
+CROSSING_WORDS = 2 * WORD_DEPTH  # read words on their way back (module docstring)
 
 
 class SdramGatherBuffer(GatherBuffer):
@@ -55,32 +64,65 @@ class SdramGatherBuffer(GatherBuffer):
     LATENCY = None  # the memory's
 
     def __init__(
-        self, p: NicParams, addr_width: int, slots: int | None = None, base: int = 0
+        self,
+        p: NicParams,
+        addr_width: int,
+        slots: int | None = None,
+        base: int = 0,
+        mem_domain: str = "sync",
     ) -> None:
+        """`mem_domain`: the clock of `mem` (and of `fault`); the block runs in `sync`."""
         if p.lanes != 1 or p.w_wire != 32:
             raise ValueError("SdramGatherBuffer keeps one 32-bit element per SDRAM word: lanes=1")
-        self.addr_width, self.base = addr_width, base
+        self.addr_width, self.base, self.mem_domain = addr_width, base, mem_domain
         self.entry = data.StructLayout({"addr": addr_width, "word": 32})  # a queued write
-        super().__init__(p, slots, mem=Out(native_port(addr_width)))
+        super().__init__(p, slots, mem=Out(native_port(addr_width)), fault=Out(1))
         n = self.n_slots * p.c
         if base < 0 or base + n > 1 << addr_width:
             raise ValueError(f"{n} words at {base:#x} do not fit {addr_width} address bits")
 
     def elaborate(self, platform):
-        return ResetInserter({"sync": ~self.mem.ready})(super().elaborate(platform))
+        m = Module()
+        self._open = open_ = Signal()  # the controller's init is done, seen in `sync`
+        if self.mem_domain == "sync":
+            m.d.comb += open_.eq(self.mem.ready)
+        else:  # outside the reset it releases
+            m.submodules.open_sync = FFSynchronizer(self.mem.ready, open_, o_domain="sync")
+        m.submodules.buffer = ResetInserter({"sync": ~open_})(super().elaborate(platform))
+        return m
 
     def _element_memory(self, m: Module, s: SimpleNamespace) -> None:
-        aw = self.addr_width
+        aw, d = self.addr_width, self.mem_domain
         s.writes = SyncFIFOBuffered(width=self.entry.size, depth=WRITE_DEPTH)
-        s.wdata = SyncFIFOBuffered(width=32, depth=WDATA_DEPTH)
         s.reads = SyncFIFOBuffered(width=aw, depth=WORD_DEPTH)
-        s.words = SyncFIFOBuffered(width=32, depth=WORD_DEPTH)
         s.beats = SyncFIFOBuffered(width=3, depth=WORD_DEPTH)  # have, first, last
-        for name in ("writes", "wdata", "reads", "words", "beats"):
+        for name in ("writes", "reads", "beats"):
             m.submodules[name] = getattr(s, name)
+        issuer = SdramIssuer(aw)
+        if d == "sync":
+            m.submodules.issuer = issuer
+            s.cmd = issuer.i
+            s.words = SyncFIFOBuffered(width=32, depth=WORD_DEPTH)
+        else:
+            m.submodules.issuer = DomainRenamer({"sync": d})(issuer)
+            s.cmd = issuer.i.signature.flip().create()
+            x = AsyncFifo(width=issuer.layout.size, depth=CROSSING_CMDS, w_domain="sync",
+                          r_domain=d)  # fmt: skip
+            m.submodules.cmd_crossing = x
+            m.d.comb += [
+                x.w_data.eq(s.cmd.payload), x.w_en.eq(s.cmd.valid & x.w_rdy),
+                s.cmd.ready.eq(x.w_rdy),
+                issuer.i.payload.eq(x.r_data), issuer.i.valid.eq(x.r_rdy),
+                x.r_en.eq(issuer.i.ready),
+            ]  # fmt: skip
+            s.words = AsyncFifo(width=32, depth=CROSSING_WORDS, w_domain=d, r_domain="sync")
+            with m.If(self.mem.rdata_valid & ~s.words.w_rdy):
+                m.d[d] += self.fault.eq(1)
+        m.submodules.words = s.words
+        wiring.connect(m, issuer.mem, wiring.flipped(self.mem))
 
     def _arbiter(self, m: Module, s: SimpleNamespace) -> None:
-        """One command stream from the reads and writes queues; write words follow."""
+        """One command stream from the reads and writes queues, each write with its word."""
         mem, w = self.mem, data.View(self.entry, s.writes.r_data)
         # the fence: writes placed before the last DRAIN and not yet commands, counted
         # once no placed packet is still arriving (`pending` until then)
@@ -88,13 +130,15 @@ class SdramGatherBuffer(GatherBuffer):
         pending = Signal()
         urgent = s.writes.level >= WRITE_DEPTH // 2
         read = s.reads.r_rdy & (fence == 0) & ~pending & ~urgent
-        write = s.writes.r_rdy & s.wdata.w_rdy
+        write = s.writes.r_rdy
+        cmd = s.cmd
         m.d.comb += [
-            mem.cmd_valid.eq(read | write),
-            mem.cmd_we.eq(~read),
-            mem.cmd_addr.eq(self.base + Mux(read, s.reads.r_data, w.addr)),
+            cmd.valid.eq(read | write),
+            cmd.payload.we.eq(~read),
+            cmd.payload.addr.eq(self.base + Mux(read, s.reads.r_data, w.addr)),
+            cmd.payload.word.eq(w.word),
         ]
-        taken = mem.cmd_valid & mem.cmd_ready
+        taken = cmd.valid & cmd.ready
         issued = taken & ~read
         drain = self.cmd.valid & self.cmd.ready & (self.cmd.payload.op == GatherOp.DRAIN)
         with m.If(drain):
@@ -106,12 +150,6 @@ class SdramGatherBuffer(GatherBuffer):
         m.d.comb += [
             s.reads.r_en.eq(taken & read),
             s.writes.r_en.eq(issued),
-            s.wdata.w_en.eq(issued),
-            s.wdata.w_data.eq(w.word),
-            # litedram takes the word when it asks; `valid` only tells the underrun check
-            mem.wdata_valid.eq(s.wdata.r_rdy),
-            mem.wdata_data.eq(s.wdata.r_data),
-            s.wdata.r_en.eq(mem.wdata_ready),
             s.words.w_en.eq(mem.rdata_valid),
             s.words.w_data.eq(mem.rdata_data),
         ]

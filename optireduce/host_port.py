@@ -194,6 +194,18 @@ STATS_FIELDS = (
     "sat_quantize", "sat_transform", "sat_output", "nonfinite",
     "t_c_phase1_us", "t_c_phase2_us", "world",
 )  # fmt: skip
+# A NIC core gives an op's results to its host adapter as: the record's first words
+# (HEAD_FIELDS, flagged), the results, the whole record. The adapter sends each RESULT
+# frame as its words come, and their headers need these fields first.
+HEAD_FIELDS = STATS_FIELDS[:3]
+TX_FRAGMENT = 256  # words per RESULT frame from a board: 1058 bytes, inside a 1500 MTU
+
+
+def result_ring_words(n_max: int, tx_fragment: int = TX_FRAGMENT) -> int:
+    """The words a board's adapter holds of an op's message (a power of two): a RESULT
+    frame being sent and the next one filling, or a whole record."""
+    return 1 << (max(2 * tx_fragment, len(STATS_FIELDS) + 1 + n_max) - 1).bit_length()
+
 REASON_CODES = {"": 0, COMPLETE: 1, EARLY: 2, DEADLINE: 3}
 _MASK = 0xFFFF_FFFF
 TICK_FIELDS = ("start_us", "phase1_end_us", "end_us")

@@ -253,8 +253,8 @@ def _nextpnr_opts(name: str) -> str:
 
 
 def with_sdram(name: str) -> tuple[Board, SdramCore]:
-    """Board `name` with its core's accumulators in its SDRAM, and the board variant of
-    the SDRAM controller (generated; sim/sdram_gen.py)."""
+    """Board `name` with its core's accumulators and gather slots in its SDRAM, at its
+    `sdram_c`, and the board variant of the SDRAM controller (generated; sim/sdram_gen.py)."""
     from optireduce.sim.sdram_gen import generate
 
     b = board(name)
@@ -262,7 +262,8 @@ def with_sdram(name: str) -> tuple[Board, SdramCore]:
         raise ValueError(f"{name} has no SDRAM: boards with one: "
                          f"{', '.join(n for n in BOARDS if board(n).sdram)}")  # fmt: skip
     ctrl = generate(b.sdram, sim=False)
-    return dataclasses.replace(b, params=b.params.replace(sdram_addr_bits=ctrl.addr_width)), ctrl
+    p = b.params.replace(sdram_addr_bits=ctrl.addr_width, c=b.sdram_c or b.params.c)
+    return dataclasses.replace(b, params=p), ctrl
 
 
 def _plan(name: str, core: Callable | None, sdram: bool = False):

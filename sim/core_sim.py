@@ -278,7 +278,7 @@ def replay_traces(
 def _host_record(cur: dict, words: list[int]) -> None:
     """One op's host_o words -> its RESULT and STATS frames, at the current tick."""
     res, now = cur["res"], cur["now"]
-    if len(words) < len(host_port.STATS_FIELDS) + cur["world"] + 2:
+    if len(words) < len(host_port.HEAD_FIELDS) + len(host_port.STATS_FIELDS) + cur["world"] + 2:
         raise CoreSimError(f"host_o record of {len(words)} words")
     op_id, x, stats = host_record(words, cur["world"])
     res.results[op_id] = x

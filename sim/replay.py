@@ -323,16 +323,19 @@ def read_records(path: Path) -> list[tuple[int, int, bytes]]:
 
 
 def host_record(words: list[int], world: int) -> tuple[int, np.ndarray, list[int]]:
-    """One op's host_o words: (op_id, float32 results, STATS record)."""
-    nstats = len(host_port.STATS_FIELDS) + world + 1
-    n = len(words) - nstats
+    """One op's host_o words (its head, results, STATS record): (op_id, float32 results,
+    STATS record). The head must be the record's first words."""
+    head, nstats = len(host_port.HEAD_FIELDS), len(host_port.STATS_FIELDS) + world + 1
+    n = len(words) - head - nstats
     if n < 1:
         raise ReplayError(f"host_o record of {len(words)} words: shorter than its STATS")
-    stats = [int(w) for w in words[n:]]
+    stats = [int(w) for w in words[head + n :]]
     d = host_port.stats_from_words(stats)
     if d["n"] != n:
         raise ReplayError(f"host_o record: {n} result words, STATS says n={d['n']}")
-    return d["op_id"], np.asarray(words[:n], dtype=np.uint32).view(np.float32), stats
+    if [int(w) for w in words[:head]] != stats[:head]:
+        raise ReplayError(f"host_o record: head {words[:head]}, STATS says {stats[:head]}")
+    return d["op_id"], np.asarray(words[head : head + n], dtype=np.uint32).view(np.float32), stats
 
 
 def _replay_rtl(

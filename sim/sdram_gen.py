@@ -98,7 +98,8 @@ def _worker(spec: SdramSpec, sim: bool, out: Path) -> None:
         "cpu": None, "device": spec.device, "memtype": "SDR",
         "sdram_module": getattr(modules, spec.module), "sdram_module_nb": spec.data_width // 8,
         "sdram_rank_nb": 1, "sdram_phy": phy.GENSDRPHY, "sys_clk_freq": spec.clk_mhz * 1e6,
-        "user_ports": {spec.port: {"type": "native", "data_width": spec.data_width}},
+        "user_ports": {name: {"type": "native", "data_width": spec.data_width}
+                       for name in spec.ports},
     }  # fmt: skip
     plat = SimPlatform("", io=[]) if sim else LatticePlatform(spec.device, io=[],
                                                                toolchain="trellis")  # fmt: skip

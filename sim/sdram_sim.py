@@ -23,7 +23,12 @@ from optireduce.hw.aggregator import event_layout
 from optireduce.hw.axis import PlainStreams
 from optireduce.hw.nic_core import NicCore
 from optireduce.hw.sdram_aggregator import SdramAggregator
-from optireduce.hw.sdram_controller import SdramController, SdramSpec
+from optireduce.hw.sdram_controller import (
+    SdramController,
+    SdramSpec,
+    connect_memory,
+    memory_ports,
+)
 from optireduce.params import NicParams
 from optireduce.sim.cocotb_run import field_places, run_bench
 from optireduce.sim.replay import cmd_bits, config_writes, replay
@@ -39,7 +44,12 @@ def run(spec: SdramSpec, testcase: str, **config: int) -> dict:
     core = generate(spec, sim=True)
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "report.json"
-        cfg = {**config, "out": str(out), "refresh_pulse": core.refresh_pulse}
+        cfg = {
+            **config,
+            "out": str(out),
+            "refresh_pulse": core.refresh_pulse,
+            "port": spec.ports[0],
+        }  # the bench drives the first port; the others idle
         log = core.verilog.parents[1] / f"{testcase}.log"
         run_bench(SdramController(core), "sdram_sim", BENCH, cfg, testcase=testcase,
                   sources=(core.verilog,), log_file=log)  # fmt: skip
@@ -182,14 +192,14 @@ class AggregatorOnSdram(wiring.Component):
         m = Module()
         m.submodules.agg = agg = self.agg
         ctrl = self.ctrl
-        _controller(m, ctrl, self.sdram_clk if self.two_clocks else None)
+        controller(m, ctrl, self.sdram_clk if self.two_clocks else None)
         _pass_through(m, self, agg, skip=self.EXTRA)
         wiring.connect(m, agg.mem, ctrl.port)
         m.d.comb += [self.underrun.eq(ctrl.underrun), self.error.eq(ctrl.error)]
         return m
 
 
-def _controller(m: Module, ctrl: SdramController, sdram_clk: Signal | None) -> None:
+def controller(m: Module, ctrl: SdramController, sdram_clk: Signal | None) -> None:
     """`ctrl` in `sync`, or (`sdram_clk` given) in a domain `sdram` of that clock, reset
     from `sync`'s reset through a synchronizer."""
     if sdram_clk is None:
@@ -217,7 +227,8 @@ def _pass_through(
 
 
 class NicOnSdram(wiring.Component):
-    """NicCore(p) with its accumulators on the simulated controller: the core's ports, so
+    """NicCore(p) with its accumulators and gather slots on the simulated controller (a
+    port each): the core's ports, so
     that the co-simulation harness drives it as it drives NicCore. With `two_clocks`,
     the store and the controller run on `sdram_clk` (an input), as on the 25F.
     A controller fault (its init unanswered, a write word it took before it was there)
@@ -234,7 +245,8 @@ class NicOnSdram(wiring.Component):
         self.two_clocks = two_clocks
         self.nic = NicCore(p, sdram_domain="sdram" if two_clocks else "sync")
         self.ctrl = SdramController(self.core)
-        ports = {n: mb for n, mb in self.nic.signature.members.items() if n != "acc_mem"}
+        mem = set(memory_ports(self.nic).values())
+        ports = {n: mb for n, mb in self.nic.signature.members.items() if n not in mem}
         extra = {"sdram_clk": In(1)} if two_clocks else {}
         super().__init__({**ports, **extra})
 
@@ -242,8 +254,8 @@ class NicOnSdram(wiring.Component):
         m = Module()
         m.submodules.nic = nic = self.nic
         ctrl = self.ctrl
-        _controller(m, ctrl, self.sdram_clk if self.two_clocks else None)
+        controller(m, ctrl, self.sdram_clk if self.two_clocks else None)
         _pass_through(m, self, nic, skip=("idle", "sdram_clk"))
-        wiring.connect(m, nic.acc_mem, ctrl.port)
+        connect_memory(m, nic, ctrl)
         m.d.comb += self.idle.eq(nic.idle & ~ctrl.underrun & ~ctrl.error)
         return m

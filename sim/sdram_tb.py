@@ -1,9 +1,9 @@
 """cocotb bench (run by sim/sdram_sim.py): litedram's controller, simulation variant,
 behind SdramInit.
 
-The user port is driven at full rate from three queues (commands, write data, read
-data). Each test writes what it measured to the JSON file the pytest side names, and
-checks what it read against what it wrote.
+The first user port (the config's "port"; the others stay idle) is driven at full rate
+from three queues (commands, write data, read data). Each test writes what it measured
+to the JSON file the pytest side names, and checks what it read against what it wrote.
 """
 
 from __future__ import annotations
@@ -23,12 +23,31 @@ INIT_BOUND_CYCLES = 40_000  # the program waits 20 400 cycles; each write takes 
 DRAIN_BOUND_CYCLES = 200_000
 
 
+def pin(dut, name: str):
+    """The driven user port's signal `name`."""
+    return getattr(dut, f"{bench_config()['port']}__{name}")
+
+
 class Port:
     """Drives cmd and wdata from queues, takes every rdata word; notes the cycle of every
     refresh (the refresher's completion strobe)."""
 
     def __init__(self, dut) -> None:
         self.dut = dut
+        self.pin = {
+            n: pin(dut, n)
+            for n in (
+                "cmd_valid",
+                "cmd_ready",
+                "cmd_we",
+                "cmd_addr",
+                "wdata_valid",
+                "wdata_ready",
+                "wdata_data",
+                "rdata_valid",
+                "rdata_data",
+            )
+        }
         self.cmds: deque[tuple[int, int]] = deque()  # (we, addr)
         self.wdata: deque[int] = deque()
         self.rdata: list[int] = []
@@ -38,19 +57,19 @@ class Port:
         self.cycle = 0
 
     async def run(self) -> None:
-        d = self.dut
+        d, p = self.dut, self.pin
         refresh = getattr(d.litedram, bench_config()["refresh_pulse"])
         while True:
             self._present()
             await RisingEdge(d.clk)
             self.cycle += 1
-            if d.port__cmd_valid.value and d.port__cmd_ready.value:
+            if p["cmd_valid"].value and p["cmd_ready"].value:
                 self.cmds.popleft()
-            if d.port__wdata_valid.value and d.port__wdata_ready.value:
+            if p["wdata_valid"].value and p["wdata_ready"].value:
                 self.wdata.popleft()
                 self.writes_done += 1
-            if d.port__rdata_valid.value:
-                w = int(d.port__rdata_data.value)
+            if p["rdata_valid"].value:
+                w = int(p["rdata_data"].value)
                 self.rdata.append(w)
                 if self.on_rdata:
                     self.on_rdata(w)
@@ -58,13 +77,13 @@ class Port:
                 self.refresh_cycles.append(self.cycle)
 
     def _present(self) -> None:
-        d = self.dut
-        d.port__cmd_valid.value = int(bool(self.cmds))
+        p = self.pin
+        p["cmd_valid"].value = int(bool(self.cmds))
         if self.cmds:
-            d.port__cmd_we.value, d.port__cmd_addr.value = self.cmds[0]
-        d.port__wdata_valid.value = int(bool(self.wdata))
+            p["cmd_we"].value, p["cmd_addr"].value = self.cmds[0]
+        p["wdata_valid"].value = int(bool(self.wdata))
         if self.wdata:
-            d.port__wdata_data.value = self.wdata[0]
+            p["wdata_data"].value = self.wdata[0]
 
     async def drain(self, reads: int, writes: int) -> int:
         """Wait (bounded) until `reads` words came back and `writes` were taken; cycles."""
@@ -82,11 +101,11 @@ class Port:
 async def _start(dut) -> Port:
     Clock(dut.clk, 16, unit="ns").start()
     dut.rst.value = 1
-    dut.port__cmd_valid.value = 0
-    dut.port__wdata_valid.value = 0
+    pin(dut, "cmd_valid").value = 0
+    pin(dut, "wdata_valid").value = 0
     await ClockCycles(dut.clk, 4)
     dut.rst.value = 0
-    await with_timeout(First(RisingEdge(dut.port__ready), RisingEdge(dut.error)),
+    await with_timeout(First(RisingEdge(pin(dut, "ready")), RisingEdge(dut.error)),
                        INIT_BOUND_CYCLES * 16, "ns")  # fmt: skip
     assert not dut.error.value, "the init program got no acknowledge"
     port = Port(dut)

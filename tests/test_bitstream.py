@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from optireduce import host_port
 from optireduce.hw.board_fit import DEVICE_DP16KD, bram_budget, dp16kd, largest_c
 from optireduce.params import NicParams
 from optireduce.sim import bitstream
@@ -213,10 +214,11 @@ def test_every_board_top_elaborates_on_its_platform(name):
     pinned = dict(b.reset_dccs)
     assert dccs["rst"] == pinned.get("sync") and dccs["core_rst"] == pinned.get("core")
     # the block RAMs read at 125 MHz through their own output registers
-    # (hw/registered_ram.py): each MAC's two frame FIFOs and the result buffer's banks
-    # of 512 words (its short last bank, the record's words, is LUT RAM)
+    # (hw/registered_ram.py): each MAC's two frame FIFOs and the adapter's result ring
+    # (two RESULT frames of 256 words: one block, whatever C)
     brams = [f for f in insts if f.type == "DP16KD"]
-    assert len(brams) == 2 * len(b.eth) + b.params.c // 512
+    assert host_port.result_ring_words(b.params.n_max) == 512
+    assert len(brams) == 2 * len(b.eth) + 1
     assert all(f.parameters["REGMODE_B"] == "OUTREG" for f in brams)
     wide = [f for f in brams if f.parameters["DATA_WIDTH_B"] == 36]  # half the word is DOA
     assert wide and all(f.parameters["REGMODE_A"] == "OUTREG" for f in wide)

@@ -13,7 +13,8 @@
 //   host_cmd payload:      op_id[31:0], n[63:32], exponent[71:64], inband[72],
 //                          proposal[88:73] (START's third word: sim/replay.py cmd_bits)
 //   host_i payload:        data[31:0], first[32], last[33]
-//   host_o payload:        data[31:0], last[32]
+//   host_o payload:        data[31:0], last[32], head[33] (an op's head words: passed on
+//                          with its results and record, sim/replay.py host_record checks)
 // Amaranth names a stream member `<port>__valid`; Verilator escapes the double
 // underscore in C++ member names as `___05F`.
 

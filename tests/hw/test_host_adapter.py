@@ -40,6 +40,20 @@ def _chunk(op: int, data: np.ndarray, e: int, frag: int = FRAG) -> list[bytes]:
     ]
 
 
+def _message(results: list[int], rec: list[int]) -> tuple[list[int], list[int]]:
+    """A core's message: its head (the record's first words), the results, the record."""
+    return rec[: len(host_port.HEAD_FIELDS)], results + rec
+
+
+def _result_frames(op: int, n: int, e: int, res: np.ndarray) -> list[bytes]:
+    """The model's RESULT frames of an op's results."""
+    return [
+        host_port.build(HostFrame(host_port.RESULT, op, off, n, e,
+                                  res[off : off + FRAG].astype(">f4").tobytes()), to_nic=False)
+        for off in range(0, len(res), FRAG)
+    ]  # fmt: skip
+
+
 def _stats(op: int, n: int, e: int, world: int, rng: random.Random) -> list[int]:
     st = OpStats(
         op_id=op, rank=0, world=world, n=n, exponent=e, start_us=rng.randrange(1 << 40),
@@ -62,7 +76,8 @@ def _run(
     messages_after: int | None = None,
 ):
     """Drive frames into `i` and messages into `host_o` (`messages_after` cycles after the
-    last frame went in, if given); collect everything out."""
+    last frame went in, if given); collect everything out. A message is (head words,
+    words): the head words flagged `head` (`_message` makes a core's)."""
     rng = random.Random(seed)
     regs = dict(regs or {})
     out = {"cmd": [], "inband": [], "words": [], "frames": [], "writes": [],
@@ -81,12 +96,14 @@ def _run(
             while not done["in"]:
                 await ctx.tick()
             await ctx.tick().repeat(messages_after)
-        for words in messages:
-            for k, w in enumerate(words):
+        for head, body in messages:
+            words = [(w, 1) for w in head] + [(w, 0) for w in body]
+            for k, (w, flag) in enumerate(words):
                 while rng.random() < 0.2:
                     await ctx.tick()
                 ctx.set(dut.host_o.valid, 1)
                 ctx.set(dut.host_o.payload.data, w)
+                ctx.set(dut.host_o.payload.head, flag)
                 ctx.set(dut.host_o.payload.last, k == len(words) - 1)
                 await ctx.tick().until(dut.host_o.ready)
                 ctx.set(dut.host_o.valid, 0)
@@ -247,31 +264,52 @@ def test_a_start_before_the_last_words_pads_the_open_op_with_zeros():
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_results_and_stats_leave_as_the_model_frames_them(seed):
+    """Good messages leave as the model frames them. A bad one is read to its end and
+    counted, every RESULT frame its words filled goes out, no STATS follows, and the
+    messages after it are whole: a record longer than world says, one that says another n, a head
+    with n > C, no head, and a message that ends before its n results."""
     rng = np.random.default_rng(seed)
     r = random.Random(seed)
     world = register_map(P)[0]  # the record's world must be the CSR's (reset: 2)
     world = next(reg.reset for reg in world.regs if reg.name == "world")
-    msgs, want = [], []
-    for op, n, e in [(4, 200, -3), (3, 1, 7), (5, P.c, 0), (6, FRAG, -128)]:
+    good = []
+    for op, n, e in [(4, 200, -3), (3, 1, 7), (5, P.c, 0), (6, FRAG, -128), (7, 0, 1)]:
         res = rng.standard_normal(n).astype(np.float32)
         rec = _stats(op, n, e, world, r)
-        msgs.append(res.view(np.uint32).tolist() + rec)
-        for off in range(0, n, FRAG):
-            f = HostFrame(
-                host_port.RESULT, op, off, n, e, res[off : off + FRAG].astype(">f4").tobytes()
-            )
-            want.append(host_port.build(f, to_nic=False))
-        want.append(host_port.stats_frame(rec))
-    bad_world = msgs[0][:200] + _stats(9, 200, 0, world + 1, r)  # record longer than world says
-    bad_n = msgs[1][:1] + [0] * 3 + _stats(9, 1, 0, world, r)  # n says 1, record starts at 4
-    too_long = [0] * (P.c + 30) + _stats(9, P.c + 30, 0, world, r)
-    msgs = [msgs[0], bad_world, msgs[1], bad_n, too_long, *msgs[2:]]
+        good.append((_message(res.view(np.uint32).tolist(), rec),
+                     [*_result_frames(op, n, e, res), host_port.stats_frame(rec)]))  # fmt: skip
+    res0 = good[0][0][1][:200]
+    bad_world = _message(res0, _stats(9, 200, 0, world + 1, r))  # longer than world says
+    bad_n = ([9, 1, 0], res0[:1] + [0] * 3 + _stats(9, 1, 0, world, r))  # says n = 0
+    too_long = ([9, P.c + 1, 0], [0] * (P.c + 1) + _stats(9, P.c + 1, 0, world, r))
+    no_head = ([], res0[:5] + _stats(9, 5, 0, world, r))
+    short = ([9, 50, 0], res0[:10])  # ends before its 50 results: no frame was due
+    as_sent = {  # the bad messages' frames out: the RESULT frames their words filled
+        "bad_world": _result_frames(9, 200, 0, np.uint32(res0).view(np.float32)),
+        "bad_n": _result_frames(9, 1, 0, np.uint32(res0[:1]).view(np.float32)),
+    }
+    msgs = [good[0][0], bad_world, good[1][0], bad_n, too_long, good[2][0], no_head,
+            good[3][0], short, good[4][0]]  # fmt: skip
+    want = [*good[0][1], *as_sent["bad_world"], *good[1][1], *as_sent["bad_n"], *good[2][1],
+            *good[3][1], *good[4][1]]  # fmt: skip
     dut = HostAdapter(P, rx_words=FRAG, tx_fragment=FRAG)
     out = _run(dut, [], msgs, seed=seed)
     assert len(out["frames"]) == len(want)
     for k, (got, ref) in enumerate(zip(out["frames"], want, strict=True)):
         assert got == ref, f"frame {k}"
-    assert out["counters"] == _counts(tx_frames=len(want), bad_records=3)
+    assert out["counters"] == _counts(tx_frames=len(want), bad_records=5)
+
+
+def test_results_go_out_while_the_message_still_comes():
+    """An op of C results through a ring of 2 fragments, which holds less than the op:
+    its frames leave as its words come, the model's."""
+    r = random.Random(3)
+    res = np.random.default_rng(3).standard_normal(P.c).astype(np.float32)
+    rec = _stats(1, P.c, 0, 2, r)
+    dut = HostAdapter(P, rx_words=FRAG, tx_fragment=FRAG)
+    assert dut.ring < P.c
+    out = _run(dut, [], [_message(res.view(np.uint32).tolist(), rec)], seed=3)
+    assert out["frames"] == [*_result_frames(1, P.c, 0, res), host_port.stats_frame(rec)]
 
 
 def test_register_frames_write_and_read_the_bank_and_set_the_world():
@@ -285,7 +323,12 @@ def test_register_frames_write_and_read_the_bank_and_set_the_world():
     res = np.float32([2.5, -1.0])
     rec = _stats(0, 2, 0, 5, rng)  # a record of world 5 now fits
     out = _run(
-        dut, [req], [res.view(np.uint32).tolist() + rec], regs=bank, seed=5, messages_after=300
+        dut,
+        [req],
+        [_message(res.view(np.uint32).tolist(), rec)],
+        regs=bank,
+        seed=5,
+        messages_after=300,
     )
     assert out["writes"] == [(off["rank"], 3), (off["world"], 5)]
     after = dict(bank) | {off["rank"]: 3, off["world"]: 5, 0x1F0: 0xDEAD0000 | 0x1F0}
@@ -315,7 +358,7 @@ def test_replies_and_results_take_turns_on_the_one_sender(seed):
         n = 3 * FRAG + 5
         res = rng.standard_normal(n).astype(np.float32)
         rec = _stats(op, n, 0, 2, r)  # world 2: the bank's reset value
-        msgs.append(res.view(np.uint32).tolist() + rec)
+        msgs.append(_message(res.view(np.uint32).tolist(), rec))
         for o in range(0, n, FRAG):
             part = res[o : o + FRAG].astype(">f4").tobytes()
             results.append(host_port.build(HostFrame(host_port.RESULT, op, o, n, 0, part),

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from amaranth import Module
 from amaranth.lib import wiring
-from amaranth.lib.wiring import Out
+from amaranth.lib.wiring import In, Out
 
 from optireduce.host.model.gather_buffer import GatherBuffer as ModelBuffer
 from optireduce.hw.axis import AxisWrapper, PlainStreams
@@ -18,6 +18,7 @@ from optireduce.hw.sdram_gather_buffer import SdramGatherBuffer
 from optireduce.params import NicParams
 from optireduce.sim.cocotb_run import run_bench
 from optireduce.sim.sdram_gen import generate
+from optireduce.sim.sdram_sim import controller
 from optireduce.sim.stream_sim import element_payload, read_element, set_ports, simulate
 from tests.hw.sdram_port_model import PortModel
 
@@ -26,39 +27,50 @@ SMALL = NicParams(p=16, b=64, c=1024, n_max=8)  # long enough for several refres
 
 class GatherOnSdram(wiring.Component):
     """SdramGatherBuffer wired to the simulated controller; GatherBuffer's ports, plus the
-    controller's `underrun` and `error`."""
+    controller's `underrun` and `error` and the buffer's `fault`. With `two_clocks`, the
+    controller and the buffer's issuer run on `sdram_clk` (an input), as in the 25F's core."""
 
-    def __init__(self, p: NicParams, base: int) -> None:
+    def __init__(self, p: NicParams, base: int, two_clocks: bool = False) -> None:
         self.core = generate(SdramSpec(), sim=True)
-        self.buf = SdramGatherBuffer(p, self.core.addr_width, base=base)
+        self.two_clocks = two_clocks
+        domain = "sdram" if two_clocks else "sync"
+        self.buf = SdramGatherBuffer(p, self.core.addr_width, base=base, mem_domain=domain)
         self.ctrl = SdramController(self.core)
         ports = {n: m for n, m in self.buf.signature.members.items() if n != "mem"}
-        super().__init__({**ports, "underrun": Out(1), "error": Out(1)})
+        extra = {"sdram_clk": In(1)} if two_clocks else {}
+        super().__init__({**ports, "underrun": Out(1), "error": Out(1), **extra})
 
     def elaborate(self, platform) -> Module:
         m = Module()
-        m.submodules.buf, m.submodules.ctrl = buf, ctrl = self.buf, self.ctrl
+        m.submodules.buf = buf = self.buf
+        ctrl = self.ctrl
+        controller(m, ctrl, self.sdram_clk if self.two_clocks else None)
         for name in ("i", "cmd", "o", "k"):  # streams
             wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(buf, name))
         for name in ("slot", "pkt_index", "contributors", "hist_slot", "hist_addr"):
             m.d.comb += getattr(buf, name).eq(getattr(self, name))
-        for name in ("duplicate", "out_of_range", "hist_data"):
+        for name in ("duplicate", "out_of_range", "hist_data", "fault"):
             m.d.comb += getattr(self, name).eq(getattr(buf, name))
         wiring.connect(m, buf.mem, ctrl.port)
         m.d.comb += [self.underrun.eq(ctrl.underrun), self.error.eq(ctrl.error)]
         return m
 
 
-def test_cocotb_verilator_against_the_model():
+@pytest.mark.parametrize("two_clocks", [False, True], ids=["one_clock", "two_clocks"])
+def test_cocotb_verilator_against_the_model(two_clocks):
+    """GatherBuffer's bench on the controller; with two clocks the controller runs at
+    150 MHz beside the buffer's 125 (commands and words cross in AsyncFifos)."""
     p = SMALL
     base = (1 << 20) - 2 * p.c  # the slots end at the last word (address bits all used)
-    top = GatherOnSdram(p, base)
+    top = GatherOnSdram(p, base, two_clocks=two_clocks)
     cfg = {"p": p.p, "b": p.b, "c": p.c, "lanes": p.lanes, "n_max": p.n_max,
            "refresh": ["block", "block", "ctrl", "litedram", top.core.refresh_pulse],
-           "writes_level": ["block", "block", "buf", "writes", "level"]}  # fmt: skip
+           "writes_level": ["block", "block", "buf", "buffer", "writes", "level"],
+           **({"sdram_clk_ps": 6666} if two_clocks else {})}  # fmt: skip
     bench = f"{__package__}.benches.tb_gather_buffer"
-    run_bench(AxisWrapper(PlainStreams(top, cmd="fields", k="axis")), "sdram_gather_top",
-              bench, cfg, sources=(top.core.verilog,))  # fmt: skip
+    run_bench(AxisWrapper(PlainStreams(top, cmd="fields", k="axis")),
+              f"sdram_gather_top{'_2clk' if two_clocks else ''}", bench, cfg,
+              sources=(top.core.verilog,))  # fmt: skip
 
 
 # ---- the fence, with a port that stalls on purpose (Amaranth simulator) -------------------

@@ -4,7 +4,17 @@ instance path, and the controller's refreshes (its completion strobe)."""
 from __future__ import annotations
 
 import cocotb
+from cocotb.clock import Clock
 from cocotb.triggers import RisingEdge
+
+
+def sdram_clock(dut, cfg: dict) -> str:
+    """The controller's clock: `sdram_clk` started at cfg["sdram_clk_ps"] when the bench
+    has two clocks, else the bench's `clk`. Returns its port's name."""
+    if "sdram_clk_ps" not in cfg:
+        return "clk"
+    Clock(dut.sdram_clk, cfg["sdram_clk_ps"], unit="ps").start()
+    return "sdram_clk"
 
 
 def inner(dut, path: list[str]):

@@ -13,13 +13,12 @@ import random
 
 import cocotb
 import numpy as np
-from cocotb.clock import Clock
 from cocotb.triggers import RisingEdge
 
 from optireduce.sim.axis_tb import AxisTB, pack, unpack
 from optireduce.sim.cocotb_run import bench_config, pack_fields
 from tests.hw.benches import phase_owner_tb as owner
-from tests.hw.benches.sdram_watch import count_refreshes
+from tests.hw.benches.sdram_watch import count_refreshes, sdram_clock
 
 
 async def run_scenario(dut, tb: AxisTB, sc: dict, layout: dict, lanes: int, seed: int) -> None:
@@ -75,10 +74,7 @@ async def run_scenario(dut, tb: AxisTB, sc: dict, layout: dict, lanes: int, seed
 async def aggregator_scenarios_match_the_model(dut):
     tb = AxisTB(dut, seed=3, idle=0.3, backpressure=0.3)
     cfg = bench_config()
-    clock = "clk"
-    if "sdram_clk_ps" in cfg:  # the store and the controller on a clock of their own
-        Clock(dut.sdram_clk, cfg["sdram_clk_ps"], unit="ps").start()
-        clock = "sdram_clk"
+    clock = sdram_clock(dut, cfg)  # the store and the controller on a clock of their own?
     if "refresh" in cfg:  # accumulators in SDRAM: the controller's refreshes, and those
         # that came while the store had beats on their way
         refreshes = count_refreshes(dut, cfg["refresh"], cfg["store_drained"], clock)
