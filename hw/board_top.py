@@ -60,7 +60,8 @@ class Board:
     `yowasp-ecppll -i <clk MHz> -o 125 --clkout1 <core MHz>`; `eth` = eth_rgmii resource
     numbers, host port first (one entry: host and network share it);
     `leds(platform, m, status)` drives the LEDs from status = {"link": [per port],
-    "activity": [per port], "locked": Signal, "fault": the SDRAM controller's error}.
+    "activity": [per port], "locked": Signal, "fault": an SDRAM fault (the controller's
+    error or underrun, the core's `sdram_fault`)}.
     `core_div`: the PLL's CLKOS divider, core clock = VCO / core_div (VCO = 125 MHz x
     CLKOP_DIV), chosen below the core's measured Fmax (docs/boards.md, "Clocks").
     `reset_dccs`: (domain, the nextpnr BEL of its reset's DCCA) pairs, where the placer's
@@ -252,13 +253,15 @@ class BoardTop(Elaboratable):
         # ---- the shell: host adapter, crossings, the core in `core` ------------------------
         m.submodules.shell = shell = NicShell(p, self.core)
         m.d.comb += shell.tick.eq(tick)
-        fault = Signal()  # the SDRAM's init unanswered, or a write word missing
+        fault = Signal()  # the SDRAM's init unanswered, a write word missing, a read word lost
         if self.sdram is not None:
             pads = platform.request("sdram", 0, dir="-")
             ctrl = SdramController(self.sdram, pads)
             m.submodules.sdram = DomainRenamer({"sync": SDRAM_DOMAIN})(ctrl)
             connect_memory(m, shell, ctrl)
-            m.submodules.sdram_fault = FFSynchronizer(ctrl.error | ctrl.underrun, fault)
+            m.submodules.sdram_fault = FFSynchronizer(
+                ctrl.error | ctrl.underrun | shell.sdram_fault, fault
+            )
         if len(macs) == 2:
             (host_rx, host_tx), (net_rx, net_tx) = macs
             wiring.connect(m, host_rx, shell.host_rx)

@@ -670,7 +670,7 @@ class HostAdapter(wiring.Component):
             to_send=Signal(range(self.p.c + 1)),  # results not yet in a frame
             ready=Signal(range(ring + 1)),  # ... of them in the ring
             sptr=Signal(rb), off=Signal(range(self.p.c + 1)),  # the next frame's start
-            rleft=Signal(32),  # results still to come
+            rleft=Signal(range(self.p.c + 1)),  # results still to come (n <= C)
             rcount=Signal(range(self.rec_max + 1)),  # record words in
             write=Signal(), result_in=Signal(),  # a word into the ring; it is a result
             sent=Signal(range(frag + 1)),  # results put in a frame now

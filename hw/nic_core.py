@@ -44,8 +44,9 @@ SdramAggregator (hw/sdram_aggregator.py), its store on `acc_mem`, and the decode
 gather buffer is SdramGatherBuffer (hw/sdram_gather_buffer.py) on `gather_mem`: two of
 litedram's native ports in `sdram_domain`, the accumulators from word 0 and the gather
 slots after them. Every result is the same, only its timing changes. `idle` waits for
-the controller's init (no event is taken before it) and stays low after a gather-buffer
-fault (a read word with no room: never, by its depths).
+the controller's init (no event is taken before it) and stays low after `sdram_fault`
+(sticky, in `sdram_domain`: a read word the gather buffer had no room for; never, by
+its depths), which a board shows on its LED.
 
 One FWHT (NicParams.fwht_shared): the encoder's forward and the decoder's inverse
 transform take turns in one SharedFwht, a whole block at a time (hw/shared_fwht.py):
@@ -163,6 +164,8 @@ class NicCore(wiring.Component):
         # the SDRAM's ports (sdram_addr_bits): the accumulators' and the gather slots'
         mem = {f"{name}_mem": Out(native_port(p.sdram_addr_bits)) for name in SDRAM_PORTS
                if p.sdram_addr_bits}  # fmt: skip
+        if mem:  # sticky, in sdram_domain: a read word the gather buffer had no room for
+            mem["sdram_fault"] = Out(1)
         super().__init__(
             {
                 "tick": In(1),
@@ -249,6 +252,7 @@ class NicCore(wiring.Component):
         m.submodules.decoder = dec = Decoder(p, slots=n_ctx, gather=gather)
         if gather is not None:
             wiring.connect(m, dec.gather_mem, wiring.flipped(self.gather_mem))
+            m.d.comb += self.sdram_fault.eq(dec.gather_fault)
         if enc.external:  # one FWHT for both (NicParams.fwht_shared): encode a, decode b
             m.submodules.fwht = fw = SharedFwht(p, p.w_in, p.w_wire)
             wiring.connect(m, enc.to_fwht, fw.a_i)
@@ -1039,9 +1043,9 @@ class NicCore(wiring.Component):
         if not self.p.sdram_addr_bits:
             pass
         elif self.sdram_domain == "sync":
-            m.d.comb += fault.eq(s.dec.gather_fault)
+            m.d.comb += fault.eq(self.sdram_fault)
         else:
-            m.submodules.fault_sync = FFSynchronizer(s.dec.gather_fault, fault, o_domain="sync")
+            m.submodules.fault_sync = FFSynchronizer(self.sdram_fault, fault, o_domain="sync")
         m.d.comb += s.quiet.eq(
             s.rx_idle
             & ~parser.o.valid

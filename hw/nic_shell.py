@@ -12,8 +12,8 @@ the core (domain `core`, the board's core clock; docs/boards.md, "Clocks"):
   the adapter's counter strobes --PulseSynchronizer--> the core's bank (host block)
 
 With its accumulators and gather slots in SDRAM (NicParams.sdram_addr_bits) the core's
-SDRAM ports (`acc_mem`, `gather_mem`) run in `sdram` (the memory's clock) and are the
-shell's, for the board's controller.
+SDRAM ports (`acc_mem`, `gather_mem`) and its `sdram_fault` run in `sdram` (the
+memory's clock) and are the shell's, for the board's controller and LED.
 
 The host adapter stays at 125 MHz so that the host port takes a byte per cycle, line rate;
 the core's network port (8 bytes a beat) and host words (4) are line rate at
@@ -60,7 +60,8 @@ class NicShell(wiring.Component):
 
     def ports(self) -> dict:
         members = self.core.signature.members
-        mem = {n: members[n] for n in memory_ports(self.core).values()}  # in SDRAM_DOMAIN
+        mem = {n: members[n] for n in (*memory_ports(self.core).values(), "sdram_fault")
+               if n in members}  # in SDRAM_DOMAIN  # fmt: skip
         return {
             "host_rx": In(frame_stream(1)),
             "host_tx": Out(frame_stream(1)),
@@ -76,6 +77,8 @@ class NicShell(wiring.Component):
         m.submodules.core = core = DomainRenamer(c)(self.core)
         for name in memory_ports(self.core).values():
             wiring.connect(m, getattr(core, name), wiring.flipped(getattr(self, name)))
+        if hasattr(self, "sdram_fault"):
+            m.d.comb += self.sdram_fault.eq(core.sdram_fault)
         m.submodules.host = host = self.host
         m.submodules.widen = widen = Widen(NET_BYTES)
         m.submodules.narrow = narrow = Narrow(NET_BYTES)
