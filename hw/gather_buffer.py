@@ -152,7 +152,15 @@ class GatherBuffer(wiring.Component):
         )  # back-to-back increments see each other
         s.h_host = hist.read_port()
 
-        s.have = Signal(n_slots * n_pkts)
+        # The have bits: a word per block of a slot (ppb bits, a bit per packet) in LUT
+        # RAM, read by the placement, a drained beat and a block's k (each a read port),
+        # set by a placement (the placement's read, or-ed: a write port). As a register,
+        # each random access was a 2K * C/P-to-1 mux (770 LUTs of the 25F at C = 16K).
+        ppb = p.packets_per_block
+        s.n_words = n_pkts // ppb  # words per slot
+        m.submodules.have = have = Memory(shape=ppb, depth=n_slots * s.n_words, init=[])
+        s.hv_wr = have.write_port()
+        s.hv_place, s.hv_beat, s.hv_win = (have.read_port(domain="comb") for _ in range(3))
         s.missing = Array(Signal(hw, name=f"missing_{k}") for k in range(n_slots))
 
     def _control(self, m: Module, s: SimpleNamespace) -> None:
@@ -160,7 +168,12 @@ class GatherBuffer(wiring.Component):
         p, n_slots, n_pkts = self.p, self.n_slots, self.n_pkts
         ppb, n_blocks, hn = p.packets_per_block, p.c // p.b, p.n_max + 1
         s.clr_addr = Signal(range(n_slots * hn + 1))
-        clr_end = Signal(range(n_slots * hn + 1))
+        clr_end = Signal(range(n_slots * hn + 1), init=n_slots * hn)
+        nw = n_slots * s.n_words
+        hv_addr = Signal(range(nw + 1))  # the have word cleared next
+        hv_end = Signal(range(nw + 1), init=nw)  # ... and the one after the last
+        hv_done = Signal()  # the last have word is cleared by this cycle's end
+        m.d.comb += hv_done.eq((hv_addr == hv_end) | (hv_addr == hv_end - 1))
         s.inc_pending = Signal()
         s.d_slot = Signal(range(n_slots))
         s.d_last_pkt = Signal(range(n_pkts))
@@ -171,7 +184,7 @@ class GatherBuffer(wiring.Component):
             with m.State("INIT"):
                 m.d.comb += s.clearing.eq(1)
                 m.d.sync += clr_end.eq(n_slots * hn)
-                with m.If(s.clr_addr == n_slots * hn - 1):
+                with m.If((s.clr_addr >= n_slots * hn - 1) & hv_done):
                     m.next = "IDLE"
             with m.State("IDLE"):
                 m.d.comb += self.cmd.ready.eq(1)
@@ -179,9 +192,8 @@ class GatherBuffer(wiring.Component):
                 with m.If(self.cmd.valid):
                     with m.If(cmd.op == GatherOp.CLEAR):
                         m.d.sync += [s.clr_addr.eq(cmd.slot * hn), clr_end.eq(cmd.slot * hn + hn)]
-                        for sl in range(n_slots):
-                            with m.If(cmd.slot == sl):
-                                m.d.sync += [s.have[sl * n_pkts : (sl + 1) * n_pkts].eq(0)]
+                        m.d.sync += [hv_addr.eq(cmd.slot * s.n_words),
+                                     hv_end.eq(cmd.slot * s.n_words + s.n_words)]  # fmt: skip
                         m.d.sync += s.missing[cmd.slot].eq(0)
                         m.next = "CLEAR"
                     with m.Else():
@@ -193,16 +205,22 @@ class GatherBuffer(wiring.Component):
                         m.next = "DRAIN"
             with m.State("CLEAR"):
                 m.d.comb += s.clearing.eq(1)
-                with m.If(~s.inc_pending & (s.clr_addr == clr_end - 1)):
+                with m.If(~s.inc_pending & (s.clr_addr >= clr_end - 1) & hv_done):
                     m.next = "IDLE"
             with m.State("DRAIN"):
                 m.d.comb += s.draining.eq(1)
                 with m.If(s.d_done):
                     m.next = "IDLE"
 
-        # Histogram clear: one entry per cycle, yielding to an increment in flight.
-        with m.If(s.clearing & ~s.inc_pending):
+        # Histogram clear: one entry per cycle, yielding to an increment in flight; the
+        # have words alongside, one per cycle (the input stalls meanwhile).
+        with m.If(s.clearing & ~s.inc_pending & (s.clr_addr < clr_end - 1)):
             m.d.sync += s.clr_addr.eq(s.clr_addr + 1)
+        s.hv_clear = Signal()
+        s.hv_clear_addr = hv_addr
+        m.d.comb += s.hv_clear.eq(s.clearing & (hv_addr != hv_end))
+        with m.If(s.hv_clear):
+            m.d.sync += hv_addr.eq(hv_addr + 1)
 
     def _input(self, m: Module, s: SimpleNamespace) -> None:
         """Input: place packets by index."""
@@ -216,10 +234,11 @@ class GatherBuffer(wiring.Component):
         pkt = self.pkt_index[: max(1, (n_pkts - 1).bit_length())]
         in_range = Signal()
         m.d.comb += in_range.eq((self.pkt_index < n_pkts) & (self.slot < n_slots))
-        have_idx = Signal(range(n_slots * n_pkts))
-        m.d.comb += have_idx.eq(self.slot * n_pkts + pkt)
+        lp = p.packets_per_block.bit_length() - 1  # a packet's bit in its block's word
+        bit = pkt[:lp] if lp else 0
+        m.d.comb += s.hv_place.addr.eq(self.slot * s.n_words + (pkt >> lp))
         is_dup = Signal()
-        m.d.comb += is_dup.eq(in_range & s.have.bit_select(have_idx, 1))
+        m.d.comb += is_dup.eq(in_range & s.hv_place.data.bit_select(bit, 1))
         place = Signal()
         m.d.comb += place.eq(take & first & in_range & ~is_dup)
 
@@ -242,9 +261,15 @@ class GatherBuffer(wiring.Component):
                 m.d.sync += [drop.eq(~place), beat.eq(1), base.eq(first_addr)]
                 m.d.sync += [wr_en.eq(place), wr_addr.eq(first_addr)]
                 with m.If(place):
-                    m.d.sync += s.have.bit_select(have_idx, 1).eq(1)
+                    m.d.comb += [
+                        s.hv_wr.en.eq(1),
+                        s.hv_wr.addr.eq(s.hv_place.addr),
+                        s.hv_wr.data.eq(s.hv_place.data | (1 << bit)),
+                    ]
             with m.Elif(~drop & (beat < bpp)):
                 m.d.sync += [wr_en.eq(1), wr_addr.eq(base + beat), beat.eq(beat + 1)]
+        with m.If(s.hv_clear):  # the input stalls while clearing: no placement now
+            m.d.comb += [s.hv_wr.en.eq(1), s.hv_wr.addr.eq(s.hv_clear_addr), s.hv_wr.data.eq(0)]
         self._store(m, s, wr_en, wr_addr, wr_data)
 
         # Histogram increment: read at the first beat, write back +1 the next cycle.
@@ -324,10 +349,12 @@ class GatherBuffer(wiring.Component):
         win = Signal(ppb)
         kcount = Signal(range(ppb + 1))
         moved = Signal(self.K_STEPS, init=(1 << self.K_STEPS) - 1)  # position moved, per step
-        m.d.sync += [
-            win.eq(s.have.bit_select(s.d_slot * n_pkts + k_pkt, ppb)),
-            kcount.eq(sum(win[j] for j in range(ppb))),
+        lp = ppb.bit_length() - 1
+        m.d.comb += [
+            s.hv_win.addr.eq(s.d_slot * s.n_words + (k_pkt >> lp)),
+            s.hv_beat.addr.eq(s.d_slot * s.n_words + (d_pkt >> lp)),
         ]
+        m.d.sync += [win.eq(s.hv_win.data), kcount.eq(sum(win[j] for j in range(ppb)))]
         go = Signal()
         m.d.comb += go.eq(
             s.draining & adv & (~blk_start | (~moved.any() & (~self.k.valid | self.k.ready)))
@@ -352,7 +379,7 @@ class GatherBuffer(wiring.Component):
         return SimpleNamespace(
             go=go,
             addr=d_addr,
-            have=s.have.bit_select(s.d_slot * n_pkts + d_pkt, 1),
+            have=s.hv_beat.data.bit_select(d_pkt[:lp] if lp else 0, 1),
             first=blk_start,
             last=blk_end,
         )

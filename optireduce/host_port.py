@@ -206,6 +206,7 @@ def result_ring_words(n_max: int, tx_fragment: int = TX_FRAGMENT) -> int:
     frame being sent and the next one filling, or a whole record."""
     return 1 << (max(2 * tx_fragment, len(STATS_FIELDS) + 1 + n_max) - 1).bit_length()
 
+
 REASON_CODES = {"": 0, COMPLETE: 1, EARLY: 2, DEADLINE: 3}
 _MASK = 0xFFFF_FFFF
 TICK_FIELDS = ("start_us", "phase1_end_us", "end_us")
