@@ -5,7 +5,7 @@ network: a bump-in-the-wire NIC. The two PHYs share one reset, MDC and MDIO pin,
 second port's resource here lists only its data and clock pins. The one LED is on while
 both PHYs deliver an RX clock and blinks with traffic (slowly: the SDRAM controller
 reports a fault). Params: see docs/boards.md (the
-25F's 56 DP16KD hold C = 4096 elements on chip; with the SDRAM, `--sdram`, C = 16K).
+25F's build is C = 2048 on chip; `--sdram` is C = 16K with its SDRAM).
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ rejects other values; they are not counted).
 
 Command `cmd` (one at a time; `cmd.ready` is low while one runs):
 - CLEAR slot: `have` bits, histogram and missing count of the slot to zero
-  (n_max + 1 cycles; the input stalls meanwhile). After reset every slot is
+  (max(n_max + 1, c / b) cycles, one more behind a histogram increment; the input
+  stalls meanwhile). After reset every slot is
   cleared the same way before `i` and `cmd` become ready.
 - DRAIN slot, n: streams the op's padded length (ceil(n / b) blocks of b, at least
   one, at most c/b) on `o` in index order, missing packets as zeros, `first`/`last`

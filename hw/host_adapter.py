@@ -26,7 +26,7 @@ leaves once its words are in, while the next fills, so block RAM does not grow w
 (a whole message was C + 22 + n_max words: 33 DP16KD at C = 16K). The record follows the
 results into the ring, and goes out as the STATS frame after the last RESULT frame if
 it is 22 + world words long (`world` shadowed from the register writes that pass
-through here; reset: the CSR's reset value) and says the head's op id and n. A
+through here; reset: the CSR's reset value) and says the head's op id, n and exponent. A
 message that is not so (no head, n > C, fewer results than n, a record of another
 length or with other fields) is read to its end and counted in `bad_records`: every
 RESULT frame its words filled goes out, and no STATS frame follows.
@@ -710,8 +710,8 @@ class HostAdapter(wiring.Component):
         m.d.comb += take.eq(o.valid & o.ready)
         room = r.room
         hidx = Signal(range(len(host_port.HEAD_FIELDS)))
-        rec = {k: Signal(32, name=f"rec_{k}") for k in ("op_id", "n", "world")}
-        want = {"op_id": 0, "n": 1, "world": RECORD_FIXED - 1}
+        rec = {k: Signal(32, name=f"rec_{k}") for k in ("op_id", "n", "exponent", "world")}
+        want = {"op_id": 0, "n": 1, "exponent": 2, "world": RECORD_FIXED - 1}
         rlen = Signal(range(self.rec_max + 1))  # the record's length: world's
         m.d.sync += rlen.eq(RECORD_FIXED + 1 + self.world)
         good, over = Signal(), Signal()
@@ -767,6 +767,7 @@ class HostAdapter(wiring.Component):
                     (r.rcount == rlen)
                     & (rec["n"] == r.n)
                     & (rec["op_id"] == r.op_id)
+                    & (rec["exponent"][:8] == r.exponent)
                     & (rec["world"] == self.world)
                 )
                 m.next = "DECIDE"

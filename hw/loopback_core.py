@@ -10,7 +10,7 @@ from amaranth import Array, Module, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from optireduce.host_port import ADAPTER_COUNTERS
+from optireduce.host_port import ADAPTER_COUNTERS, HEAD_FIELDS
 from optireduce.hw.csr import addr_bits, register
 from optireduce.hw.host_adapter import CMD_LAYOUT, OUT_LAYOUT, RECORD_FIXED
 from optireduce.hw.nic_shell import NET_BYTES
@@ -19,8 +19,9 @@ from optireduce.params import NicParams
 
 
 class LoopbackCore(wiring.Component):
-    """A stand-in core with NicCore's ports: net_rx straight back to net_tx; an op's
-    words back on host_o, then a record [op_id, n, exponent, 0.., world at
+    """A stand-in core with NicCore's ports: net_rx straight back to net_tx; on host_o
+    an op's head (the record's first words, `head` set), its words back, then a record
+    [op_id, n, exponent, 0.., world at
     RECORD_FIXED - 1, 0 x (world + 1)], with `world` the register's reset value (the
     adapter's copy after reset); every register reads the ticks counted so far and writes
     are ignored. A REG frame that writes `world` therefore makes every later result a
@@ -59,7 +60,18 @@ class LoopbackCore(wiring.Component):
                 with m.If(self.host_cmd.valid):
                     c = self.host_cmd.payload
                     m.d.sync += [op.eq(c.op_id), n.eq(c.n), e.eq(c.exponent), k.eq(0)]
-                    m.next = "WORDS"
+                    m.next = "HEAD"
+            with m.State("HEAD"):
+                m.d.comb += [
+                    self.host_o.valid.eq(1),
+                    self.host_o.payload.data.eq(Array(rec)[k]),
+                    self.host_o.payload.head.eq(1),
+                ]
+                with m.If(self.host_o.ready):
+                    m.d.sync += k.eq(k + 1)
+                    with m.If(k == len(HEAD_FIELDS) - 1):
+                        m.d.sync += k.eq(0)
+                        m.next = "WORDS"
             with m.State("WORDS"):
                 m.d.comb += [
                     self.host_o.valid.eq(self.host_i.valid),

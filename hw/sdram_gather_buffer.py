@@ -88,6 +88,8 @@ class SdramGatherBuffer(GatherBuffer):
             m.d.comb += open_.eq(self.mem.ready)
         else:  # outside the reset it releases
             m.submodules.open_sync = FFSynchronizer(self.mem.ready, open_, o_domain="sync")
+        # the reset holds the crossings' `sync` sides alone (AsyncFifo wants both sides
+        # reset together): safe, as nothing enters either before `open`, which stays up
         m.submodules.buffer = ResetInserter({"sync": ~open_})(super().elaborate(platform))
         return m
 

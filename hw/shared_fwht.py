@@ -19,8 +19,9 @@ The Fwht never waits on what is outside it for the other stream's sake:
 - a's block starts only once all of it is in `a_buf`, so a host word that comes late
   (or never: the host adapter pads a broken op at the next START) holds only a;
 - b's block starts only once `b_buf` has room for all of it (`room` counts the entries
-  not yet promised), so b's consumer (host_o, which a board's host adapter does not read
-  while it sends a result) never stops the Fwht and a's blocks with it.
+  not yet promised), so b's consumer (host_o, which a board's host adapter reads at its
+  link's pace: not while its ring of results is full) never stops the Fwht and a's
+  blocks with it.
 a's consumer (the scatter packetizer, toward the network and the aggregator) can stop
 it; nothing there waits on the decode. The two streams share one element a cycle
 (docs/gateware.md, "One FWHT, one t_C estimator").

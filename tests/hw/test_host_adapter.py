@@ -266,9 +266,10 @@ def test_a_start_before_the_last_words_pads_the_open_op_with_zeros():
 def test_results_and_stats_leave_as_the_model_frames_them(seed):
     """Good messages leave as the model frames them. A bad one is read to its end and
     counted, every RESULT frame its words filled goes out, no STATS follows, and the
-    messages after it are whole: a record longer than world says, one that says another n, a head
-    with n > C, no head, and two messages that end before their n results (one with no
-    frame filled, one right after a whole frame's words)."""
+    messages after it are whole: a record longer than world says, one that says another
+    n, one that says another exponent, a head with n > C, no head, and two messages that
+    end before their n results (one with no frame filled, one right after a whole
+    frame's words)."""
     rng = np.random.default_rng(seed)
     r = random.Random(seed)
     world = register_map(P)[0]  # the record's world must be the CSR's (reset: 2)
@@ -286,21 +287,23 @@ def test_results_and_stats_leave_as_the_model_frames_them(seed):
     no_head = ([], res0[:5] + _stats(9, 5, 0, world, r))
     short = ([9, 50, 0], res0[:10])  # ends before its 50 results: no frame was due
     short_whole = ([9, 200, 0], res0[:FRAG])  # ends with a whole frame's words: it goes
+    bad_e = ([9, 5, 3], res0[:5] + _stats(9, 5, 4, world, r))  # another exponent
     as_sent = {  # the bad messages' frames out: the RESULT frames their words filled
         "bad_world": _result_frames(9, 200, 0, np.uint32(res0).view(np.float32)),
         "bad_n": _result_frames(9, 1, 0, np.uint32(res0[:1]).view(np.float32)),
         "short_whole": _result_frames(9, 200, 0, np.uint32(res0[:FRAG]).view(np.float32)),
+        "bad_e": _result_frames(9, 5, 3, np.uint32(res0[:5]).view(np.float32)),
     }
     msgs = [good[0][0], bad_world, good[1][0], bad_n, too_long, good[2][0], no_head,
-            good[3][0], short, short_whole, good[4][0]]  # fmt: skip
+            good[3][0], short, short_whole, bad_e, good[4][0]]  # fmt: skip
     want = [*good[0][1], *as_sent["bad_world"], *good[1][1], *as_sent["bad_n"], *good[2][1],
-            *good[3][1], *as_sent["short_whole"], *good[4][1]]  # fmt: skip
+            *good[3][1], *as_sent["short_whole"], *as_sent["bad_e"], *good[4][1]]  # fmt: skip
     dut = HostAdapter(P, rx_words=FRAG, tx_fragment=FRAG)
     out = _run(dut, [], msgs, seed=seed)
     assert len(out["frames"]) == len(want)
     for k, (got, ref) in enumerate(zip(out["frames"], want, strict=True)):
         assert got == ref, f"frame {k}"
-    assert out["counters"] == _counts(tx_frames=len(want), bad_records=6)
+    assert out["counters"] == _counts(tx_frames=len(want), bad_records=7)
 
 
 def test_results_go_out_while_the_message_still_comes():
