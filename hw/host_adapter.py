@@ -655,7 +655,7 @@ class HostAdapter(wiring.Component):
         """An op's message as it comes: its head, then its results into the ring, each
         RESULT frame sent once its words are in, then its record into the ring, checked
         and sent as the STATS frame. `take`: what the message's words do (`_message`)."""
-        ring, frag = self.ring, self.tx_fragment
+        ring = self.ring
         rb = ring.bit_length() - 1
         # banks with registered outputs (BankedMemory.LATENCY): no logic after a block RAM.
         # The sender reads words written at least a header (34 cycles) before.
@@ -681,8 +681,8 @@ class HostAdapter(wiring.Component):
             rleft=Signal(range(self.p.c + 1)),  # results still to come (n <= C)
             rcount=Signal(range(self.rec_max + 1)),  # record words in
             write=Signal(), result_in=Signal(),  # a word into the ring; it is a result
-            sent=Signal(range(frag + 1)),  # results put in a frame now
-            freed=Signal(range(max(frag, self.rec_max) + 1)),  # a frame's words, at its end
+            frame_n=Signal(16),  # the words of the frame that starts or ends (a register)
+            sent=Signal(), freed=Signal(),  # a RESULT frame starts; a frame ends
             stats_go=Signal(), stats_done=Signal(), send_idle=Signal(),
             clear=Signal(),  # a bad message's end: the ring emptied
         )  # fmt: skip
@@ -692,10 +692,14 @@ class HostAdapter(wiring.Component):
         m.d.sync += [
             r.room.eq(used < ring - 1),
             r.filled.eq(r.filled + r.write),
-            r.drained.eq(r.drained + r.freed),
             r.res_in.eq(r.res_in + r.result_in),
-            r.framed.eq(r.framed + r.sent),
         ]
+        # a frame's start and end only enable these adders: the sender's `free` and
+        # `busy` (its FSM, the clients' priority) are not in front of their inputs
+        with m.If(r.freed):
+            m.d.sync += r.drained.eq(r.drained + r.frame_n)
+        with m.If(r.sent):
+            m.d.sync += r.framed.eq(r.framed + r.frame_n)
         self._message(m, inc, r)
         self._send(m, sender, r)
         with m.If(r.clear):  # nothing of ours is being sent (BAD waits for that)
@@ -797,7 +801,7 @@ class HostAdapter(wiring.Component):
         frag = self.tx_fragment
         want = Signal(range(frag + 1))  # the next RESULT frame's words, registered
         m.d.sync += want.eq(Mux(r.to_send > frag, frag, r.to_send))
-        kind, count = Signal(8), Signal(16)
+        kind, count = Signal(8), r.frame_n
         base, off = Signal.like(r.sptr), Signal.like(r.off)
         is_result = Signal()
         # the sender's fields come from registers set the state before its start
@@ -824,10 +828,10 @@ class HostAdapter(wiring.Component):
                 m.d.comb += sender.start.eq(1)
                 m.d.sync += r.sptr.eq(r.sptr + count)
                 with m.If(is_result):
-                    m.d.comb += r.sent.eq(count)
+                    m.d.comb += r.sent.eq(1)
                     m.d.sync += [r.off.eq(r.off + count), r.to_send.eq(r.to_send - count)]
                 m.next = "WAIT"
             with m.State("WAIT"), m.If(~sender.busy & ~sender.start):
-                m.d.comb += [r.freed.eq(count), r.stats_done.eq(~is_result)]
+                m.d.comb += [r.freed.eq(1), r.stats_done.eq(~is_result)]
                 m.next = "IDLE"
         _one_hot(fsm)
