@@ -654,7 +654,7 @@ class HostAdapter(wiring.Component):
     def _results(self, m: Module, inc: dict, sender: SimpleNamespace) -> None:
         """An op's message as it comes: its head, then its results into the ring, each
         RESULT frame sent once its words are in, then its record into the ring, checked
-        and sent as the STATS frame. `take`: what the message's words do (`_message`)."""
+        and sent as the STATS frame (`_message` takes the words, `_send` the frames)."""
         ring = self.ring
         rb = ring.bit_length() - 1
         # banks with registered outputs (BankedMemory.LATENCY): no logic after a block RAM.
