@@ -1039,12 +1039,10 @@ class NicCore(wiring.Component):
         drain and the frames still to leave may go on."""
         parser, agg, trk = s.parser, s.agg, s.trk
         no_work, no_events = Signal(), Signal()
-        fault = Signal()  # the SDRAM gather buffer's (in the memory's clock)
-        if not self.p.sdram_addr_bits:
-            pass
-        elif self.sdram_domain == "sync":
+        fault = Signal()  # `sdram_fault`, seen here (it is in the memory's clock)
+        if self.p.sdram_addr_bits and self.sdram_domain == "sync":
             m.d.comb += fault.eq(self.sdram_fault)
-        else:
+        elif self.p.sdram_addr_bits:
             m.submodules.fault_sync = FFSynchronizer(self.sdram_fault, fault, o_domain="sync")
         m.d.comb += s.quiet.eq(
             s.rx_idle
