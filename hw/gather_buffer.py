@@ -159,6 +159,7 @@ class GatherBuffer(wiring.Component):
         # each random access was a 2K * C/P-to-1 mux (770 LUTs of the 25F at C = 16K).
         ppb = p.packets_per_block
         s.n_words = n_pkts // ppb  # words per slot
+        s.lp = ppb.bit_length() - 1  # a packet's bit in its block's word: its index's low bits
         m.submodules.have = have = Memory(shape=ppb, depth=n_slots * s.n_words, init=[])
         s.hv_wr = have.write_port()
         s.hv_place, s.hv_beat, s.hv_win = (have.read_port(domain="comb") for _ in range(3))
@@ -217,8 +218,7 @@ class GatherBuffer(wiring.Component):
         # have words alongside, one per cycle (the input stalls meanwhile).
         with m.If(s.clearing & ~s.inc_pending & (s.clr_addr < clr_end - 1)):
             m.d.sync += s.clr_addr.eq(s.clr_addr + 1)
-        s.hv_clear = Signal()
-        s.hv_clear_addr = hv_addr
+        s.hv_clear, s.hv_addr = Signal(), hv_addr
         m.d.comb += s.hv_clear.eq(s.clearing & (hv_addr != hv_end))
         with m.If(s.hv_clear):
             m.d.sync += hv_addr.eq(hv_addr + 1)
@@ -235,7 +235,7 @@ class GatherBuffer(wiring.Component):
         pkt = self.pkt_index[: max(1, (n_pkts - 1).bit_length())]
         in_range = Signal()
         m.d.comb += in_range.eq((self.pkt_index < n_pkts) & (self.slot < n_slots))
-        lp = p.packets_per_block.bit_length() - 1  # a packet's bit in its block's word
+        lp = s.lp
         bit = pkt[:lp] if lp else 0
         m.d.comb += s.hv_place.addr.eq(self.slot * s.n_words + (pkt >> lp))
         is_dup = Signal()
@@ -270,7 +270,7 @@ class GatherBuffer(wiring.Component):
             with m.Elif(~drop & (beat < bpp)):
                 m.d.sync += [wr_en.eq(1), wr_addr.eq(base + beat), beat.eq(beat + 1)]
         with m.If(s.hv_clear):  # the input stalls while clearing: no placement now
-            m.d.comb += [s.hv_wr.en.eq(1), s.hv_wr.addr.eq(s.hv_clear_addr), s.hv_wr.data.eq(0)]
+            m.d.comb += [s.hv_wr.en.eq(1), s.hv_wr.addr.eq(s.hv_addr), s.hv_wr.data.eq(0)]
         self._store(m, s, wr_en, wr_addr, wr_data)
 
         # Histogram increment: read at the first beat, write back +1 the next cycle.
@@ -350,7 +350,7 @@ class GatherBuffer(wiring.Component):
         win = Signal(ppb)
         kcount = Signal(range(ppb + 1))
         moved = Signal(self.K_STEPS, init=(1 << self.K_STEPS) - 1)  # position moved, per step
-        lp = ppb.bit_length() - 1
+        lp = s.lp
         m.d.comb += [
             s.hv_win.addr.eq(s.d_slot * s.n_words + (k_pkt >> lp)),
             s.hv_beat.addr.eq(s.d_slot * s.n_words + (d_pkt >> lp)),

@@ -677,7 +677,7 @@ class HostAdapter(wiring.Component):
             res_in=count("in"), framed=count("framed"),  # its results
             room=Signal(name="res_room"),  # two words free a cycle ago: one now
             to_send=Signal(range(self.p.c + 1)),  # results not yet in a frame
-            sptr=Signal(rb), off=Signal(range(self.p.c + 1)),  # the next frame's start
+            sptr=Signal(rb),  # the next frame's first word (its offset: n - to_send)
             rleft=Signal(range(self.p.c + 1)),  # results still to come (n <= C)
             rcount=Signal(range(self.rec_max + 1)),  # record words in
             write=Signal(), result_in=Signal(),  # a word into the ring; it is a result
@@ -742,8 +742,7 @@ class HostAdapter(wiring.Component):
                 with m.If(over):
                     m.next = "SKIP"
                 with m.Else():
-                    m.d.sync += [r.to_send.eq(r.n), r.rleft.eq(r.n), r.off.eq(0),
-                                 r.rcount.eq(0)]  # fmt: skip
+                    m.d.sync += [r.to_send.eq(r.n), r.rleft.eq(r.n), r.rcount.eq(0)]
                     m.next = "RESULTS"
                     with m.If(r.n == 0):
                         m.next = "RECORD"
@@ -802,7 +801,7 @@ class HostAdapter(wiring.Component):
         want = Signal(range(frag + 1))  # the next RESULT frame's words, registered
         m.d.sync += want.eq(Mux(r.to_send > frag, frag, r.to_send))
         kind, count = Signal(8), r.frame_n
-        base, off = Signal.like(r.sptr), Signal.like(r.off)
+        base, off = Signal.like(r.sptr), Signal(range(self.p.c + 1))
         is_result = Signal()
         # the sender's fields come from registers set the state before its start
         m.d.comb += [
@@ -818,7 +817,7 @@ class HostAdapter(wiring.Component):
                 m.d.comb += r.send_idle.eq(~can)
                 with m.If(can):
                     m.d.sync += [kind.eq(host_port.RESULT), count.eq(want), base.eq(r.sptr),
-                                 off.eq(r.off), is_result.eq(1)]  # fmt: skip
+                                 off.eq(r.n - r.to_send), is_result.eq(1)]  # fmt: skip
                     m.next = "GO"
                 with m.Elif(r.stats_go):  # the record follows the last result: at sptr
                     m.d.sync += [kind.eq(host_port.STATS), count.eq(r.rcount), base.eq(r.sptr),
@@ -829,7 +828,7 @@ class HostAdapter(wiring.Component):
                 m.d.sync += r.sptr.eq(r.sptr + count)
                 with m.If(is_result):
                     m.d.comb += r.sent.eq(1)
-                    m.d.sync += [r.off.eq(r.off + count), r.to_send.eq(r.to_send - count)]
+                    m.d.sync += r.to_send.eq(r.to_send - count)
                 m.next = "WAIT"
             with m.State("WAIT"), m.If(~sender.busy & ~sender.start):
                 m.d.comb += [r.freed.eq(1), r.stats_done.eq(~is_result)]

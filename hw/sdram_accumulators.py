@@ -12,10 +12,9 @@ per accumulator), so the sums are the on-chip aggregator's to the bit.
   the beat waits in `inflight` until its word comes back (read words cannot be held
   off: `words` is as deep as `inflight`, so it always has room), then the sum is formed
   with the top bits (`combine`: one register, the top RAM read beside it) and queued
-  in `writes`. Commands reach litedram through a registered skid, in order; a write
-  word goes to litedram's queue (`wdata`) as the skid takes its command, so it is there
-  before litedram has the command (the Verilator benches check the controller's
-  `underrun`).
+  in `writes`. Commands reach litedram in order, each write with its word, through
+  `SdramIssuer` (hw/sdram_issuer.py: a registered skid, and the word kept until litedram
+  asks for it; the Verilator benches check the controller's `underrun`).
 - The fence: a packet's first read waits until every earlier beat is a write command
   (`drained`). A packet's beats are distinct accumulators, and litedram keeps a read
   behind an earlier write to the same word, so a slot's next contribution reads the
@@ -50,13 +49,13 @@ from amaranth.lib.wiring import In, Out
 from optireduce.hw.async_fifo import AsyncFifo
 from optireduce.hw.block_ram import block_ram, read_port
 from optireduce.hw.sdram_controller import native_port
+from optireduce.hw.sdram_issuer import SdramIssuer
 from optireduce.hw.skid import Skid
 from optireduce.params import NicParams
 
 WORD = 32  # bits of an SDRAM word (the 5A-75B's bus)
 INFLIGHT_DEPTH = 32  # reads issued and not yet combined (and so read words)
 WRITE_DEPTH = 512  # sums waiting for a write command
-WDATA_DEPTH = 64  # write words whose command litedram took, waiting to be asked for
 
 
 CROSSING_DEPTH = 16  # entries on their way to the store's clock (its queue is behind)
@@ -175,8 +174,7 @@ class SdramAccumulators(wiring.Component):
         q.inflight = SyncFIFOBuffered(width=self.layout.size, depth=INFLIGHT_DEPTH)
         q.words = SyncFIFOBuffered(width=WORD, depth=INFLIGHT_DEPTH)
         q.writes = SyncFIFOBuffered(width=ib + WORD, depth=WRITE_DEPTH)
-        q.wdata = SyncFIFOBuffered(width=WORD, depth=WDATA_DEPTH)
-        for name in ("beats", "inflight", "words", "writes", "wdata"):
+        for name in ("beats", "inflight", "words", "writes"):
             m.submodules[name] = getattr(q, name)
         m.d.comb += [
             q.words.w_en.eq(self.mem.rdata_valid),
@@ -249,24 +247,21 @@ class SdramAccumulators(wiring.Component):
         issued = Signal(bb + 1)  # the fetch's reads issued
         out = Signal(range(INFLIGHT_DEPTH + 1))  # ... and not yet in
         fetch_read = q.fetching & (issued != self.beats) & (out < INFLIGHT_DEPTH)
-        write = q.writes.r_rdy & q.wdata.w_rdy
+        write = q.writes.r_rdy
         urgent = q.writes.level >= WRITE_DEPTH // 2
         read = (fetch_read | rmw_read) & ~(urgent & write)
         w_index, w_word = q.writes.r_data[:ib], q.writes.r_data[ib:]
         r_index = Mux(fetch_read, Cat(issued[:bb], q.row_at), head.index)
-        # the commands through registers: litedram's `cmd_ready` is logic of its own, and
-        # in front of the choices and the queues' levels it missed 62.5 MHz on the 25F.
-        # They keep their order, so a command taken here counts as issued.
-        cmd = data.StructLayout({"we": 1, "addr": len(mem.cmd_addr)})
-        m.submodules.cmd = x = Skid(cmd, registered=True)
+        # the commands through the issuer's registers: litedram's `cmd_ready` is logic of
+        # its own, and in front of the choices and the queues' levels it missed 62.5 MHz
+        # on the 25F. They keep their order, so a command taken here counts as issued.
+        m.submodules.issuer = x = SdramIssuer(len(mem.cmd_addr), WORD)
+        wiring.connect(m, x.mem, wiring.flipped(mem))
         m.d.comb += [
             x.i.valid.eq(read | write),
             x.i.payload.we.eq(~read),
             x.i.payload.addr.eq(self.base + Mux(read, r_index, w_index)),
-            mem.cmd_valid.eq(x.o.valid),
-            mem.cmd_we.eq(x.o.payload.we),
-            mem.cmd_addr.eq(x.o.payload.addr),
-            x.o.ready.eq(mem.cmd_ready),
+            x.i.payload.word.eq(w_word),
         ]
         taken = x.i.valid & x.i.ready
         rmw_sent = taken & read & rmw_read
@@ -278,12 +273,6 @@ class SdramAccumulators(wiring.Component):
             q.inflight.w_en.eq(rmw_sent),
             q.inflight.w_data.eq(q.head),
             q.writes.r_en.eq(taken & ~read),
-            q.wdata.w_en.eq(taken & ~read),
-            q.wdata.w_data.eq(w_word),
-            # litedram takes the word when it asks; `valid` only tells the underrun check
-            mem.wdata_valid.eq(q.wdata.r_rdy),
-            mem.wdata_data.eq(q.wdata.r_data),
-            q.wdata.r_en.eq(mem.wdata_ready),
         ]
         sent = taken & read & fetch_read
         q.fill = Signal()

@@ -46,6 +46,7 @@ from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import Out
 
 from optireduce.hw.async_fifo import AsyncFifo
+from optireduce.hw.clock_crossing import StreamCrossing
 from optireduce.hw.gather_buffer import GatherBuffer, GatherOp
 from optireduce.hw.sdram_controller import native_port
 from optireduce.hw.sdram_issuer import SdramIssuer
@@ -107,16 +108,12 @@ class SdramGatherBuffer(GatherBuffer):
             s.words = SyncFIFOBuffered(width=32, depth=WORD_DEPTH)
         else:
             m.submodules.issuer = DomainRenamer({"sync": d})(issuer)
-            s.cmd = issuer.i.signature.flip().create()
-            x = AsyncFifo(width=issuer.layout.size, depth=CROSSING_CMDS, w_domain="sync",
-                          r_domain=d)  # fmt: skip
+            # the issuer's skid is the memory side's register; the block's is ours
+            x = StreamCrossing(issuer.layout, w_domain="sync", r_domain=d,
+                               depth=CROSSING_CMDS, skid_domains=())  # fmt: skip
             m.submodules.cmd_crossing = x
-            m.d.comb += [
-                x.w_data.eq(s.cmd.payload), x.w_en.eq(s.cmd.valid & x.w_rdy),
-                s.cmd.ready.eq(x.w_rdy),
-                issuer.i.payload.eq(x.r_data), issuer.i.valid.eq(x.r_rdy),
-                x.r_en.eq(issuer.i.ready),
-            ]  # fmt: skip
+            wiring.connect(m, x.o, issuer.i)
+            s.cmd = x.i
             s.words = AsyncFifo(width=32, depth=CROSSING_WORDS, w_domain=d, r_domain="sync")
             with m.If(self.mem.rdata_valid & ~s.words.w_rdy):
                 m.d[d] += self.fault.eq(1)
