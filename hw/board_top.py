@@ -6,7 +6,8 @@
   eth port 1 (network) <-> RgmiiMac <-> NicShell net_rx/net_tx (Widen / Narrow, crossings)
                      -> sdram (the SDRAM's clock, boards with `sdram`, when the core keeps
                         its accumulators and gather slots there): NicShell acc_mem,
-                        gather_mem <-> SdramController's ports of those names
+                        gather_mem <-> SdramController's ports of those names; none
+                        when core_div = sdram_div (the controller runs in `core`)
 
 On a board with one Ethernet port both share it: received frames are split by EtherType
 (host-port frames, 0x88B5, to the adapter; the rest to the core) and the two senders
@@ -153,12 +154,15 @@ class BoardTop(Elaboratable):
         locked = Signal()
         m.domains.sync = cd_sync = ClockDomain("sync")
         m.domains.core = cd_core = ClockDomain("core")
-        cd_sdram = None
+        cd_sdram, sdram_domain = None, SDRAM_DOMAIN
         if self.sdram is not None:
             if abs(b.sdram_mhz - b.sdram.clk_mhz) > 1e-3:
                 raise ValueError(f"{b.name}: sdram_div gives {b.sdram_mhz} MHz, the "
                                  f"controller was generated for {b.sdram.clk_mhz}")  # fmt: skip
-            m.domains.sdram = cd_sdram = ClockDomain(SDRAM_DOMAIN)
+            if b.core_div == b.sdram_div:  # one clock: the controller runs in the core's
+                sdram_domain = "core"
+            else:
+                m.domains.sdram = cd_sdram = ClockDomain(SDRAM_DOMAIN)
         sdram_out = {} if cd_sdram is None else {
             "a_FREQUENCY_PIN_CLKOS2": f"{b.sdram_mhz:.4f}", "p_CLKOS2_ENABLE": "ENABLED",
             "p_CLKOS2_DIV": b.sdram_div, "p_CLKOS2_CPHASE": cphase, "p_CLKOS2_FPHASE": 0,
@@ -251,13 +255,13 @@ class BoardTop(Elaboratable):
             acts.append(self._activity(m, mac, k))
 
         # ---- the shell: host adapter, crossings, the core in `core` ------------------------
-        m.submodules.shell = shell = NicShell(p, self.core)
+        m.submodules.shell = shell = NicShell(p, self.core, sdram_domain=sdram_domain)
         m.d.comb += shell.tick.eq(tick)
         fault = Signal()  # the SDRAM's init unanswered, a write word missing, a read word lost
         if self.sdram is not None:
             pads = platform.request("sdram", 0, dir="-")
             ctrl = SdramController(self.sdram, pads)
-            m.submodules.sdram = DomainRenamer({"sync": SDRAM_DOMAIN})(ctrl)
+            m.submodules.sdram = DomainRenamer({"sync": sdram_domain})(ctrl)
             connect_memory(m, shell, ctrl)
             m.submodules.sdram_fault = FFSynchronizer(
                 ctrl.error | ctrl.underrun | shell.sdram_fault, fault

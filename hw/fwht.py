@@ -55,6 +55,7 @@ from amaranth.utils import exact_log2
 
 from optireduce.host.model.fwht import fwht_blocks
 from optireduce.hw.block_ram import block_ram, read_port
+from optireduce.hw.masked_add import masked_add
 from optireduce.hw.skid import Skid
 from optireduce.hw.streams import element_layout, element_stream
 from optireduce.params import NicParams
@@ -156,18 +157,20 @@ class Fwht(wiring.Component):
         v_c = Signal(name=f"s{k}_v_c")
         x_c = Signal(lay, name=f"s{k}_x_c")
         with m.If(pend):  # first half (always, see the docs): emit a difference, store x
-            m.d.comb += [v_c.eq(1), x_c.eq(rdata), we.eq(v_in)]
+            m.d.comb += [v_c.eq(1), we.eq(v_in)]
             m.d.comb += [wdata[lane].eq(x_in[lane]) for lane in range(lanes)]
         with m.Elif(v_in & ~second):
             m.d.comb += we.eq(1)
             m.d.comb += [wdata[lane].eq(x_in[lane]) for lane in range(lanes)]
         with m.Elif(v_in):
             m.d.comb += [v_c.eq(1), we.eq(1)]
-            for lane in range(lanes):
-                m.d.comb += [
-                    x_c[lane].eq(rdata[lane] + x_in[lane]),
-                    wdata[lane].eq(rdata[lane] - x_in[lane]),
-                ]
+            m.d.comb += [wdata[lane].eq(rdata[lane] - x_in[lane]) for lane in range(lanes)]
+        # out: the difference (pend) or the sum; a bubble's data is whatever. The select
+        # rides in the adder's carry chain on the ECP5 (hw/masked_add.py)
+        for lane in range(lanes):
+            x_sum = masked_add(m, rdata[lane], x_in[lane], ~pend, platform=platform,
+                               name=f"s{k}_sum{lane}")  # fmt: skip
+            m.d.comb += x_c[lane].eq(x_sum)
 
         if d >= self.mem_min_delay:
             # The delay line is a FIFO: pushes and pops both walk 0..d-1. Its read side

@@ -45,14 +45,18 @@ SDRAM_DOMAIN = "sdram"  # the accumulator store's and the SDRAM controller's clo
 class NicShell(wiring.Component):
     """The host adapter, the width converters and the crossings around `core(p)`, which
     runs in `core_domain`. Ports (all in sync): `host_rx`/`host_tx` and `net_rx`/`net_tx`
-    byte frames (toward the MACs), `tick` (one cycle per microsecond)."""
+    byte frames (toward the MACs), `tick` (one cycle per microsecond); a core with its
+    accumulators in SDRAM adds its memory ports and `sdram_fault`, in `sdram_domain`
+    (`core_domain` itself: the core and the SDRAM share a clock, nothing crosses)."""
 
     def __init__(self, p: NicParams, core: Callable[[NicParams], wiring.Component] | None = None,
-                 *, core_domain: str = "core", **adapter_args) -> None:  # fmt: skip
+                 *, core_domain: str = "core", sdram_domain: str = SDRAM_DOMAIN,
+                 **adapter_args) -> None:  # fmt: skip
         if core is None:
             from optireduce.hw.nic_core import NicCore
 
-            core = functools.partial(NicCore, sdram_domain=SDRAM_DOMAIN)
+            own = sdram_domain == core_domain  # the core's own clock: its `sync`
+            core = functools.partial(NicCore, sdram_domain="sync" if own else sdram_domain)
         self.p, self.core_domain = p, core_domain
         self.core = core(p)
         self.host = HostAdapter(p, **adapter_args)
@@ -61,7 +65,7 @@ class NicShell(wiring.Component):
     def ports(self) -> dict:
         members = self.core.signature.members
         mem = {n: members[n] for n in (*memory_ports(self.core).values(), "sdram_fault")
-               if n in members}  # in SDRAM_DOMAIN  # fmt: skip
+               if n in members}  # in sdram_domain  # fmt: skip
         return {
             "host_rx": In(frame_stream(1)),
             "host_tx": Out(frame_stream(1)),

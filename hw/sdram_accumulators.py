@@ -48,6 +48,7 @@ from amaranth.lib.wiring import In, Out
 
 from optireduce.hw.async_fifo import AsyncFifo
 from optireduce.hw.block_ram import block_ram, read_port
+from optireduce.hw.masked_add import masked_add
 from optireduce.hw.sdram_controller import native_port
 from optireduce.hw.sdram_issuer import SdramIssuer
 from optireduce.hw.skid import Skid
@@ -224,9 +225,11 @@ class SdramAccumulators(wiring.Component):
         ]
         m.d.comb += q.inflight.r_en.eq(q.paired)
         q.top_addr_rmw = srcv.index
-        old = Mux(r.fresh, 0, Cat(r.word, q.top_rd.data).as_signed())
-        total = Signal(signed(p.w_acc))
-        m.d.comb += total.eq(old + r.value)
+        value = Signal(signed(p.w_acc))
+        m.d.comb += value.eq(r.value)
+        # a fresh beat's word is ignored: in the adder's carry chain on the ECP5
+        total = masked_add(m, value, Cat(r.word, q.top_rd.data), ~r.fresh, platform=platform,
+                           name="total")  # fmt: skip
         m.d.comb += [
             q.writes.w_en.eq(r.v),
             q.writes.w_data.eq(Cat(r.index, total[:WORD])),

@@ -72,6 +72,19 @@ AREA_BOARDS = {"colorlight"}
 AREA_SYNTH_OPTS = "-cmp2softlogic"
 CARRY_MAP = Path(__file__).with_name("ecp5_carry_map.vmap")
 ABC9_DELAY_PS = 8000
+# FIFOs of the --sdram build that yosys would put in LUT RAM, put in block RAM instead
+# (yosys `ram_style`): a 16 x 4-bit LUT RAM takes 6 LUT positions (4 LUTs and a write
+# port of 2), a block RAM none, and that build has block RAM to spare (docs/boards.md,
+# "LUT RAM or block RAM"). Each name must match exactly one memory, or yosys stops.
+SDRAM_BLOCK_FIFOS = {
+    "colorlight": (
+        "shell.core.decoder.gather.buffer.writes.storage",
+        "shell.core.decoder.gather.buffer.words.storage",
+        "shell.core.aggregator.store.store.inflight.storage",
+        "shell.core.aggregator.store.store.words.storage",
+        "shell.core.encoder.stage1_signflip.beats.storage",
+    ),
+}
 # nextpnr cell types -> our utilization keys (TRELLIS_COMB: LUT4s and both halves of a
 # CCU2C carry cell, the LUT count of experiments/area.py)
 CELLS = {"luts": "TRELLIS_COMB", "ffs": "TRELLIS_FF", "brams": "DP16KD", "dsps": "MULT18X18D"}
@@ -216,14 +229,19 @@ def run_build(root: Path, env: dict[str, str], timeout_s: float) -> int | None:
                 proc.wait()
 
 
-def _area_flow(plat) -> dict:
-    """yosys for AREA_BOARDS: synth_ecp5 stops before its gates are mapped, the carry map
-    takes the adders it can, synth_ecp5 goes on to map_luts, abc9 runs with a delay target
-    (synth_ecp5's map_luts otherwise), synth_ecp5 finishes, and two passes leave the
-    first CIN of the mapped chains unconnected (sim/ecp5_carry_map.vmap)."""
+def _area_flow(plat, block_fifos: tuple[str, ...] = ()) -> dict:
+    """yosys for AREA_BOARDS: synth_ecp5 stops before its memories are mapped, the
+    memories named in `block_fifos` are marked for block RAM, synth_ecp5 goes on to its
+    gates, the carry map takes the adders it can, synth_ecp5 goes on to map_luts, abc9
+    runs with a delay target (synth_ecp5's map_luts otherwise), synth_ecp5 finishes, and
+    two passes leave the first CIN of the mapped chains unconnected
+    (sim/ecp5_carry_map.vmap)."""
     plat.add_file(CARRY_MAP.name, CARRY_MAP.read_text())
     opts = AREA_SYNTH_OPTS
     steps = [
+        *(f"select -assert-count 1 t:$mem_v2 n:{name} %i" for name in block_fifos),
+        *(f'setattr -set ram_style "block" t:$mem_v2 n:{name} %i' for name in block_fifos),
+        f"synth_ecp5 {opts} -run map_ram:map_gates -top top",
         f"techmap -map {CARRY_MAP.name}",
         f"synth_ecp5 {opts} -run map_gates:map_luts -top top",
         "check -latchonly -assert",
@@ -234,7 +252,7 @@ def _area_flow(plat) -> dict:
         f"techmap -D CARRY_FREE_A -map {CARRY_MAP.name}",
         f"techmap -D CARRY_FREE_B -map {CARRY_MAP.name}",
     ]
-    return {"synth_opts": f"{opts} -run begin:map_gates", "script_after_synth": "\n".join(steps)}
+    return {"synth_opts": f"{opts} -run begin:map_ram", "script_after_synth": "\n".join(steps)}
 
 
 def _with_carry_ends(plan) -> None:
@@ -254,7 +272,9 @@ def _nextpnr_opts(name: str) -> str:
 
 def with_sdram(name: str) -> tuple[Board, SdramCore]:
     """Board `name` with its core's accumulators and gather slots in its SDRAM, at its
-    `sdram_c`, and the board variant of the SDRAM controller (generated; sim/sdram_gen.py)."""
+    `sdram_c`, its core in the SDRAM's clock (core_div = sdram_div: the core's memory
+    ports cross no clock), and the board variant of the SDRAM controller (generated;
+    sim/sdram_gen.py)."""
     from optireduce.sim.sdram_gen import generate
 
     b = board(name)
@@ -263,7 +283,7 @@ def with_sdram(name: str) -> tuple[Board, SdramCore]:
                          f"{', '.join(n for n in BOARDS if board(n).sdram)}")  # fmt: skip
     ctrl = generate(b.sdram, sim=False)
     p = b.params.replace(sdram_addr_bits=ctrl.addr_width, c=b.sdram_c or b.params.c)
-    return dataclasses.replace(b, params=p), ctrl
+    return dataclasses.replace(b, params=p, core_div=b.sdram_div), ctrl
 
 
 def _plan(name: str, core: Callable | None, sdram: bool = False):
@@ -286,7 +306,7 @@ def _plan(name: str, core: Callable | None, sdram: bool = False):
         name="top",
         do_build=False,
         nextpnr_opts=f"{_nextpnr_opts(name)} --seed {SEEDS.get(name, 1)}",
-        **(_area_flow(plat) if area else {}),
+        **(_area_flow(plat, SDRAM_BLOCK_FIFOS.get(name, ()) if sdram else ()) if area else {}),
         add_preferences=top.lpf_preferences(),
     )
     if area:

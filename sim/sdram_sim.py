@@ -131,13 +131,14 @@ def nic_aggregation_rate(
     spec: SdramSpec, p: NicParams, world: int, core_mhz: float, seed: int = 0
 ) -> dict:
     """The NIC core on the controller (sim/nic_rate_tb.py), the core at `core_mhz`, the
-    store and the controller at spec.clk_mhz: one op of rank 0's, its words at the host
-    link's pace, its peers' scatter frames offered back to back meanwhile. Returns the
+    store and the controller at spec.clk_mhz (one clock if they are equal): one op of
+    rank 0's, its words at the host link's pace, its peers' scatter frames offered back
+    to back meanwhile. Returns the
     bench's report (`host`, `taken`, `summed`, `phase1`: cycles and ns from the first
     peer beat; `beats`), the peers' frames and elements, and whether the frames the core
     sent are the model's."""
     ins = nic_rate_inputs(p, world, seed)
-    top = NicOnSdram(p, spec, two_clocks=True)
+    top = NicOnSdram(p, spec, two_clocks=core_mhz != spec.clk_mhz)
     with tempfile.TemporaryDirectory() as d:
         out, bulk = Path(d) / "report.json", Path(d) / "inputs.json"  # too big for the env
         bulk.write_text(json.dumps({k: ins[k] for k in ("csr", "words", "peer_frames")}))

@@ -17,7 +17,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from optireduce.experiments.bench_sdram import TARGET_UBT_GBPS, aggregation_figures
+from optireduce.experiments.bench_sdram import SPLIT_MHZ, TARGET_UBT_GBPS, aggregation_figures
 from optireduce.hw.aggregator import event_layout
 from optireduce.hw.axis import AxisWrapper, PlainStreams
 from optireduce.hw.board_colorlight import PARAMS
@@ -112,11 +112,11 @@ def test_cocotb_verilator_replays_the_scenarios_on_sdram(tmp_path, two_clocks):
     )  # fmt: skip
 
 
-def test_on_the_25f_clocks_the_store_keeps_up_with_the_port():
+def test_on_two_clocks_the_store_keeps_up_with_the_port():
     """The rate figure of `bench sdram` (simulated time, the same on every machine) on a
-    shorter op: the aggregator at the core's 52.08 MHz, the store and the controller at
-    62.5; every peer's packet a read-modify-write, the own packets' sums in the time,
-    and still >= 0.9 Gb/s of UBT; refreshes came meanwhile."""
+    shorter op, on two clocks (the store's crossing): the aggregator at 52.08 MHz, the
+    store and the controller at 62.5; every peer's packet a read-modify-write, the own
+    packets' sums in the time, and still >= 0.9 Gb/s of UBT; refreshes came meanwhile."""
     p = replace(PARAMS, c=4096)
     raw = sdram_sim.aggregation_rate(SdramSpec(clk_mhz=62.5), p, PARAMS.n_max, core_mhz=52.08)
     assert raw["ingest"]["refreshes"] >= 2
@@ -126,11 +126,12 @@ def test_on_the_25f_clocks_the_store_keeps_up_with_the_port():
 
 @pytest.mark.deep
 def test_the_whole_nic_core_on_the_25f_clocks_sends_the_models_frames():
-    """`bench sdram`'s whole-NIC run at C = 16K from 8 ranks (the core at 52.08 MHz, its
-    store and the controller at 62.5): the START's words come at the host link's pace
-    while every peer's scatter frame comes back to back; the frames the core sends (its
+    """`bench sdram`'s whole-NIC run at C = 16K from 8 ranks (the core, its store and the
+    controller in the 25F --sdram build's one clock, 62.5 MHz): the START's words come
+    at the host link's pace while every peer's scatter frame comes back to back; the
+    frames the core sends (its
     own 56 scatter frames and its 56 means' frames) are the model's, byte for byte."""
     p = replace(PARAMS, c=16384, sdram_addr_bits=SdramSpec().addr_bits)
-    raw = sdram_sim.nic_aggregation_rate(SdramSpec(), p, PARAMS.n_max, core_mhz=52.08)
+    raw = sdram_sim.nic_aggregation_rate(SdramSpec(), p, PARAMS.n_max, core_mhz=SPLIT_MHZ[0])
     assert raw["same_as_model"], raw
     assert (raw["frames_sent"], raw["peer_frames"], raw["peer_elements"]) == (112, 56, 7 * 2048)
