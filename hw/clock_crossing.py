@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from amaranth import Cat, DomainRenamer, Module, Shape, Signal
 from amaranth.lib import stream, wiring
+from amaranth.lib.cdc import FFSynchronizer
 from amaranth.lib.wiring import In, Out
 
 from optireduce.hw.async_fifo import AsyncFifo
@@ -106,36 +107,42 @@ class CsrCrossing(wiring.Component):
         )
 
     def elaborate(self, platform):
+        # One access at a time, so no queues: each side holds its word in a register and
+        # flips a toggle that the other side sees through two flip-flops. The word has
+        # been still for cycles when the toggle's edge is seen (no LUT RAM, no pointers:
+        # two AsyncFifos of 4 were about 260 of the 25F's LUTs).
         m = Module()
         a = self.addr_bits
         h, c = self.domain, self.core_domain
-        m.submodules.req = req = AsyncFifo(width=a + 34, depth=4, w_domain=h, r_domain=c)
-        m.submodules.rsp = rsp = AsyncFifo(width=32, depth=4, w_domain=c, r_domain=h)
+        req, req_t = Signal(a + 34, name="csr_req"), Signal(name="csr_req_t")
+        rsp, rsp_t = Signal(32, name="csr_rsp"), Signal(name="csr_rsp_t")
+        req_seen, rsp_seen = Signal(name="csr_req_seen"), Signal(name="csr_rsp_seen")
+        req_last, rsp_last = Signal(name="csr_req_last"), Signal(name="csr_rsp_last")
+        m.submodules.req_sync = FFSynchronizer(req_t, req_seen, o_domain=c)
+        m.submodules.rsp_sync = FFSynchronizer(rsp_t, rsp_seen, o_domain=h)
 
         # host side: the access goes in as one request; its response is `done`, registered
-        # (the FIFO's flag logic is not in front of the adapter's registers)
-        m.d.comb += [
-            req.w_data.eq(Cat(self.addr, self.w_data, self.w_en, self.r_en)),
-            req.w_en.eq(self.w_en | self.r_en),
-            rsp.r_en.eq(1),
-        ]
-        m.d[h] += [self.done.eq(rsp.r_rdy), self.r_data.eq(rsp.r_data)]
+        with m.If(self.w_en | self.r_en):
+            m.d[h] += [req.eq(Cat(self.addr, self.w_data, self.w_en, self.r_en)), req_t.eq(~req_t)]
+        m.d[h] += [rsp_last.eq(rsp_seen), self.done.eq(rsp_seen != rsp_last)]
+        m.d.comb += self.r_data.eq(rsp)  # still from its toggle until the next access
 
-        # core side: a request is one bus cycle; a write is pushed back the cycle after, a
-        # read's data when the bank has it (the response FIFO has room: one access at a time)
-        addr, w_data = req.r_data[:a], req.r_data[a : a + 32]
-        w_en, r_en = req.r_data[a + 32], req.r_data[a + 33]
+        # core side: a request is one bus cycle; a write answers the cycle after, a read
+        # when the bank has its data
+        new = Signal(name="csr_new")
+        m.d[c] += req_last.eq(req_seen)
+        m.d.comb += new.eq(req_seen != req_last)
+        addr, w_data = req[:a], req[a : a + 32]
+        w_en, r_en = req[a + 32], req[a + 33]
         m.d.comb += [
-            req.r_en.eq(1),
             self.csr_addr.eq(addr),
             self.csr_w_data.eq(w_data),
-            self.csr_w_en.eq(req.r_rdy & w_en),
-            self.csr_r_en.eq(req.r_rdy & r_en),
+            self.csr_w_en.eq(new & w_en),
+            self.csr_r_en.eq(new & r_en),
         ]
         written = Signal(name="csr_written")
-        m.d[c] += written.eq(req.r_rdy & ~r_en)
-        m.d.comb += [
-            rsp.w_en.eq(written | self.csr_r_valid),
-            rsp.w_data.eq(self.csr_r_data & self.csr_r_valid.replicate(32)),
-        ]
+        m.d[c] += written.eq(new & ~r_en)
+        with m.If(written | self.csr_r_valid):
+            m.d[c] += [rsp.eq(self.csr_r_data & self.csr_r_valid.replicate(32)),
+                       rsp_t.eq(~rsp_t)]  # fmt: skip
         return m

@@ -354,6 +354,11 @@ class Parser(wiring.Component):
         if p.exp_inband:
             reserved_bad = reserved_bad & (h.reserved[:8] != ubt.PROPOSAL_PRESENT)
         ip_len, n = s.v0_ip_len, s.v0_len
+        # the op window from one subtract: its borrow is "stale", and the difference of a
+        # live op is its distance from base ("future" at rx_window or more)
+        op_ahead = Signal(33)
+        m.d.comb += op_ahead.eq(h.op_id - s.v0_base)
+        stale = op_ahead[32]
         log2ppb = p.packets_per_block.bit_length() - 1
         # compares of two signals as `<` (a carry chain; yosys adds an equality tree to `>`)
         s.checks = [  # (fails, reason): docs/protocol.md checks 1-25, in order
@@ -389,8 +394,8 @@ class Parser(wiring.Component):
             (h.sender == s.v0_rank, "own_rank"),
             (h.world != s.v0_world, "malformed_header"),
             ((h.count != p.p) | (h.op_len == 0) | (h.op_len > p.c), "bad_length"),
-            (h.op_id < s.v0_base, "stale_op"),
-            (h.op_id >= s.v0_base + p.rx_window, "future_op"),
+            (stale, "stale_op"),
+            (~stale & (op_ahead[:32] >= p.rx_window), "future_op"),
             # pkt_index < packets_for(op_len)  <=>  block(pkt_index) * b < op_len (op_len >= 1)
             ((h.pkt_index >> log2ppb) << p.log2_b >= h.op_len, "index_out_of_range"),
         ]
