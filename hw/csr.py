@@ -43,9 +43,7 @@ gave it. (A read in its own cycle needed a second read port on the RAM, a second
 saturating adder and a second pending-count select: 541 LUTs of the 25F, packed.) A
 clear (and a reset: the RAM has none) sets a `cleared` flag per counter, the stale word
 is then ignored, and the next visit writes the pending count alone.
-Pending counts are wide enough for one round: n_counters x the counter's step. A
-counter of single strokes keeps its pending count as an LFSR state (`PendingLfsr`: a
-stroke is a shift, no adder), turned back into a count by one table at the visit.
+Pending counts are wide enough for one round: n_counters x the counter's step.
 
 Reads. Every register but the counters is read from one block RAM image of the map
 (a read mux over every configuration register and constant was about 470 LUTs of the
@@ -64,9 +62,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import ClassVar
 
-from amaranth import Array, Cat, Const, Module, Mux, Signal, Value
+from amaranth import Array, Cat, Module, Mux, Signal, Value
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -366,13 +363,9 @@ class Csr(wiring.Component):
         # a round's worth of the most the port can carry (not only the nominal step)
         self.counted = (*ALL_COUNTERS, *HOST_COUNTERS)  # the storage's order
         n = len(self.counted)
-        # a counter of single strokes counts them in an LFSR (PendingLfsr): no adder
-        self.lfsr = PendingLfsr(n)
         self.pending = [
-            Signal(self.lfsr.width, init=self.lfsr.seed, name=f"pend_{name}")
-            if len(getattr(self, f"inc_{name}")) == 1
-            else Signal(range(n * ((1 << len(getattr(self, f"inc_{name}"))) - 1) + 1),
-                        name=f"pend_{name}")
+            Signal(range(n * ((1 << len(getattr(self, f"inc_{name}"))) - 1) + 1),
+                   name=f"pend_{name}")
             for name in self.counted
         ]  # fmt: skip
         self.store: Memory | None = None  # flushed values, by `counted` index (elaborate)
@@ -469,87 +462,34 @@ class Csr(wiring.Component):
         flush_rd = store.read_port(domain="comb")
         wr = store.write_port()
         pending = Array(self.pending)
-        cleared = Signal(n, init=(1 << n) - 1)  # a reset clears too: RAM has no reset
         visit = Signal(range(n))
         m.d.sync += visit.eq(Mux(visit == n - 1, 0, visit + 1))
+        # the visit one-hot (bit j: counter j's turn), and the `cleared` flags turning
+        # with it (bit k: counter visit + k's), so the visited one's is always bit 0: no
+        # decode of `visit` per counter, no select of its flag
+        turn = Signal(n, init=1)
+        m.d.sync += turn.eq(turn.rotate_left(1))
+        cleared = Signal(n, init=(1 << n) - 1)  # a reset clears too: RAM has no reset
+        m.d.sync += cleared.eq(Mux(clear, -1, cleared >> 1))
 
-        lf = self.lfsr
-        strokes = [len(getattr(self, f"inc_{name}")) == 1 for name in self.counted]
         for j, name in enumerate(self.counted):
             inc = getattr(self, f"inc_{name}")
             pend = self.pending[j]
-            if strokes[j]:
-                with m.If(clear | (visit == j)):
-                    m.d.sync += pend.eq(Mux(inc, lf.step(Const(lf.seed, lf.width)), lf.seed))
-                with m.Elif(inc):
-                    m.d.sync += pend.eq(lf.step(pend))
-            else:
-                with m.If(clear | (visit == j)):
-                    m.d.sync += pend.eq(inc)
-                with m.Elif(inc != 0):
-                    m.d.sync += pend.eq(pend + inc)
+            with m.If(clear | turn[j]):
+                m.d.sync += pend.eq(inc)
+            with m.Elif(inc != 0):
+                m.d.sync += pend.eq(pend + inc)
 
         visit_pending = Signal(max(len(x) for x in self.pending), name="visit_pending")
-        state = Signal(max(len(x) for x in self.pending), name="visit_state")
-        counts = Array(Const(c, lf.width) for c in lf.counts())
-        is_lfsr = Array(Const(x, 1) for x in strokes)
         m.d.comb += [
-            state.eq(pending[visit]),
-            visit_pending.eq(Mux(is_lfsr[visit], counts[state[: lf.width]], state)),
+            visit_pending.eq(pending[visit]),
             flush_rd.addr.eq(visit),
             wr.addr.eq(visit),
             wr.en.eq(1),
-            wr.data.eq(_value(flush_rd.data, visit_pending, cleared.bit_select(visit, 1))),
+            wr.data.eq(_value(flush_rd.data, visit_pending, cleared[0])),
         ]
-        with m.If(clear):
-            m.d.sync += cleared.eq(-1)
-        with m.Else():
-            m.d.sync += cleared.bit_select(visit, 1).eq(0)
 
         return SimpleNamespace(index=visit, value=wr.data)
-
-
-class PendingLfsr:
-    """The pending count of a counter of single strokes, as a Fibonacci LFSR: a stroke is
-    a shift and one XOR per counter where a binary count needs an adder (about 240 of
-    the 25F's LUTs over its 48 counters). `seed` is the count 0, `step` one stroke,
-    `counts()` the table from state back to count (up to `n`, a round of strokes; a
-    state never reached reads 0)."""
-
-    # taps of maximal-length LFSRs (x^w + ... + 1), by width
-    TAPS: ClassVar[dict[int, tuple[int, ...]]] = {
-        2: (1, 0), 3: (2, 1), 4: (3, 2), 5: (4, 2), 6: (5, 4), 7: (6, 5), 8: (7, 5, 4, 3),
-        9: (8, 4), 10: (9, 6), 11: (10, 8), 12: (11, 5, 3, 0),
-    }  # fmt: skip
-
-    def __init__(self, n: int) -> None:
-        self.n, self.seed = n, 1
-        self.width = max(2, (n + 1).bit_length())  # 2^w - 1 states hold the counts 0..n
-        self.taps = self.TAPS[self.width]
-        states = [self.seed]
-        for _ in range(n):
-            states.append(self._step_int(states[-1]))
-        if len(set(states)) != len(states):
-            raise ValueError(f"a {self.width}-bit LFSR repeats before {n} strokes")
-        self.states = states
-
-    def _step_int(self, x: int) -> int:
-        fb = 0
-        for t in self.taps:
-            fb ^= (x >> t) & 1
-        return ((x << 1) | fb) & ((1 << self.width) - 1)
-
-    def step(self, x: Value) -> Value:
-        fb = x[self.taps[0]]
-        for t in self.taps[1:]:
-            fb = fb ^ x[t]
-        return Cat(fb, x[: self.width - 1])
-
-    def counts(self) -> list[int]:
-        table = [0] * (1 << self.width)
-        for count, state in enumerate(self.states):
-            table[state] = count
-        return table
 
 
 def _value(word: Value, pending: Value, cleared: Value) -> Value:
