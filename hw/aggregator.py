@@ -95,8 +95,8 @@ from amaranth.lib.wiring import In, Out
 
 from optireduce.hw import event_counts
 from optireduce.hw.block_ram import block_ram, read_port
+from optireduce.hw.carry_select import masked_add
 from optireduce.hw.deadline import PhaseContexts, Reason, Settle
-from optireduce.hw.masked_add import masked_add
 from optireduce.hw.mean_readout import MeanReadout
 from optireduce.hw.peer_progress import PeerProgress, peer_layout
 from optireduce.hw.serial_divider import SerialDivider
@@ -620,10 +620,8 @@ class Aggregator(wiring.Component):
             m.d.comb += [acc_wr.addr.eq(acc_addr2), acc_wr.en.eq(1)]
             for k in range(s.lanes):
                 # a fresh slot's old word is ignored: in the adder's carry chain on the ECP5
-                val = Signal(w_acc, name=f"acc_val{k}")
-                m.d.comb += val.eq(acc_vals2[k])
-                acc = masked_add(m, val, acc_old[k * w_acc : (k + 1) * w_acc], ~s.fresh,
-                                 platform=s.platform, name=f"acc_sum{k}")  # fmt: skip
+                acc = masked_add(m, acc_vals2[k], acc_old[k * w_acc : (k + 1) * w_acc], ~s.fresh,
+                                 platform=s.platform, name=f"acc_sum{k}", width=w_acc)  # fmt: skip
                 m.d.comb += acc_wr.data[k * w_acc : (k + 1) * w_acc].eq(acc)
 
     def _readout(self, m: Module, s: SimpleNamespace) -> None:

@@ -69,6 +69,7 @@ from amaranth.lib.wiring import In, Out
 
 from optireduce.host.model.codec import div_round
 from optireduce.hw import digit_divider
+from optireduce.hw.carry_select import negate_if
 from optireduce.hw.streams import element_stream
 from optireduce.params import NicParams
 
@@ -188,14 +189,15 @@ class BlockDivider(wiring.Component):
             for j in range(lanes):
                 t = self.i.payload.data[j]
                 mag = Signal(unsigned(self.width_in), name=f"mag_{j}")
-                m.d.comb += mag.eq(Mux(t < 0, -t, t))
+                m.d.comb += mag.eq(negate_if(m, t, t < 0, self.width_in, platform=platform,
+                                             name=f"tmag{j}"))  # fmt: skip
                 m.d.sync += [n1[j].eq(((mag << 1) >> a) + kk), neg1[j].eq(t < 0)]
 
         if self.uses_digits:
             k1 = Signal(range(ppb + 1))
             with m.If(adv):
                 m.d.sync += k1.eq(kk)
-            self._digit_stages(m, adv, n1, neg1, k1, (v1, first1, last1))
+            self._digit_stages(m, adv, n1, neg1, k1, (v1, first1, last1), platform)
             return m
 
         # Stage 2: partial products, one per 18-bit slice of m.
@@ -227,7 +229,8 @@ class BlockDivider(wiring.Component):
                 m.d.sync += self.o.payload.data[j].eq(Mux(neg2[j], -q_mag, q_mag))
         return m
 
-    def _digit_stages(self, m: Module, adv, n1: list, neg1: list, k1, marks: tuple) -> None:
+    def _digit_stages(self, m: Module, adv, n1: list, neg1: list, k1, marks: tuple,
+                      platform) -> None:  # fmt: skip
         """Stage 1's N through the digit tables (floor(N / 2k), 0 for k = 0), its sign and
         markers alongside, then the signed quotient on `o`."""
         lat = digit_divider.latency(self.w_n, self.divisors)
@@ -242,5 +245,7 @@ class BlockDivider(wiring.Component):
         for j, n in enumerate(n1):
             q = digit_divider.digit_divide(m, n, k1, self.divisors, adv, name=f"q_{j}")
             q_mag = q[: self.width_out]
+            out = self.o.payload.data[j]
+            q_signed = negate_if(m, q_mag, negs[j], len(out), platform=platform, name=f"qs{j}")
             with m.If(adv):
-                m.d.sync += self.o.payload.data[j].eq(Mux(negs[j], -q_mag, q_mag))
+                m.d.sync += out.eq(q_signed)

@@ -26,6 +26,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from optireduce.host.model.quantize import dequantize
+from optireduce.hw.carry_select import negate_if
 from optireduce.hw.streams import element_stream, float_stream
 from optireduce.params import NicParams
 
@@ -113,7 +114,8 @@ class Dequantizer(wiring.Component):
             ]
             for k in range(lanes):
                 x = self.i.payload.data[k]
-                m.d.sync += [sign1[k].eq(x < 0), mag1[k].eq(Mux(x < 0, -x, x))]
+                mag = negate_if(m, x, x < 0, len(mag1[k]), platform=platform, name=f"mag{k}")
+                m.d.sync += [sign1[k].eq(x < 0), mag1[k].eq(mag)]
 
         # Stage 2: leading zeros.
         v2, f2, l2, e2 = stage("s2")

@@ -55,7 +55,7 @@ from amaranth.utils import exact_log2
 
 from optireduce.host.model.fwht import fwht_blocks
 from optireduce.hw.block_ram import block_ram, read_port
-from optireduce.hw.masked_add import masked_add
+from optireduce.hw.carry_select import masked_add
 from optireduce.hw.skid import Skid
 from optireduce.hw.streams import element_layout, element_stream
 from optireduce.params import NicParams
@@ -166,7 +166,7 @@ class Fwht(wiring.Component):
             m.d.comb += [v_c.eq(1), we.eq(1)]
             m.d.comb += [wdata[lane].eq(rdata[lane] - x_in[lane]) for lane in range(lanes)]
         # out: the difference (pend) or the sum; a bubble's data is whatever. The select
-        # rides in the adder's carry chain on the ECP5 (hw/masked_add.py)
+        # rides in the adder's carry chain on the ECP5 (hw/carry_select.py)
         for lane in range(lanes):
             x_sum = masked_add(m, rdata[lane], x_in[lane], ~pend, platform=platform,
                                name=f"s{k}_sum{lane}")  # fmt: skip

@@ -34,6 +34,7 @@ from amaranth.lib.wiring import In, Out
 from optireduce.host.model.aggregator import reciprocal_shift, reciprocal_table
 from optireduce.hw import digit_divider
 from optireduce.hw import wide_multiplier as wmul
+from optireduce.hw.carry_select import negate_if
 from optireduce.hw.streams import element_stream
 from optireduce.params import NicParams
 
@@ -154,7 +155,7 @@ class MeanReadout(wiring.Component):
             self.acc_issue.eq(issue),
             self.acc_addr.eq(Cat(ro_beat[:bb], ro_row[:rb], ro_c)),
         ]
-        s1 = self._means(m, adv)
+        s1 = self._means(m, adv, platform)
         m.d.comb += self.busy.eq(~ro.ongoing("IDLE") | s1.v)
         with m.If(adv):
             m.d.sync += [
@@ -188,7 +189,7 @@ class MeanReadout(wiring.Component):
             return digit_divider.latency(w + 2, MeanReadout.divisors(p))
         return wmul.LATENCY
 
-    def _means(self, m: Module, adv):
+    def _means(self, m: Module, adv, platform):
         """The pipeline from the accumulator word to `o`; returns its first stage's
         registers (the word's facts, loaded by the caller as the read is issued)."""
         p, w_acc, lanes = self.p, self.w_acc, self.p.lanes
@@ -244,5 +245,8 @@ class MeanReadout(wiring.Component):
                 prod = wmul.wide_multiply(m, num2[k], recips[s2.n], adv, name=f"prod_{k}")
                 q_mag = prod >> reciprocal_shift(p)
             with m.If(adv):
-                m.d.sync += self.o.payload.data[k].eq(Mux(zero, 0, Mux(neg, -q_mag, q_mag)))
+                out = self.o.payload.data[k]
+                signed_ = negate_if(m, q_mag, neg, len(out), platform=platform,
+                                    name=f"mean{k}")  # fmt: skip
+                m.d.sync += out.eq(Mux(zero, 0, signed_))
         return s1

@@ -34,6 +34,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from optireduce.host.model.quantize import quantize
+from optireduce.hw.carry_select import negate_if
 from optireduce.hw.streams import element_stream, float_stream
 from optireduce.params import NicParams
 
@@ -224,7 +225,10 @@ class Quantizer(wiring.Component):
             ]
             for k in range(lanes):
                 clamped = Mux(nan3[k], 0, Mux(over3[k], p.q_max, mag3[k]))
-                m.d.sync += self.o.payload.data[k].eq(Mux(sign3[k], -clamped, clamped))
+                out = self.o.payload.data[k]
+                signed_ = negate_if(m, clamped, sign3[k], len(out), platform=platform,
+                                    name=f"q_signed{k}")  # fmt: skip
+                m.d.sync += out.eq(signed_)
 
         sat_inc = Mux(en, _popcount(sat_bits), 0)
         nf_inc = Mux(en, _popcount(nf_bits), 0)

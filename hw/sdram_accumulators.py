@@ -48,7 +48,7 @@ from amaranth.lib.wiring import In, Out
 
 from optireduce.hw.async_fifo import AsyncFifo
 from optireduce.hw.block_ram import block_ram, read_port
-from optireduce.hw.masked_add import masked_add
+from optireduce.hw.carry_select import masked_add
 from optireduce.hw.sdram_controller import native_port
 from optireduce.hw.sdram_issuer import SdramIssuer
 from optireduce.hw.skid import Skid
@@ -225,11 +225,9 @@ class SdramAccumulators(wiring.Component):
         ]
         m.d.comb += q.inflight.r_en.eq(q.paired)
         q.top_addr_rmw = srcv.index
-        value = Signal(signed(p.w_acc))
-        m.d.comb += value.eq(r.value)
         # a fresh beat's word is ignored: in the adder's carry chain on the ECP5
-        total = masked_add(m, value, Cat(r.word, q.top_rd.data), ~r.fresh, platform=platform,
-                           name="total")  # fmt: skip
+        total = masked_add(m, r.value, Cat(r.word, q.top_rd.data), ~r.fresh, platform=platform,
+                           name="total", width=p.w_acc)  # fmt: skip
         m.d.comb += [
             q.writes.w_en.eq(r.v),
             q.writes.w_data.eq(Cat(r.index, total[:WORD])),

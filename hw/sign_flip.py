@@ -39,6 +39,7 @@ from amaranth.lib.fifo import SyncFIFO, SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from optireduce.host.model.signs import apply_signs
+from optireduce.hw.carry_select import negate_if
 from optireduce.hw.speck import Speck3264
 from optireduce.hw.streams import element_stream
 from optireduce.params import NicParams
@@ -189,6 +190,7 @@ class SignFlip(wiring.Component):
                 self.o.payload.last.eq(head.last),
             ]
             for k in range(lanes):
-                d = head.data[k].as_signed()
-                m.d.sync += self.o.payload.data[k].eq(Mux(signs[k], -d, d))
+                d = negate_if(m, head.data[k].as_signed(), signs[k], width,
+                              platform=platform, name=f"flip{k}")  # fmt: skip
+                m.d.sync += self.o.payload.data[k].eq(d)
         return m
