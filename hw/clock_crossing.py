@@ -65,6 +65,35 @@ class StreamCrossing(wiring.Component):
         return m
 
 
+class HandshakeCrossing(wiring.Component):
+    """`i` (in `w_domain`) to `o` (in `r_domain`), one beat at a time, for beats that
+    come far apart (the host's commands, one or two an op): the beat waits in a register
+    and a toggle tells the other side, which toggles back once `o` has taken it; `i` is
+    ready again when that is seen. No LUT RAM and no pointers (a StreamCrossing of the
+    host's 89-bit commands was about 200 of the 25F's LUTs); a beat takes about four
+    cycles of each clock."""
+
+    def __init__(self, shape, *, w_domain: str, r_domain: str) -> None:
+        self.shape, self.w_domain, self.r_domain = shape, w_domain, r_domain
+        super().__init__({"i": In(stream.Signature(shape)), "o": Out(stream.Signature(shape))})
+
+    def elaborate(self, platform):
+        m = Module()
+        w, r = self.w_domain, self.r_domain
+        held = Signal(self.shape, name="held")  # the beat, still from its toggle on
+        given, taken = Signal(name="given"), Signal(name="taken")  # in w, in r
+        given_r, taken_w = Signal(name="given_r"), Signal(name="taken_w")  # seen across
+        m.submodules.given_sync = FFSynchronizer(given, given_r, o_domain=r)
+        m.submodules.taken_sync = FFSynchronizer(taken, taken_w, o_domain=w)
+        m.d.comb += self.i.ready.eq(given == taken_w)
+        with m.If(self.i.valid & self.i.ready):
+            m.d[w] += [held.eq(self.i.payload), given.eq(~given)]
+        m.d.comb += [self.o.valid.eq(given_r != taken), self.o.payload.eq(held)]
+        with m.If(self.o.valid & self.o.ready):
+            m.d[r] += taken.eq(~taken)
+        return m
+
+
 CSR_BUS = ("addr", "w_en", "w_data", "r_en")  # an access, to the bank; `r_data` comes back
 
 

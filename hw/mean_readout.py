@@ -231,7 +231,7 @@ class MeanReadout(wiring.Component):
             with m.If(adv):
                 m.d.sync += [
                     sv.eq(self.acc_data[k * w_acc : (k + 1) * w_acc].as_signed()),
-                    mag.eq(Mux(sv < 0, -sv, sv)),
+                    mag.eq(negate_if(m, sv, sv < 0, w_acc, platform=platform, name=f"mag{k}")),
                     neg_m.eq(sv < 0),
                     num2[k].eq((mag << 1) + sm.n),
                     neg2[k].eq(neg_m),

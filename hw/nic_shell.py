@@ -1,8 +1,9 @@
 """What a board puts around the NIC core, between the MACs (domain `sync`, 125 MHz) and
 the core (domain `core`, the board's core clock; docs/boards.md, "Clocks"):
 
-  host_rx (bytes) -> HostAdapter -> host_cmd, host_i --StreamCrossing--> core
-                                 <- host_o          <-StreamCrossing--  core
+  host_rx (bytes) -> HostAdapter -> host_cmd ----HandshakeCrossing--> core
+                                 -> host_i      ----StreamCrossing---> core
+                                 <- host_o      <---StreamCrossing----  core
                  (byte streams and host_o pass a registered Skid at the shell's edge;
                   each crossing has one on its sync side)
                      CSR bus     <-> CsrCrossing <-> core's register bank
@@ -12,8 +13,9 @@ the core (domain `core`, the board's core clock; docs/boards.md, "Clocks"):
   the adapter's counter strobes --PulseSynchronizer--> the core's bank (host block)
 
 With its accumulators and gather slots in SDRAM (NicParams.sdram_addr_bits) the core's
-SDRAM ports (`acc_mem`, `gather_mem`) and its `sdram_fault` run in `sdram` (the
-memory's clock) and are the shell's, for the board's controller and LED.
+SDRAM ports (`acc_mem`, `gather_mem`) and its `sdram_fault` run in `sdram_domain` (the
+memory's clock: `sdram`, or the core's own) and are the shell's, for the board's
+controller and LED.
 
 The host adapter stays at 125 MHz so that the host port takes a byte per cycle, line rate;
 the core's network port (8 bytes a beat) and host words (4) are line rate at
@@ -31,7 +33,12 @@ from amaranth.lib.cdc import PulseSynchronizer
 from amaranth.lib.wiring import In, Out
 
 from optireduce.hw.board_frames import Narrow, Widen
-from optireduce.hw.clock_crossing import CsrCrossing, StreamCrossing, csr_bus
+from optireduce.hw.clock_crossing import (
+    CsrCrossing,
+    HandshakeCrossing,
+    StreamCrossing,
+    csr_bus,
+)
 from optireduce.hw.host_adapter import CMD_LAYOUT, OUT_LAYOUT, HostAdapter
 from optireduce.hw.sdram_controller import memory_ports
 from optireduce.hw.skid import Skid
@@ -103,7 +110,8 @@ class NicShell(wiring.Component):
             wiring.connect(m, b.o, dst)
 
         # host port: commands and words in, results out
-        cmd = crossing("x_host_cmd", CMD_LAYOUT, True)
+        # a command or two an op: one at a time, no FIFO
+        m.submodules.x_host_cmd = cmd = HandshakeCrossing(CMD_LAYOUT, w_domain="sync", r_domain=c)
         h_in = crossing("x_host_i", float_layout(1), True)
         h_out = crossing("x_host_o", OUT_LAYOUT, False)
         buffered("b_host_rx", frame_layout(1), wiring.flipped(self.host_rx), host.i)
