@@ -1,9 +1,10 @@
 """The RX decode chain: gather buffer -> inverse FWHT -> block divider -> signs -> float32.
 
 Model: host/model/codec.py `decode` (on the gather buffer's z and have). The DRAIN command
-of the gather buffer starts an op's decode; its context (seed, op id, exponent,
-length) rides in small FIFOs to the stages that need it, each of which takes its
-entry with the op's first beat, so several ops can be in the pipeline at once.
+of the gather buffer starts an op's decode; its context (op id, exponent, length) rides
+in small FIFOs to the stages that need it, each of which takes its entry with the op's
+first beat, so several ops can be in the pipeline at once. The sign key's seed is the
+job's (`seed`, configuration: static while ops run).
 The last stage trims the padding: an op of n elements leaves as exactly n floats,
 `last` on the n-th (n must be a multiple of p.lanes). With p.fwht_shared the inverse
 FWHT is the core's SharedFwht: the gather buffer's blocks leave on `to_fwht`, the
@@ -40,7 +41,7 @@ CTX_DEPTH = 4  # ops whose decode may be in flight between the DRAIN and the out
 def decode_command_layout(p: NicParams, slots: int | None = None) -> data.StructLayout:
     """A gather-buffer command plus the op context the decode needs."""
     return data.StructLayout(
-        {"gather": command_layout(p, slots), "seed": 32, "op_id": 32, "exponent": signed(8)}
+        {"gather": command_layout(p, slots), "op_id": 32, "exponent": signed(8)}
     )
 
 
@@ -76,6 +77,7 @@ class Decoder(wiring.Component):
                 "i": In(element_stream(p.w_wire, p.lanes)),
                 **placement_ports(p, self.n_slots),
                 "cmd": In(stream.Signature(decode_command_layout(p, self.n_slots))),
+                "seed": In(32),  # the job's sign key (configuration: static while ops run)
                 "o": Out(float_stream(p.lanes)),
                 "clear": In(1),
                 "sat_output": Out(p.op_count_bits),
@@ -100,10 +102,10 @@ class Decoder(wiring.Component):
         # only the fields its consumer reads (a whole command is 100-odd bits).
         cmd = self.cmd
         given = {"exponent": cmd.payload.exponent, "n": cmd.payload.gather.n,
-                 "seed": cmd.payload.seed, "op_id": cmd.payload.op_id}  # fmt: skip
+                 "op_id": cmd.payload.op_id}  # fmt: skip
         wants = {"deq": ("exponent",), "trim": ("n",), "marks": ("n",)}
         if p.rht:
-            wants["signs"] = ("seed", "op_id")
+            wants["signs"] = ("op_id",)  # the seed is the job's (`seed`)
         layouts = {
             name: data.StructLayout({f: given[f].shape() for f in fields})
             for name, fields in wants.items()
@@ -181,7 +183,7 @@ class Decoder(wiring.Component):
             op_marks(dv.o, sg.i)
             wiring.connect(m, sg.o, self.deq.i)
             ctx = head("signs")
-            m.d.comb += [sg.seed.eq(ctx.seed), sg.op_id.eq(ctx.op_id)]
+            m.d.comb += [sg.seed.eq(self.seed), sg.op_id.eq(ctx.op_id)]
             take_on_first("signs", sg.i)
         else:
             m.d.comb += g.k.ready.eq(1)

@@ -944,9 +944,9 @@ class NicCore(wiring.Component):
             gcmd.gather.op.eq(Mux(s.clr_req, GatherOp.CLEAR, GatherOp.DRAIN)),
             gcmd.gather.slot.eq(Mux(s.clr_req, s.clr_slot, d_slot)),
             gcmd.gather.n.eq(s.c_n[d_slot]),
-            gcmd.seed.eq(csr.seed),
             gcmd.op_id.eq(s.c_op[d_slot]),
             gcmd.exponent.eq(s.c_exp[d_slot]),
+            dec.seed.eq(csr.seed),
             dec.cmd.valid.eq(s.clr_req | drain_cmd),
         ]
         cmd_taken = dec.cmd.valid & dec.cmd.ready

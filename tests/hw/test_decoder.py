@@ -26,8 +26,8 @@ def run_decoder(p: NicParams, ops, idle: float, bp: float, seed: int):
     for slot, _n, _op, _e, model, pkts in ops:
         items += beats_of(dut, p, slot, pkts, model)[0]  # fills the model in arrival order
     cmds = [
-        {"gather": {"op": GatherOp.DRAIN, "slot": slot, "n": n}, "seed": p.seed,
-         "op_id": op_id, "exponent": e}
+        {"gather": {"op": GatherOp.DRAIN, "slot": slot, "n": n}, "op_id": op_id,
+         "exponent": e}
         for slot, n, op_id, e, _m, _p in ops
     ]  # fmt: skip
     total = sum(n for _s, n, *_ in ops)
@@ -35,6 +35,7 @@ def run_decoder(p: NicParams, ops, idle: float, bp: float, seed: int):
 
     async def bench(ctx):
         rng = random.Random(seed)
+        ctx.set(dut.seed, p.seed)
         cycle = await lockstep(ctx, dut, {"i": items}, {}, out, rng, idle=idle)
         await lockstep(ctx, dut, {"cmd": cmds}, {"o": (total, read_element)}, out, rng,
                        idle=idle, backpressure=bp, start=cycle)  # fmt: skip
