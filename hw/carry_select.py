@@ -9,7 +9,9 @@ function of A, B, C; the generate reads the low nibble with A and B alone. A sum
 x + y where x is A itself and y any function of B and C works: where the propagate is
 0, x = y, so the generate is A. So
 - masked_add: x = a, y = b & keep;
-- negate_if: x = 0, y = x ^ neg, and a carry-in of neg (two's complement).
+- negate_if: x = 0, y = x ^ neg, and a carry-in of neg (two's complement); with
+  `zero`, y = (x ^ neg) & ~zero on A, B, C and a carry-in of neg & ~zero (x is 0, so
+  the generate is 0).
 A chain starts with a half whose propagate is 0 and whose generate is its A: the
 carry-in (0, or neg), made without a CIN, in the form sim/ecp5_carry_map.vmap leaves
 unconnected (nextpnr puts no cell in front of the chain to feed a constant).
@@ -24,16 +26,19 @@ from __future__ import annotations
 from amaranth import Cat, Const, Instance, Module, Mux, Signal, Value
 
 
-def _init(propagate) -> int:
-    """A half's INIT: the top byte by (C, B, A) with D = 1, the low nibble (the generate)
-    A."""
+def _init(propagate, generate=lambda a, b: a) -> int:
+    """A half's INIT: the propagate in the top byte, by (C, B, A) with D = 1; the
+    generate in the low nibble, by (B, A) (A by default)."""
     top = sum(1 << (8 + k) for k in range(8) if propagate(k & 1, (k >> 1) & 1, (k >> 2) & 1))
-    return top | 0b1010
+    return top | sum(1 << k for k in range(4) if generate(k & 1, (k >> 1) & 1))
 
 
 MASKED = _init(lambda a, b, c: a ^ (b & c))  # a + (b & c)
 NEGATED = _init(lambda a, b, c: b ^ c)  # 0 + (b ^ c), A at 0
 CARRY_IN = _init(lambda a, b, c: 0)  # propagate 0, generate A: the chain's carry-in
+# with a zero input on A: 0 + ((b ^ c) & ~a), generate 0; the carry-in A & ~B
+NEGATED_OR_ZERO = _init(lambda a, b, c: (b ^ c) & (1 - a), lambda a, b: 0)
+CARRY_IN_UNLESS = _init(lambda a, b, c: 0, lambda a, b: a & (1 - b))
 
 
 def uses_ccu2c(platform) -> bool:
@@ -86,12 +91,18 @@ def masked_add(m: Module, a: Value, b: Value, keep: Value, *, platform, name: st
     return _chain(m, halves, name, width)
 
 
-def negate_if(m: Module, x: Value, neg: Value, width: int, *, platform, name: str) -> Value:
+def negate_if(m: Module, x: Value, neg: Value, width: int, *, platform, name: str,
+              zero: Value | None = None) -> Value:  # fmt: skip
     """-x if neg else x, `width` bits (x sign- or zero-extended by its shape, then cut
-    to `width`; the result wraps, as Mux(neg, -x, x) assigned to `width` bits does).
-    A value: it adds no statements to `m`."""
+    to `width`; the result wraps, as Mux(neg, -x, x) assigned to `width` bits does); 0
+    instead while `zero` (if given). A value: it adds no statements to `m`."""
     xx = _extended(x, width)
     if not uses_ccu2c(platform):
-        return Mux(neg, -xx, xx)[:width]
-    halves = [(CARRY_IN, neg, 0, 0)] + [(NEGATED, 0, xx[j], neg) for j in range(width)]
+        out = Mux(neg, -xx, xx)[:width]
+        return out if zero is None else Mux(zero, 0, out)
+    if zero is None:
+        halves = [(CARRY_IN, neg, 0, 0)] + [(NEGATED, 0, xx[j], neg) for j in range(width)]
+    else:
+        halves = [(CARRY_IN_UNLESS, neg, zero, 0)]
+        halves += [(NEGATED_OR_ZERO, zero, xx[j], neg) for j in range(width)]
     return _chain(m, halves, name, width)

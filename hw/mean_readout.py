@@ -27,7 +27,7 @@ go one a cycle, and two cycles between slots read its count.
 
 from __future__ import annotations
 
-from amaranth import Array, Cat, Const, Module, Mux, Signal, signed
+from amaranth import Array, Cat, Const, Module, Signal, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -247,6 +247,6 @@ class MeanReadout(wiring.Component):
             with m.If(adv):
                 out = self.o.payload.data[k]
                 signed_ = negate_if(m, q_mag, neg, len(out), platform=platform,
-                                    name=f"mean{k}")  # fmt: skip
-                m.d.sync += out.eq(Mux(zero, 0, signed_))
+                                    name=f"mean{k}", zero=zero)  # fmt: skip
+                m.d.sync += out.eq(signed_)
         return s1

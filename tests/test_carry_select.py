@@ -29,7 +29,7 @@ read_rtlil gate.il
 proc
 select -assert-count COUNT top/t:CCU2C
 techmap -D CARRY_FREE_A -map map.v
-select -assert-count 2 top/t:$__CCU2C_FREE_CIN
+select -assert-count 3 top/t:$__CCU2C_FREE_CIN
 techmap -D CARRY_FREE_B -map map.v
 setundef -UNDEF top
 hierarchy -top top
@@ -46,28 +46,32 @@ sat -verify -prove-asserts miter
 
 
 class Top(wiring.Component):
-    """y = masked_add(a, b, s), z = negate_if(b, s) (width wa)."""
+    """y = masked_add(a, b, s), z = negate_if(b, s), w = negate_if(b, s, zero=a[0])
+    (width wa)."""
 
     def __init__(self, wa: int, wb: int, b_signed: bool):
         self.wa = wa
         super().__init__({"a": In(wa), "b": In(signed(wb) if b_signed else wb), "s": In(1),
-                          "y": Out(wa), "z": Out(wa)})  # fmt: skip
+                          "y": Out(wa), "z": Out(wa), "w": Out(wa)})  # fmt: skip
 
     def elaborate(self, platform):
         m = Module()
         y = masked_add(m, self.a, self.b, self.s, platform=platform, name="madd")
         z = negate_if(m, self.b, self.s, self.wa, platform=platform, name="neg")
-        m.d.comb += [self.y.eq(y), self.z.eq(z)]
+        w = negate_if(m, self.b, self.s, self.wa, platform=platform, name="negz",
+                      zero=self.a[0])  # fmt: skip
+        m.d.comb += [self.y.eq(y), self.z.eq(z), self.w.eq(w)]
         return m
 
 
 def _gold(wa: int, wb: int, b_signed: bool) -> str:
     sb = "signed " if b_signed else ""
     return (f"module gold(input [{wa - 1}:0] a, input {sb}[{wb - 1}:0] b, input s, "
-            f"output [{wa - 1}:0] y, output [{wa - 1}:0] z);\n"
+            f"output [{wa - 1}:0] y, output [{wa - 1}:0] z, output [{wa - 1}:0] w);\n"
             f"  wire [{wa - 1}:0] bx = b;\n"  # extended by b's signedness
             f"  assign y = a + (s ? bx : {wa}'d0);\n"
-            f"  assign z = s ? -bx : bx;\nendmodule\n")  # fmt: skip
+            f"  assign z = s ? -bx : bx;\n"
+            f"  assign w = a[0] ? {wa}'d0 : z;\nendmodule\n")  # fmt: skip
 
 
 @pytest.mark.parametrize("undef", ("zero", "one"))
@@ -78,7 +82,7 @@ def test_the_ccu2c_chains_equal_the_selects(tmp_path: Path, wa, wb, b_signed, un
     (tmp_path / "gate.il").write_text(rtlil.convert(Top(wa, wb, b_signed), platform=ECP5))
     (tmp_path / "gold.v").write_text(_gold(wa, wb, b_signed))
     (tmp_path / "map.v").write_text(CARRY_MAP.read_text())
-    count = 2 * ((wa + 2) // 2)  # per chain: a carry-in half, then one half per bit
+    count = 3 * ((wa + 2) // 2)  # per chain: a carry-in half, then one half per bit
     script = SCRIPT.replace("UNDEF", undef).replace("COUNT", str(count))
     (tmp_path / "eq.ys").write_text(script)
     r = subprocess.run([yosys(), "-q", "eq.ys"], cwd=tmp_path, capture_output=True,
@@ -96,9 +100,13 @@ def test_the_plain_forms_in_simulation():
             ctx.set(dut.a, a)
             ctx.set(dut.b, b)
             ctx.set(dut.s, s)
-            got.append((ctx.get(dut.y), ctx.get(dut.z)))
+            got.append((ctx.get(dut.y), ctx.get(dut.z), ctx.get(dut.w)))
 
     sim = Simulator(dut)
     sim.add_testbench(bench)
     sim.run()
-    assert got == [((a + (b if s else 0)) % 64, (-b if s else b) % 64) for a, b, s in cases]
+    want = []
+    for a, b, s in cases:
+        z = (-b if s else b) % 64
+        want.append(((a + (b if s else 0)) % 64, z, 0 if a & 1 else z))
+    assert got == want
