@@ -31,7 +31,8 @@ from optireduce.hw.gather_buffer import (
     histogram_ports,
     placement_ports,
 )
-from optireduce.hw.sign_flip import SignFlip
+from optireduce.hw.sign_flip_ahead import WORD as SIGN_WORD
+from optireduce.hw.sign_flip_ahead import SignFlipAhead, key_layout
 from optireduce.hw.streams import element_stream, float_stream
 from optireduce.params import NicParams
 
@@ -67,7 +68,7 @@ class Decoder(wiring.Component):
         if p.rht:
             self.divider = BlockDivider(p, p.w_inv)
             width = self.divider.width_out
-            self.signs = SignFlip(p, width)
+            self.signs = SignFlipAhead(p, width)
         else:
             width = p.w_wire
         self.deq = Dequantizer(p, width)
@@ -101,11 +102,16 @@ class Decoder(wiring.Component):
         # One context FIFO per consumer, all written when a DRAIN is taken; each keeps
         # only the fields its consumer reads (a whole command is 100-odd bits).
         cmd = self.cmd
-        given = {"exponent": cmd.payload.exponent, "n": cmd.payload.gather.n,
-                 "op_id": cmd.payload.op_id}  # fmt: skip
+        n_cmd = cmd.payload.gather.n
+        # the op's sign words: its padded length (whole blocks, at least one) / 32
+        sign_words = Signal(key_layout(p)["words"].shape, name="sign_words")
+        blocks = Mux(n_cmd > p.b, (n_cmd + p.b - 1) >> p.log2_b, 1)
+        m.d.comb += sign_words.eq(((blocks << p.log2_b) + SIGN_WORD - 1) >> 5)
+        given = {"exponent": cmd.payload.exponent, "n": n_cmd,
+                 "op_id": cmd.payload.op_id, "words": sign_words}  # fmt: skip
         wants = {"deq": ("exponent",), "trim": ("n",), "marks": ("n",)}
         if p.rht:
-            wants["signs"] = ("op_id",)  # the seed is the job's (`seed`)
+            wants["signs"] = ("op_id", "words")  # the seed is the job's (`seed`)
         layouts = {
             name: data.StructLayout({f: given[f].shape() for f in fields})
             for name, fields in wants.items()
@@ -182,9 +188,15 @@ class Decoder(wiring.Component):
             ]  # fmt: skip
             op_marks(dv.o, sg.i)
             wiring.connect(m, sg.o, self.deq.i)
-            ctx = head("signs")
-            m.d.comb += [sg.seed.eq(self.seed), sg.op_id.eq(ctx.op_id)]
-            take_on_first("signs", sg.i)
+            # the op's key from its DRAIN on: its words are made before its beats come
+            ctx, kfifo = head("signs"), fifos["signs"]
+            m.d.comb += [
+                sg.seed.eq(self.seed),
+                sg.key.payload.op_id.eq(ctx.op_id),
+                sg.key.payload.words.eq(ctx.words),
+                sg.key.valid.eq(kfifo.r_rdy),
+                kfifo.r_en.eq(sg.key.ready),
+            ]
         else:
             m.d.comb += g.k.ready.eq(1)
             op_marks(g.o, self.deq.i)
