@@ -31,8 +31,7 @@ from optireduce.hw.gather_buffer import (
     histogram_ports,
     placement_ports,
 )
-from optireduce.hw.sign_flip_ahead import WORD as SIGN_WORD
-from optireduce.hw.sign_flip_ahead import SignFlipAhead, key_layout
+from optireduce.hw.sign_flip_ahead import SignFlipAhead, sign_words
 from optireduce.hw.streams import element_stream, float_stream
 from optireduce.params import NicParams
 
@@ -103,12 +102,8 @@ class Decoder(wiring.Component):
         # only the fields its consumer reads (a whole command is 100-odd bits).
         cmd = self.cmd
         n_cmd = cmd.payload.gather.n
-        # the op's sign words: its padded length (whole blocks, at least one) / 32
-        sign_words = Signal(key_layout(p)["words"].shape, name="sign_words")
-        blocks = Mux(n_cmd > p.b, (n_cmd + p.b - 1) >> p.log2_b, 1)
-        m.d.comb += sign_words.eq(((blocks << p.log2_b) + SIGN_WORD - 1) >> 5)
         given = {"exponent": cmd.payload.exponent, "n": n_cmd,
-                 "op_id": cmd.payload.op_id, "words": sign_words}  # fmt: skip
+                 "op_id": cmd.payload.op_id, "words": sign_words(m, p, n_cmd)}  # fmt: skip
         wants = {"deq": ("exponent",), "trim": ("n",), "marks": ("n",)}
         if p.rht:
             wants["signs"] = ("op_id", "words")  # the seed is the job's (`seed`)

@@ -1,24 +1,26 @@
 """The TX encode chain: quantize -> random signs -> FWHT -> saturate to the wire width.
 
 Model: host/model/codec.py `encode`. Blocks are joined with wiring.connect in the order
-the data flows; the op's configuration (exponent, seed, op id) is latched by each
-block on the op's `first` beat (the chain's input latches them for the later
-stages). With p.rht off the chain is quantize -> saturate. With p.fwht_shared the FWHT
+the data flows; the op's exponent is latched by the quantizer on the op's `first` beat,
+and its sign key comes ahead on `key` (op id and sign words, one per op, in order: the
+core gives it when it takes the op's START, so the op's first sign word is made before
+its data come; hw/sign_flip_ahead.py); `seed` is the job's. With p.rht off the chain
+is quantize -> saturate (`key` is taken and unused). With p.fwht_shared the FWHT
 is the core's SharedFwht: the signs leave on `to_fwht` and the transform comes back on
 `from_fwht` (LATENCY then counts this block's own stages only).
 """
 
 from __future__ import annotations
 
-from amaranth import Module, Signal, signed
-from amaranth.lib import wiring
+from amaranth import Module, signed
+from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from optireduce.host.model.codec import encode
 from optireduce.hw.fwht import Fwht, external_fwht_ports, through_external_fwht
 from optireduce.hw.quantizer import Quantizer
 from optireduce.hw.saturate import Saturate
-from optireduce.hw.sign_flip import SignFlip
+from optireduce.hw.sign_flip_ahead import SignFlipAhead, key_layout
 from optireduce.hw.streams import element_stream, float_stream
 from optireduce.params import NicParams
 
@@ -33,7 +35,7 @@ class Encoder(wiring.Component):
         self.external = p.rht and p.fwht_shared  # the FWHT is outside (SharedFwht)
         fwht_ports = {}
         if p.rht:
-            self.signs = SignFlip(p, p.w_in)
+            self.signs = SignFlipAhead(p, p.w_in)
             self.saturate = Saturate(p, p.w_fwd, p.w_wire)
             if self.external:
                 self.stages += [self.signs]
@@ -50,8 +52,8 @@ class Encoder(wiring.Component):
                 "i": In(float_stream(p.lanes)),
                 "o": Out(element_stream(p.w_wire, p.lanes)),
                 "exponent": In(signed(8)),
-                "seed": In(32),
-                "op_id": In(32),
+                "seed": In(32),  # the job's sign key seed (static while ops run)
+                "key": In(stream.Signature(key_layout(p))),
                 "clear": In(1),
                 "sat_quantize": Out(p.op_count_bits),
                 "nonfinite": Out(p.op_count_bits),
@@ -90,11 +92,8 @@ class Encoder(wiring.Component):
             self.nonfinite.eq(q.nonfinite),
         ]
         if self.p.rht:
-            # The ports hold the op's values only while its first beat enters the chain;
-            # the sign flip sees that beat cycles later, so it reads a copy latched here.
-            # Ops are at least one block long, so the copy cannot be overwritten early.
-            seed, op_id = Signal(32), Signal(32)
-            with m.If(self.i.valid & self.i.ready & self.i.payload.first):
-                m.d.sync += [seed.eq(self.seed), op_id.eq(self.op_id)]
-            m.d.comb += [self.signs.seed.eq(seed), self.signs.op_id.eq(op_id)]
+            wiring.connect(m, wiring.flipped(self.key), self.signs.key)
+            m.d.comb += self.signs.seed.eq(self.seed)
+        else:
+            m.d.comb += self.key.ready.eq(1)
         return m

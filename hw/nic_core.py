@@ -90,6 +90,7 @@ from optireduce.hw.sdram_aggregator import SdramAggregator
 from optireduce.hw.sdram_controller import native_port
 from optireduce.hw.sdram_gather_buffer import SdramGatherBuffer
 from optireduce.hw.shared_fwht import SharedFwht
+from optireduce.hw.sign_flip_ahead import sign_words
 from optireduce.hw.streams import float_stream, frame_stream
 from optireduce.hw.tc_estimator import TcEstimator, changed, saturated_tc, tc_bits
 from optireduce.params import NicParams
@@ -460,7 +461,6 @@ class NicCore(wiring.Component):
         # encoder -> scatter packetizer, counting the op's padded elements into it
         m.d.comb += [
             enc.exponent.eq(s.h_exp),
-            enc.op_id.eq(s.h_op),
             enc.seed.eq(csr.seed),
             enc.clear.eq(s.h_accept),
             pks.msg_type.eq(ubt.MSG_SCATTER),
@@ -470,6 +470,19 @@ class NicCore(wiring.Component):
             pks.t_c_us.eq(s.h_tc),
             pks.contributors.eq(0),
         ]
+        # the op's sign key, from its START on: its first sign words are made before
+        # its words come (a START waits for the last op's encode, whose key was taken
+        # before its last word)
+        key_valid = Signal()
+        with m.If(s.h_accept):
+            m.d.sync += [
+                key_valid.eq(1),
+                enc.key.payload.op_id.eq(s.cmd.op_id),
+                enc.key.payload.words.eq(sign_words(m, p, s.cmd.n)),
+            ]
+        with m.Elif(enc.key.ready):
+            m.d.sync += key_valid.eq(0)
+        m.d.comb += enc.key.valid.eq(key_valid)
         s.h_word = Signal(16)  # the proposal word of the op's frames (exp_inband)
         m.d.comb += pks.reserved.eq(s.h_word)
         wiring.connect(m, enc.o, pks.i)

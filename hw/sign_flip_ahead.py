@@ -18,7 +18,7 @@ round robin).
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Mux, Signal
+from amaranth import Cat, Module, Mux, Signal, Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
@@ -37,11 +37,21 @@ def key_layout(p: NicParams) -> data.StructLayout:
     return data.StructLayout({"op_id": 32, "words": range(-(-p.c // WORD) + 1)})
 
 
+def sign_words(m: Module, p: NicParams, n: Value) -> Signal:
+    """The sign words of an op of n elements once padded to whole blocks (at least one),
+    as the encoder's quantizer pads it and the decoder's divider gives it."""
+    words = Signal(key_layout(p)["words"].shape, name="sign_words")
+    blocks = Mux(n > p.b, (n + p.b - 1) >> p.log2_b, 1)
+    m.d.comb += words.eq(((blocks << p.log2_b) + WORD - 1) >> 5)
+    return words
+
+
 class SignFlipAhead(wiring.Component):
     """SignFlipAhead(p, width): `key` (one per op, in order), `i` element_stream(width,
     p.lanes) -> `o`, same shape; `seed` (32 bits, the job's: static while ops run)."""
 
     MODEL = apply_signs
+    LATENCY = 1  # a beat in to its beat out, its word made (the output register)
 
     def __init__(self, p: NicParams, width: int) -> None:
         if WORD % p.lanes:

@@ -82,7 +82,7 @@ SDRAM_BLOCK_FIFOS = {
         "shell.core.decoder.gather.buffer.words.storage",
         "shell.core.aggregator.store.store.inflight.storage",
         "shell.core.aggregator.store.store.words.storage",
-        "shell.core.encoder.stage1_signflip.beats.storage",
+        "shell.core.aggregator.bitmap",
     ),
 }
 # nextpnr cell types -> our utilization keys (TRELLIS_COMB: LUT4s and both halves of a

@@ -146,12 +146,18 @@ def run_ops(
     scramble: dict[str, int] | None = None,
     read_ports: tuple[str, ...] = (),
     max_cycles: int = 200_000,
+    keys: list[dict] | None = None,
+    static: dict[str, int] | None = None,
+    lead: int = 0,
 ) -> OpsRun:
     """Like run_stream, for several ops: each op is (payloads, {port: value}).
 
     The op's port values are driven only while its first beat is offered; at every other
     cycle the ports in `scramble` ({name: width}) carry random junk, so a block that does
     not latch them at `first` fails. Status ports are read once all outputs are out.
+    `keys`: payloads of the block's `key` stream (one per op, given ahead, in order);
+    `static`: ports held at one value throughout (configuration); `lead`: cycles before
+    the first beat is offered (the keys' head start).
     """
     run = OpsRun()
     beats = [
@@ -164,12 +170,21 @@ def run_ops(
     )
     scramble = scramble or {}
 
+    async def key_source(ctx):
+        for key in keys or ():
+            ctx.set(dut.key.payload, key)
+            ctx.set(dut.key.valid, 1)
+            await ctx.tick().until(dut.key.ready)
+        ctx.set(dut.key.valid, 0)
+
     async def bench(ctx):
+        for name, value in (static or {}).items():
+            ctx.set(getattr(dut, name), value)
         k = 0
         for cycle in range(max_cycles):
             if len(run.outputs) >= n_out and k >= len(beats):
                 break
-            offer = k < len(beats) and not (idle and rng_in.random() < idle)
+            offer = k < len(beats) and cycle >= lead and not (idle and rng_in.random() < idle)
             ctx.set(dut.i.valid, offer)
             side = beats[k][1] if offer else None
             for name, width in scramble.items():
@@ -193,7 +208,7 @@ def run_ops(
         await ctx.tick().repeat(2)
         run.ports = {name: ctx.get(getattr(dut, name)) for name in read_ports}
 
-    simulate(dut, bench)
+    simulate(dut, bench, *((key_source,) if keys else ()))
     return run
 
 

@@ -8,7 +8,7 @@ cycles from the first float to the first frame byte (latency_cycles).
 from __future__ import annotations
 
 import numpy as np
-from amaranth import Module
+from amaranth import Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -38,9 +38,18 @@ class EncodePacketize(wiring.Component):
         wiring.connect(m, self.enc.o, self.pkt.i)
         wiring.connect(m, self.pkt.o, wiring.flipped(self.o))
         p, pkt = self.p, self.pkt
+        # the op's sign key, given once (op 0; its words: the op padded to whole blocks)
+        keyed = Signal()
+        with m.If(self.enc.key.ready):
+            m.d.sync += keyed.eq(1)
+        blocks = max(1, -(-self.op_len // p.b))
+        m.d.comb += [
+            self.enc.key.valid.eq(~keyed), self.enc.key.payload.op_id.eq(0),
+            self.enc.key.payload.words.eq(blocks * p.b // 32),
+        ]  # fmt: skip
         m.d.comb += [
             self.enc.exponent.eq(self.exponent_value), self.enc.seed.eq(p.seed),
-            self.enc.op_id.eq(0), pkt.msg_type.eq(ubt.MSG_SCATTER), pkt.rank.eq(RANK),
+            pkt.msg_type.eq(ubt.MSG_SCATTER), pkt.rank.eq(RANK),
             pkt.world.eq(WORLD), pkt.job_id.eq(p.job_id), pkt.op_id.eq(0),
             pkt.exponent.eq(self.exponent_value), pkt.op_len.eq(self.op_len),
             pkt.t_c_us.eq(1000), pkt.own.ready.eq(1),

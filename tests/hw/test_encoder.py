@@ -24,20 +24,21 @@ def float_bits(x: np.ndarray) -> np.ndarray:
 def test_encoder_matches_the_model(rht, idle, bp):
     p = P.replace(rht=rht)
     rng = np.random.default_rng(1)
-    ops, want, marks = [], [], []
+    ops, want, marks, keys = [], [], [], []
     for op_id, n in enumerate((1, 63, 64, 65, 200)):
         x = (rng.standard_normal(n) * np.exp(rng.uniform(-3, 3, n))).astype(np.float32)
         if op_id == 2:
             x[:] = 0  # an all-zero op
         e = propose_exponent(x, p)
-        ops.append((beats_of(float_bits(x), 1), {"exponent": e, "op_id": op_id, "seed": p.seed}))
+        ops.append((beats_of(float_bits(x), 1), {"exponent": e}))
         y = encode(x, e, op_id, p).y
         want.append(y)
+        keys.append({"op_id": op_id, "words": len(y) // 32})  # y: the op padded to blocks
         marks += [(k == 0, k == len(y) - 1) for k in range(len(y))]
     want = np.concatenate(want)
-    scramble = {"exponent": 8, "op_id": 32, "seed": 32}
-    run = run_ops(Encoder(p), ops, len(want), idle=idle, backpressure=bp, seed=3,
-                  scramble=scramble)  # fmt: skip
+    enc = Encoder(p)
+    run = run_ops(enc, ops, len(want), idle=idle, backpressure=bp, seed=3,
+                  scramble={"exponent": 8}, keys=keys, static={"seed": p.seed})  # fmt: skip
     got = np.array([o[0][0] for o in run.outputs])
     np.testing.assert_array_equal(got, want)
     assert [(bool(o[1]), bool(o[2])) for o in run.outputs] == marks
@@ -48,7 +49,8 @@ def test_encoder_full_rate_and_latency():
     x = rng.standard_normal(4 * P.b).astype(np.float32)
     e = propose_exponent(x, P)
     enc = Encoder(P)
-    run = run_ops(enc, [(beats_of(float_bits(x), 1), {"exponent": e, "op_id": 0, "seed": P.seed})],
-                  4 * P.b)  # fmt: skip
+    run = run_ops(enc, [(beats_of(float_bits(x), 1), {"exponent": e})], 4 * P.b,
+                  scramble={"exponent": 8}, keys=[{"op_id": 0, "words": 4 * P.b // 32}],
+                  static={"seed": P.seed}, lead=40)  # the key ahead, as the core gives it
     assert run.out_cycles[-1] - run.out_cycles[0] == 4 * P.b - 1  # no bubble
     assert run.out_cycles[0] - run.in_cycles[0] == enc.LATENCY
