@@ -4,8 +4,8 @@ the core (domain `core`, the board's core clock; docs/boards.md, "Clocks"):
   host_rx (bytes) -> HostAdapter -> host_cmd ----HandshakeCrossing--> core
                                  -> host_i      ----StreamCrossing---> core
                                  <- host_o      <---StreamCrossing----  core
-                 (byte streams and host_o pass a registered Skid at the shell's edge;
-                  each crossing has one on its sync side)
+                 (byte streams pass a registered Skid at the shell's edge; each
+                  StreamCrossing has one on its sync side, host_o's the adapter's)
                      CSR bus     <-> CsrCrossing <-> core's register bank
   net_rx (bytes)  -> Widen(8)    --StreamCrossing--> core net_rx
   net_tx (bytes)  <- Narrow(8)  <-StreamCrossing--  core net_tx
@@ -121,7 +121,7 @@ class NicShell(wiring.Component):
         wiring.connect(m, host.host_i, h_in.i)
         wiring.connect(m, h_in.o, core.host_i)
         wiring.connect(m, core.host_o, h_out.i)
-        buffered("b_host_o", OUT_LAYOUT, h_out.o, host.host_o)
+        wiring.connect(m, h_out.o, host.host_o)  # from the crossing's sync-side skid
 
         # register bus
         m.submodules.x_csr = csr = CsrCrossing(host.csr_addr_bits, core_domain=c)

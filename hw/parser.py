@@ -233,6 +233,8 @@ class Parser(wiring.Component):
                 wp.en.eq(hs & w_valid),
             ]
 
+        self._checksum(m, s, k, hs)
+
         # a frame's end hands it to the verdict pipeline
         s.done = Signal()
         s.done_len = Signal(len_bits + 1)
@@ -263,6 +265,27 @@ class Parser(wiring.Component):
                     s.done_bank.eq(bank_now),
                 ]
 
+    def _checksum(self, m: Module, s: SimpleNamespace, k: Value, hs: Value) -> None:
+        """The IP header's ten 16-bit words (bytes 14..33), summed as their beats come in
+        (`cs_sum`, 20 bits: no carry is lost), so V1 checks RFC 1071 on one register and
+        no ten-word sum over the captured bytes is built. A beat adds the header words it
+        holds (words never straddle beats: 14 and the beat size are even); the first
+        such beat starts the sum. A frame too short to hold them is `truncated` first."""
+        nb_w, ip0 = self.nbytes, ubt.ETH_LEN
+        data = self.i.payload.data
+        words = [Cat(data[2 * j + 1], data[2 * j]) for j in range(nb_w // 2)]  # big-endian
+        offs = [ip0 + 2 * i for i in range(10)]
+        beats = sorted({o // nb_w for o in offs})
+        s.cs_sum = Signal(20)
+        # per lane word: the beats whose word there is a header word
+        lane_beats = [[kb for kb in beats if kb * nb_w + 2 * j in offs] for j in range(nb_w // 2)]
+        total = Mux(k == beats[0], 0, s.cs_sum)
+        for j, kbs in enumerate(lane_beats):
+            if kbs:
+                total = total + Mux(Cat(*(k == kb for kb in kbs)).any(), words[j], 0)
+        with m.If(hs & Cat(*(k == kb for kb in beats)).any()):
+            m.d.sync += s.cs_sum.eq(total)
+
     def _header_compares(self, m: Module, s: SimpleNamespace) -> None:
         """V0: byte compares on the captured header (the next frame may overwrite hb at
         the end of this cycle, so everything needed later is registered here)."""
@@ -275,7 +298,7 @@ class Parser(wiring.Component):
         s.v0_len = Signal(len_bits + 1)
         s.v0_bank = Signal()
         s.v0_has_bank = Signal()
-        s.v0_cs = [Signal(19, name=f"v0_cs{j}") for j in range(2)]
+        s.v0_cs = Signal(20)  # the IP header's words summed (`_checksum`)
         s.v0_ip_len = Signal(16)
         s.v0_udp_len = Signal(16)
         s.v0_l2 = Signal(7)  # trunc1, not_ipv4, bad_ip_header, ip_fragment, not_udp, addr, port
@@ -307,8 +330,7 @@ class Parser(wiring.Component):
             s.v0_len.eq(s.done_len),
             s.v0_bank.eq(s.done_bank),
             s.v0_has_bank.eq(s.done_has_bank),
-            s.v0_cs[0].eq(sum(be(ip0 + 2 * j, 2) for j in range(5))),
-            s.v0_cs[1].eq(sum(be(ip0 + 10 + 2 * j, 2) for j in range(5))),
+            s.v0_cs.eq(s.cs_sum),
             s.v0_ip_len.eq(be(ip0 + 2, 2)),
             s.v0_udp_len.eq(be(ip0 + ubt.IP_LEN + 4, 2)),
             s.v0_l2.eq(
@@ -346,8 +368,7 @@ class Parser(wiring.Component):
         )
         # RFC 1071: the folded sum of the ten words is 0xFFFF. The sum S < 10 * 2^16, and
         # folding keeps S mod 0xFFFF, so that is lo + hi = 0xFFFF, i.e. lo = 0xFFFF ^ hi.
-        total = Signal(20)
-        m.d.comb += total.eq(s.v0_cs[0] + s.v0_cs[1])
+        total = s.v0_cs
         csum_ok = total[:16] == (0xFFFF ^ total[16:])
         # reserved: zero, or with in-band exponents a proposal word (ubt.proposal_word_ok)
         reserved_bad = h.reserved != 0
