@@ -59,8 +59,8 @@ class SignFlipAhead(wiring.Component):
         self.p, self.width = p, width
         self.beats_per_word = WORD // p.lanes
         self.n_cores = -(-(Speck3264.PERIOD * p.lanes) // WORD)
-        # words made ahead (the FIFO's depth): every core's, and two more at least
-        self.ahead = 1 << (self.n_cores + 2).bit_length()
+        # words made ahead (the FIFO's depth): twice the cores', a power of two
+        self.ahead = 1 << (2 * self.n_cores - 1).bit_length()
         super().__init__(
             {
                 "key": In(stream.Signature(key_layout(p))),
