@@ -3,7 +3,7 @@
 The words come in groups, each written at one moment of an op: the encoder's counts
 when its chunk is in, phase 1's end, phase 2's end, both t_C a few cycles after that.
 They live in one memory: per context a few rows of ROW_BITS bits, a group's words packed
-into as few rows as they fit (first fit, in the group's order). A group's write takes
+into as few rows as they fit (first fit, widest first). A group's write takes
 its values into the group's holding rows (flip-flops with an enable: no logic) and
 marks the group pending; a writer copies the pending groups' rows into the memory, one
 row a cycle, the group listed first first. A bit per (group, context), cleared when the
@@ -47,16 +47,19 @@ class OpRecords:
         self._first: dict[str, int] = {}  # group -> its first row
         row = 0
         for g, words in groups.items():
+            # first fit, widest word first: the 25F's records take 8 rows a context, not
+            # 9 (16 words of LUT RAM, not 32)
             rows: list[list[str]] = []
-            used = ROW_BITS
-            for name, bits in words.items():
+            used: list[int] = []
+            for name, bits in sorted(words.items(), key=lambda w: -w[1]):
                 assert bits <= ROW_BITS, f"{name}: {bits} bits, a row has {ROW_BITS}"
-                if used + bits > ROW_BITS:
+                r = next((j for j, u in enumerate(used) if u + bits <= ROW_BITS), len(rows))
+                if r == len(rows):
                     rows.append([])
-                    used = 0
-                rows[-1].append(name)
-                self.place[name] = (row + len(rows) - 1, used, bits)
-                used += bits
+                    used.append(0)
+                rows[r].append(name)
+                self.place[name] = (row + r, used[r], bits)
+                used[r] += bits
             self._rows[g], self._first[g] = rows, row
             row += len(rows)
         self.rows = row  # rows per context

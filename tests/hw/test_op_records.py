@@ -60,15 +60,20 @@ def _simulate(dut, bench) -> None:
     sim.run()
 
 
-def test_the_rows_pack_first_fit_in_order():
-    """The layout the drain addresses: rows by group, in order, words first fit."""
+def test_the_rows_pack_first_fit_widest_first():
+    """The layout the drain addresses: rows by group, in order; a group's words widest
+    first, each in the first row it fits (x, then w in a row of its own, then u and y
+    back in x's row)."""
     rec = _Bench(False)
     _simulate(rec, _noop)
     assert rec.rec.place == {
-        "x": (0, 0, 24), "y": (0, 24, 3), "w": (1, 0, 20), "u": (1, 20, 7),
+        "x": (0, 0, 24), "u": (0, 24, 7), "y": (0, 31, 3), "w": (1, 0, 20),
         "z": (2, 0, 5), "v": (3, 0, 32), "p": (4, 0, 12), "q": (4, 12, 12), "r": (4, 24, 12),
     }  # fmt: skip
     assert rec.rec.rows == 5
+    # the 25F's phase-1 words: in the order given they would take three rows
+    g = {"end": 24, "reason": 2, "timeout": 20, "expected": 9, "received": 9}
+    assert OpRecords(Module(), 2, {"p1": g}).rows == 2
 
 
 async def _noop(ctx):
