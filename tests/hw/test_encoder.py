@@ -49,8 +49,14 @@ def test_encoder_full_rate_and_latency():
     x = rng.standard_normal(4 * P.b).astype(np.float32)
     e = propose_exponent(x, P)
     enc = Encoder(P)
-    run = run_ops(enc, [(beats_of(float_bits(x), 1), {"exponent": e})], 4 * P.b,
-                  scramble={"exponent": 8}, keys=[{"op_id": 0, "words": 4 * P.b // 32}],
-                  static={"seed": P.seed}, lead=40)  # the key ahead, as the core gives it
+    run = run_ops(
+        enc,
+        [(beats_of(float_bits(x), 1), {"exponent": e})],
+        4 * P.b,
+        scramble={"exponent": 8},
+        keys=[{"op_id": 0, "words": 4 * P.b // 32}],
+        static={"seed": P.seed},
+        lead=40,
+    )  # the key ahead, as the core gives it
     assert run.out_cycles[-1] - run.out_cycles[0] == 4 * P.b - 1  # no bubble
     assert run.out_cycles[0] - run.in_cycles[0] == enc.LATENCY
