@@ -30,7 +30,8 @@ def _init(propagate, generate=lambda a, b: a) -> int:
     """A half's INIT: the propagate in the top byte, by (C, B, A) with D = 1; the
     generate in the low nibble, by (B, A) (A by default)."""
     top = sum(1 << (8 + k) for k in range(8) if propagate(k & 1, (k >> 1) & 1, (k >> 2) & 1))
-    return top | sum(1 << k for k in range(4) if generate(k & 1, (k >> 1) & 1))
+    low = sum(1 << k for k in range(4) if generate(k & 1, (k >> 1) & 1))
+    return top | low << 4 | low  # the nibble twice, as yosys's own adders have it
 
 
 MASKED = _init(lambda a, b, c: a ^ (b & c))  # a + (b & c)

@@ -474,11 +474,12 @@ class NicCore(wiring.Component):
         # its words come (a START waits for the last op's encode, whose key was taken
         # before its last word)
         key_valid = Signal()
+        words = sign_words(m, p, s.cmd.n)
         with m.If(s.h_accept):
             m.d.sync += [
                 key_valid.eq(1),
                 enc.key.payload.op_id.eq(s.cmd.op_id),
-                enc.key.payload.words.eq(sign_words(m, p, s.cmd.n)),
+                enc.key.payload.words.eq(words),
             ]
         with m.Elif(enc.key.ready):
             m.d.sync += key_valid.eq(0)

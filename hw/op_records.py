@@ -17,7 +17,7 @@ address, and the drain's select is over the few places a word can sit in a row.
 
 Contract (the core keeps it; `overrun` says when it was not, sticky):
 - a group is written again only after its last write has reached the memory. The writer
-  needs at most `rows` cycles for every group at once (7 on the 25F); the core writes a
+  needs at most `rows` cycles for every group at once (8 on the 25F); the core writes a
   group at most once per phase end of an owner, which settles for longer than that.
 - `busy` while any group is pending: a read sees the memory, so the drain reads once
   `busy` is low.

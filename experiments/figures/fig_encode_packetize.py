@@ -45,7 +45,7 @@ class EncodePacketize(wiring.Component):
         blocks = max(1, -(-self.op_len // p.b))
         m.d.comb += [
             self.enc.key.valid.eq(~keyed), self.enc.key.payload.op_id.eq(0),
-            self.enc.key.payload.words.eq(blocks * p.b // 32),
+            self.enc.key.payload.words.eq(-(-blocks * p.b // 32)),
         ]  # fmt: skip
         m.d.comb += [
             self.enc.exponent.eq(self.exponent_value), self.enc.seed.eq(p.seed),

@@ -45,8 +45,9 @@ def figures(p: NicParams | None = None) -> dict:
                 cycle += 1
         ctx.set(dut.i.valid, 0)
         ctx.set(dut.cmd.valid, 1)
+        ctx.set(dut.seed, 1)
         ctx.set(dut.cmd.payload, {"gather": {"op": GatherOp.DRAIN, "slot": 0, "n": n},
-                                  "seed": 1, "op_id": 0, "exponent": -20})  # fmt: skip
+                                  "op_id": 0, "exponent": -20})  # fmt: skip
         ctx.set(dut.o.ready, 1)
         while len(res["out"]) < n // p.lanes:
             if res["cmd"] is None and ctx.get(dut.cmd.ready):
