@@ -225,11 +225,11 @@ def test_every_board_top_elaborates_on_its_platform(name):
 
 
 def test_the_colorlight_top_with_its_accumulators_in_sdram():
-    """`build bitstream --sdram`: the PLL's third output is the SDRAM's 62.5 MHz clock,
-    every SDRAM pin of the board reaches litedram's board variant (outputs through
-    plain buffers, the data pins to its own TRELLIS_IO cells, declared inout), the
-    SDRAM's clock leaves through an ODDRX1F in that clock, and the controller runs in
-    it."""
+    """`build bitstream --sdram`: the core's clock (the PLL's CLKOS) is the SDRAM's
+    62.5 MHz and there is no third output; every SDRAM pin of the board reaches
+    litedram's board variant (outputs through plain buffers, the data pins to its own
+    TRELLIS_IO cells, declared inout), the SDRAM's clock leaves through an ODDRX1F in
+    the core's clock, and the controller runs in it."""
     from amaranth.hdl import Fragment, Instance
 
     from optireduce.hw.board_top import BoardTop
@@ -243,17 +243,18 @@ def test_the_colorlight_top_with_its_accumulators_in_sdram():
     assert ("sdram", 0) in set(plat._requested)
     insts = [f for f in _walk(frag) if isinstance(f, Instance)]
     pll = next(f for f in insts if f.type == "EHXPLLL")
-    assert pll.parameters["CLKOS2_ENABLE"] == "ENABLED" and pll.parameters["CLKOS2_DIV"] == 10
-    assert pll.ports["CLKOS2"][0].name == "sdram_clk"
-    assert 125 * pll.parameters["CLKOP_DIV"] / 10 == b.sdram.clk_mhz == 62.5
+    assert "CLKOS2_ENABLE" not in pll.parameters and "CLKOS2" not in pll.ports
+    assert pll.parameters["CLKOS_DIV"] == b.core_div == b.sdram_div == 10
+    assert pll.ports["CLKOS"][0].name == "core_clk"
+    assert 125 * pll.parameters["CLKOP_DIV"] / 10 == b.sdram.clk_mhz == b.core_mhz == 62.5
     (ld,) = (f for f in insts if f.type == "litedram_core")
-    assert ld.ports["clk"][0].domain == "sdram"
+    assert ld.ports["clk"][0].domain == "core"
     for port in OUTPUT_PINS:
         assert ld.ports[port][1] == "o", port
     assert ld.ports["sdram_dq"][1] == "io" and len(ld.ports["sdram_dq"][0]) == 32
-    # the SDRAM's clock pin: an ODDRX1F of its own domain (the MACs' are in sync)
+    # the SDRAM's clock pin: an ODDRX1F of the core's domain (the MACs' are in sync)
     assert [f for f in insts if f.type == "ODDRX1F"
-            and getattr(f.ports["SCLK"][0], "domain", None) == "sdram"]  # fmt: skip
+            and getattr(f.ports["SCLK"][0], "domain", None) == "core"]  # fmt: skip
     with pytest.raises(ValueError, match="needs the board's SDRAM"):
         BoardTop(b)
     with pytest.raises(ValueError, match="has no SDRAM"):
