@@ -6,20 +6,13 @@ Model: host/model/signs.py `sign_bits` / `apply_signs`.
 
 Structure. The key is only known when an op's first beat arrives, and its first sign word
 takes a Speck core 23 cycles. Rather than stall the input, the beats wait in a data FIFO:
-each beat that starts a 32-element word pushes a request (word index) when it enters,
+each beat that starts a 32-element word pushes a request (key, word index) when it enters,
 the Speck cores work on it while the beat crosses the FIFO, and the output stage joins the
 beat with its word. The FIFO holds about LATENCY beats in steady state, which is what gives
 every later word (and the next op's first word) its head start, so the stream runs at one
 beat per cycle with no bubbles, across op boundaries too, when every op is a multiple of 32
 elements long (every op after the quantizer's padding is, for b >= 32). Other lengths are
 exact but may leave a gap after an op's partial last word (a core takes 24 cycles a word).
-
-Keys. A request does not carry its 64-bit key (the queue's LUT RAM was 19 cells of the
-25F's for 4 x 73 bits): an op's first beat puts its key in `key_next` and its first
-request is flagged; the core that takes a flagged request takes `key_next`, which then
-becomes `key_cur`, every later request's key. So at most one flagged request may wait:
-an op's first beat waits until the op before it has its first word under way, which
-only an op shorter than the queue's 4 words can meet.
 
 Lanes: lane k of beat j is element j*lanes + k, so a beat never straddles two words (lanes
 divides 32). One core makes a word per 24 cycles and a word lasts 32/lanes beats, so
@@ -39,7 +32,6 @@ from amaranth.lib.fifo import SyncFIFO, SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from optireduce.host.model.signs import apply_signs
-from optireduce.hw.carry_select import negate_if
 from optireduce.hw.speck import Speck3264
 from optireduce.hw.streams import element_stream
 from optireduce.params import NicParams
@@ -58,11 +50,9 @@ class SignFlip(wiring.Component):
     MODEL = apply_signs  # its sign_bits
 
     def __init__(self, p: NicParams, width: int) -> None:
-        if WORD % p.lanes:
-            raise ValueError(f"SignFlip needs lanes dividing {WORD}, not {p.lanes}")
+        self.n_cores = Speck3264.cores_for(p.lanes, WORD)
         self.p, self.width = p, width
         self.beats_per_word = WORD // p.lanes
-        self.n_cores = -(-(Speck3264.PERIOD * p.lanes) // WORD)
         # The FIFO must hold the beats that arrive while the first word is computed.
         self.fifo_depth = 1 << math.ceil(math.log2(self.LATENCY + 4))
         super().__init__(
@@ -91,9 +81,7 @@ class SignFlip(wiring.Component):
                 "off": max(1, off_bits),  # beat index inside its word
             }
         )
-        # a request carries no key: `fresh` (an op's first word) takes the key the op's
-        # first beat put in key_next; the others take key_cur, the key of the op before
-        req_layout = data.StructLayout({"ctr": ctr_bits, "fresh": 1})
+        req_layout = data.StructLayout({"key": 64, "ctr": ctr_bits})
 
         m.submodules.beats = beats = SyncFIFOBuffered(width=beat_layout.size, depth=self.fifo_depth)
         m.submodules.reqs = reqs = SyncFIFO(width=req_layout.size, depth=4)
@@ -103,18 +91,16 @@ class SignFlip(wiring.Component):
 
         # Input: number the beats of the op, request a word at each word start.
         beat = Signal(range(max_beats))
-        key_next, key_cur = Signal(64), Signal(64)
-        fresh_queued = Signal()  # an op's first request not yet taken by a core
+        key_held = Signal(64)
         cur = Signal(range(max_beats))
         first = self.i.payload.first
         m.d.comb += cur.eq(Mux(first, 0, beat))
+        key = Mux(first, Cat(self.seed, self.op_id), key_held)
         off = cur[:off_bits] if off_bits else 0
         new_word = (off == 0) if off_bits else 1
         take = Signal()
         m.d.comb += [
-            # an op's first beat waits while the op before it still needs key_next: only
-            # ops of fewer words than the request queue holds ever wait
-            self.i.ready.eq(beats.w_rdy & reqs.w_rdy & ~(first & fresh_queued)),
+            self.i.ready.eq(beats.w_rdy & reqs.w_rdy),
             take.eq(self.i.valid & self.i.ready),
         ]
         w_beat = beat_layout(beats.w_data)
@@ -126,37 +112,29 @@ class SignFlip(wiring.Component):
             w_beat.new_word.eq(new_word),
             w_beat.off.eq(off),
             beats.w_en.eq(take),
+            w_req.key.eq(key),
             w_req.ctr.eq(cur[off_bits:]),
-            w_req.fresh.eq(first),
             reqs.w_en.eq(take & new_word),
         ]
         with m.If(take):
             m.d.sync += beat.eq(cur + 1)
             with m.If(first):
-                m.d.sync += key_next.eq(Cat(self.seed, self.op_id))
+                m.d.sync += key_held.eq(Cat(self.seed, self.op_id))
 
         # Requests go to the cores round robin, and words come back in the same order.
         r_req = req_layout(reqs.r_data)
         issue = Signal(range(self.n_cores))
         collect = Signal(range(self.n_cores))
-        key = Mux(r_req.fresh, key_next, key_cur)
         for n, core in enumerate(cores):
             m.d.comb += [
-                core.req.payload.key.eq(key),
+                core.req.payload.key.eq(r_req.key),
                 core.req.payload.pt.eq(r_req.ctr),
                 core.req.valid.eq(reqs.r_rdy & (issue == n)),
             ]
             with m.If(issue == n):
                 m.d.comb += reqs.r_en.eq(core.req.ready)
-        popped = reqs.r_rdy & reqs.r_en
-        with m.If(popped):
+        with m.If(reqs.r_rdy & reqs.r_en):
             m.d.sync += issue.eq(Mux(issue == self.n_cores - 1, 0, issue + 1))
-            with m.If(r_req.fresh):
-                m.d.sync += key_cur.eq(key_next)
-        with m.If(take & first):
-            m.d.sync += fresh_queued.eq(1)
-        with m.Elif(popped & r_req.fresh):
-            m.d.sync += fresh_queued.eq(0)
 
         word_valid = Signal()
         word = Signal(WORD)
@@ -190,7 +168,6 @@ class SignFlip(wiring.Component):
                 self.o.payload.last.eq(head.last),
             ]
             for k in range(lanes):
-                d = negate_if(m, head.data[k].as_signed(), signs[k], width,
-                              platform=platform, name=f"flip{k}")  # fmt: skip
-                m.d.sync += self.o.payload.data[k].eq(d)
+                d = head.data[k].as_signed()
+                m.d.sync += self.o.payload.data[k].eq(Mux(signs[k], -d, d))
         return m

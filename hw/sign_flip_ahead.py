@@ -54,11 +54,9 @@ class SignFlipAhead(wiring.Component):
     LATENCY = 1  # a beat in to its beat out, its word made (the output register)
 
     def __init__(self, p: NicParams, width: int) -> None:
-        if WORD % p.lanes:
-            raise ValueError(f"SignFlipAhead needs lanes dividing {WORD}, not {p.lanes}")
+        self.n_cores = Speck3264.cores_for(p.lanes, WORD)
         self.p, self.width = p, width
         self.beats_per_word = WORD // p.lanes
-        self.n_cores = -(-(Speck3264.PERIOD * p.lanes) // WORD)
         # words made ahead (the FIFO's depth): twice the cores', a power of two
         self.ahead = 1 << (2 * self.n_cores - 1).bit_length()
         super().__init__(

@@ -38,6 +38,15 @@ class Speck3264(wiring.Component):
 
     LATENCY = ROUNDS + 1  # request accepted at cycle 0, ciphertext valid at cycle 23
     PERIOD = ROUNDS + 2  # back to back, one block per PERIOD cycles
+
+    @staticmethod
+    def cores_for(lanes: int, word: int = 32) -> int:
+        """Cores that keep up with `lanes` elements a cycle at `word` signs a block, taking
+        the words round robin (a word never straddles a beat: lanes must divide it)."""
+        if word % lanes:
+            raise ValueError(f"signs need lanes dividing {word}, not {lanes}")
+        return -(-(Speck3264.PERIOD * lanes) // word)
+
     MODEL = speck_encrypt  # with round_keys
 
     def __init__(self) -> None:
